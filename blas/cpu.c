@@ -1,0 +1,413 @@
+/* cpu.c - the CPU compute backend: OpenBLAS sgemm for every matrix product,
+ * OpenMP loops for the rest.
+ *
+ * One thread count governs both: with the OpenMP build of OpenBLAS they share
+ * one pool; with the pthread build we set both to the same number and never
+ * call a threaded sgemm from inside a parallel loop of ours.
+ * Device memory is host memory here, so transfers are memcpy.
+ */
+#include "blas.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+// provided by every OpenBLAS build
+extern void openblas_set_num_threads(int num_threads);
+extern char *openblas_get_config(void);
+extern char *openblas_get_corename(void);
+
+// ---- memory ----------------------------------------------------------------
+
+static int s_buf_alloc(blas_backend_t *self, size_t bytes, void **out)
+{
+    (void) self;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return -ENOMEM;
+    *out = p;
+    return 0;
+}
+
+static void s_buf_free(blas_backend_t *self, void *buf)
+{
+    (void) self;
+    free(buf);
+}
+
+static int s_copy(blas_backend_t *self, void *dst, const void *src, size_t bytes)
+{
+    (void) self;
+    if (dst != src && bytes)
+        memcpy(dst, src, bytes);
+    return 0;
+}
+
+static void s_zero(blas_backend_t *self, void *buf, size_t bytes)
+{
+    (void) self;
+    memset(buf, 0, bytes);
+}
+
+static void *s_host_ptr(blas_backend_t *self, void *buf)
+{
+    (void) self;
+    return buf;
+}
+
+static int s_sync(blas_backend_t *self)
+{
+    (void) self;
+    return 0;
+}
+
+// ---- encoder ---------------------------------------------------------------
+
+static void s_encoder_forward(float *out, const int32_t *tokens, const float *wte,
+                              const float *wpe, int B, int T, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *te = wte + (size_t) tokens[bt] * C;
+        const float *pe = wpe + (size_t) (bt % T) * C;
+        float *o = out + (size_t) bt * C;
+        for (int c = 0; c < C; c++)
+            o[c] = te[c] + pe[c];
+    }
+}
+
+static void s_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C)
+{
+    // serial in row order: several rows may share a token, and a fixed order
+    // keeps the sums reproducible
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *d = dout + (size_t) bt * C;
+        float *te = dwte + (size_t) tokens[bt] * C;
+        float *pe = dwpe + (size_t) (bt % T) * C;
+        for (int c = 0; c < C; c++) {
+            te[c] += d[c];
+            pe[c] += d[c];
+        }
+    }
+}
+
+// ---- layernorm -------------------------------------------------------------
+
+static void s_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                const float *weight, const float *bias, int N, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t) n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++)
+            m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        v /= C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        float *o = out + (size_t) n * C;
+        for (int c = 0; c < C; c++)
+            o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static void s_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const float *inp, const float *weight,
+                                 const float *mean, const float *rstd, int N, int C)
+{
+    // input gradient: rows are independent
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t) n * C;
+        const float *x = inp + (size_t) n * C;
+        float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        float *di = dinp + (size_t) n * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    // parameter gradients: columns are independent, rows summed in order
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float dw = 0.0f, db = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float dv = dout[(size_t) n * C + c];
+            dw += (inp[(size_t) n * C + c] - mean[n]) * rstd[n] * dv;
+            db += dv;
+        }
+        dweight[c] += dw;
+        dbias[c] += db;
+    }
+}
+
+// ---- matmul ----------------------------------------------------------------
+
+static void s_matmul_forward(float *out, const float *inp, const float *weight,
+                             const float *bias, int N, int C, int OC)
+{
+    float beta = 0.0f;
+    if (bias) {
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t) n * OC, bias, sizeof(float) * OC);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
+                1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+static void s_matmul_backward(float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight,
+                              int N, int C, int OC)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
+                    1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
+                1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias) {
+        #pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++)
+                s += dout[(size_t) n * OC + o];
+            dbias[o] += s;
+        }
+    }
+}
+
+// ---- attention -------------------------------------------------------------
+// Per (b, h): S = q k^T / sqrt(hs), causal softmax P, out = P v. The small
+// products run single-threaded inside our parallel loop over (b, h).
+
+static void s_attention_forward(float *out, float *att, const float *qkv,
+                                int B, int T, int C, int H)
+{
+    int hs = C / H;
+    float scale = 1.0f / sqrtf((float) hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H;
+        const float *q = qkv + (size_t) b * T * 3 * C + h * hs;
+        const float *k = q + C;
+        const float *v = q + 2 * C;
+        float *p = att + (size_t) bh * T * T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
+                    scale, q, 3 * C, k, 3 * C, 0.0f, p, T);
+        for (int t = 0; t < T; t++) {
+            float *row = p + (size_t) t * T;
+            float mx = row[0];
+            for (int u = 1; u <= t; u++)
+                mx = row[u] > mx ? row[u] : mx;
+            float sum = 0.0f;
+            for (int u = 0; u <= t; u++) {
+                row[u] = expf(row[u] - mx);
+                sum += row[u];
+            }
+            float inv = 1.0f / sum;
+            for (int u = 0; u <= t; u++)
+                row[u] *= inv;
+            for (int u = t + 1; u < T; u++)
+                row[u] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
+                    1.0f, p, T, v, 3 * C, 0.0f, out + (size_t) b * T * C + h * hs, C);
+    }
+}
+
+static void s_attention_backward(float *dqkv, float *datt, const float *dout,
+                                 const float *qkv, const float *att,
+                                 int B, int T, int C, int H)
+{
+    int hs = C / H;
+    float scale = 1.0f / sqrtf((float) hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H;
+        size_t base = (size_t) b * T * 3 * C + h * hs;
+        const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + base, *dk = dq + C, *dv = dq + 2 * C;
+        const float *d = dout + (size_t) b * T * C + h * hs;
+        const float *p = att + (size_t) bh * T * T;
+        float *dp = datt + (size_t) bh * T * T;
+        // dP = dout v^T, dV = P^T dout
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
+                    1.0f, d, C, v, 3 * C, 0.0f, dp, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
+                    1.0f, p, T, d, C, 0.0f, dv, 3 * C);
+        // softmax backward: dS = P * (dP - sum(P * dP)); masked entries have P = 0
+        for (int t = 0; t < T; t++) {
+            const float *pr = p + (size_t) t * T;
+            float *dr = dp + (size_t) t * T;
+            float dot = 0.0f;
+            for (int u = 0; u <= t; u++)
+                dot += pr[u] * dr[u];
+            for (int u = 0; u <= t; u++)
+                dr[u] = pr[u] * (dr[u] - dot);
+            for (int u = t + 1; u < T; u++)
+                dr[u] = 0.0f;
+        }
+        // dQ = dS k * scale, dK = dS^T q * scale
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
+                    scale, dp, T, k, 3 * C, 0.0f, dq, 3 * C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
+                    scale, dp, T, q, 3 * C, 0.0f, dk, 3 * C);
+    }
+}
+
+// ---- elementwise -----------------------------------------------------------
+
+#define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
+
+static void s_gelu_forward(float *out, const float *inp, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+static void s_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th)
+                   + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+static void s_add(float *out, const float *a, const float *b, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+static void s_crossentropy(float *logits, float *losses, const int32_t *targets,
+                           int N, int V, float scale)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *l = logits + (size_t) n * V;
+        float mx = l[0];
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++)
+            sum += expf(l[v] - mx);
+        float lse = mx + logf(sum);
+        int y = targets[n];
+        losses[n] = lse - l[y];
+        if (scale != 0.0f) {
+            float inv = 1.0f / sum;
+            for (int v = 0; v < V; v++)
+                l[v] = scale * (expf(l[v] - mx) * inv - (v == y ? 1.0f : 0.0f));
+        }
+    }
+}
+
+static double s_sumsq(const float *x, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double) x[i] * x[i];
+    return s;
+}
+
+// ---- the backend -----------------------------------------------------------
+
+int blas_cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int) n : 1;
+}
+
+const char *blas_cpu_info(void)
+{
+    static char info[256];
+    snprintf(info, sizeof info, "%s (core %s)", openblas_get_config(), openblas_get_corename());
+    return info;
+}
+
+static blas_backend_t s_cpu = {
+    .api_version = BLAS_API_VERSION,
+    .name = "cpu",
+    .buf_alloc = s_buf_alloc,
+    .buf_free = s_buf_free,
+    .upload = s_copy,
+    .download = s_copy,
+    .zero = s_zero,
+    .host_ptr = s_host_ptr,
+    .sync = s_sync,
+    .encoder_forward = s_encoder_forward,
+    .encoder_backward = s_encoder_backward,
+    .layernorm_forward = s_layernorm_forward,
+    .layernorm_backward = s_layernorm_backward,
+    .matmul_forward = s_matmul_forward,
+    .matmul_backward = s_matmul_backward,
+    .attention_forward = s_attention_forward,
+    .attention_backward = s_attention_backward,
+    .gelu_forward = s_gelu_forward,
+    .gelu_backward = s_gelu_backward,
+    .add = s_add,
+    .crossentropy = s_crossentropy,
+    .sumsq = s_sumsq,
+};
+
+blas_backend_t *blas_cpu_backend(int threads)
+{
+    if (threads <= 0)
+        threads = blas_cpu_count();
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    s_cpu.threads = threads;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    s_cpu.memory = pages > 0 && page > 0 ? (size_t) pages * (size_t) page : 0;
+    snprintf(s_cpu.device, sizeof s_cpu.device, "cpu: %d thread%s, OpenBLAS core %s",
+             threads, threads == 1 ? "" : "s", openblas_get_corename());
+    return &s_cpu;
+}
+
+blas_backend_t *blas_backend_open(const char *device, int threads, char *err, size_t errlen)
+{
+    if (!device || !strcmp(device, "cpu") || !strcmp(device, "auto"))
+        return blas_cpu_backend(threads);
+    if (!strncmp(device, "cuda", 4)) {
+        snprintf(err, errlen, "--device %s: this build has no CUDA backend; use --device cpu or auto",
+                 device);
+        return NULL;
+    }
+    snprintf(err, errlen, "--device %s: unknown device; use auto, cpu or cuda[:N]", device);
+    return NULL;
+}

@@ -1,0 +1,401 @@
+/* files.c - what swarm keeps on disk: BGPT weight files (the PyTorch
+ * reference's format) and checkpoints (parameters, AdamW moments, step and
+ * schedule, BLAKE2b-checksummed).
+ *
+ * Every write is atomic (temporary file, fsync, rename, fsync of the folder);
+ * every read checks each header field and the size before trusting a byte.
+ */
+#include "node.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "swarm's files and wire are little-endian; this build assumes a little-endian host"
+#endif
+
+#define BGPT_HEADER 64
+#define CKPT_HEADER 128
+#define CKPT_VERSION 1
+#define CKPT_SUM 32
+
+// ---- little-endian fields --------------------------------------------------
+
+static void s_put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void s_put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t s_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t s_get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static void s_putf(uint8_t *p, float f) { memcpy(p, &f, 4); }
+static float s_getf(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }
+
+// ---- atomic writes ---------------------------------------------------------
+
+typedef struct {
+    const void *data;   // bytes to write
+    size_t size;        // bytes
+} chunk_t;
+
+// Write chunks to path through path.tmp, fsync, rename, fsync the folder.
+// With sum != NULL, a BLAKE2b-256 of all chunks is appended.
+static int s_write_atomic(const char *path, const chunk_t *chunks, int count, int sum,
+                          char *err, size_t errlen)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int) sizeof tmp) {
+        snprintf(err, errlen, "%s: path too long", path);
+        return -ENAMETOOLONG;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
+        return -e;
+    }
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, CKPT_SUM);
+    int rc = 0;
+    for (int i = 0; i <= count && rc == 0; i++) {
+        uint8_t digest[CKPT_SUM];
+        const uint8_t *p = i < count ? chunks[i].data : digest;
+        size_t left = i < count ? chunks[i].size : (sum ? CKPT_SUM : 0);
+        if (i < count) {
+            crypto_generichash_update(&st, p, left);
+        } else if (sum) {
+            crypto_generichash_final(&st, digest, CKPT_SUM);
+        }
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                rc = w < 0 ? -errno : -EIO;
+                snprintf(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
+                break;
+            }
+            p += w;
+            left -= (size_t) w;
+        }
+    }
+    if (rc == 0 && fsync(fd) != 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: fsync failed: %s", tmp, strerror(-rc));
+    }
+    if (close(fd) != 0 && rc == 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: close failed: %s", tmp, strerror(-rc));
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: rename failed: %s", path, strerror(-rc));
+    }
+    if (rc != 0) {
+        unlink(tmp);
+        return rc;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+// Read a whole file into malloc'ed memory, refusing more than max bytes.
+static int s_read_all(const char *path, size_t max, uint8_t **out, size_t *size,
+                      char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    int rc = 0;
+    struct stat sb;
+    uint8_t *buf = NULL;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        rc = -EINVAL;
+        goto out_close;
+    }
+    if ((uint64_t) sb.st_size > max) {
+        snprintf(err, errlen, "%s: %lld bytes is larger than any model this build accepts",
+                 path, (long long) sb.st_size);
+        rc = -EFBIG;
+        goto out_close;
+    }
+    buf = malloc(sb.st_size ? (size_t) sb.st_size : 1);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of memory for %lld bytes", path, (long long) sb.st_size);
+        rc = -ENOMEM;
+        goto out_close;
+    }
+    size_t got = 0;
+    while (got < (size_t) sb.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t) sb.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "%s: read failed after %zu bytes", path, got);
+            rc = -EIO;
+            free(buf);
+            goto out_close;
+        }
+        got += (size_t) r;
+    }
+    *out = buf;
+    *size = got;
+out_close:
+    close(fd);
+    return rc;
+}
+
+#define MAX_FILE ((size_t) 64 << 30)
+
+// ---- BGPT ------------------------------------------------------------------
+
+int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char *err, size_t errlen)
+{
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
+    if (rc != 0)
+        return rc;
+    char why[200];
+    rc = -EINVAL;
+    if (size < BGPT_HEADER) {
+        snprintf(err, errlen, "%s: %zu bytes is shorter than the 64-byte BGPT header", path, size);
+        goto out_free;
+    }
+    if (memcmp(buf, "BGPT", 4) != 0) {
+        snprintf(err, errlen, "%s: not a BGPT weight file (magic is not \"BGPT\")", path);
+        goto out_free;
+    }
+    if (s_get32(buf + 4) != 1) {
+        snprintf(err, errlen, "%s: BGPT version %u; this build reads version 1", path, s_get32(buf + 4));
+        goto out_free;
+    }
+    memset(hdr, 0, sizeof *hdr);
+    hdr->cfg.V = (int32_t) s_get32(buf + 8);
+    hdr->cfg.T = (int32_t) s_get32(buf + 12);
+    hdr->cfg.C = (int32_t) s_get32(buf + 16);
+    hdr->cfg.L = (int32_t) s_get32(buf + 20);
+    hdr->cfg.H = (int32_t) s_get32(buf + 24);
+    hdr->kind = (int32_t) s_get32(buf + 28);
+    hdr->step = (int32_t) s_get32(buf + 32);
+    hdr->loss = s_getf(buf + 36);
+    if (node_config_check(&hdr->cfg, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: bad model shape in header: %s", path, why);
+        goto out_free;
+    }
+    if (hdr->kind != 0 && hdr->kind != 1) {
+        snprintf(err, errlen, "%s: kind %d; expected 0 (weights) or 1 (gradients)", path, hdr->kind);
+        goto out_free;
+    }
+    if (hdr->step < 0) {
+        snprintf(err, errlen, "%s: negative step %d in header", path, hdr->step);
+        goto out_free;
+    }
+    for (int i = 40; i < BGPT_HEADER; i++) {
+        if (buf[i] != 0) {
+            snprintf(err, errlen, "%s: header byte %d is not zero; the file is corrupt", path, i);
+            goto out_free;
+        }
+    }
+    size_t n = node_config_params(&hdr->cfg);
+    if (size != BGPT_HEADER + 4 * n) {
+        snprintf(err, errlen, "%s: %zu bytes, but L=%d H=%d C=%d T=%d needs %zu (%zu parameters); "
+                 "the file is truncated or does not match its header",
+                 path, size, hdr->cfg.L, hdr->cfg.H, hdr->cfg.C, hdr->cfg.T, BGPT_HEADER + 4 * n, n);
+        goto out_free;
+    }
+    *data = malloc(n * sizeof(float));
+    if (!*data) {
+        snprintf(err, errlen, "%s: out of memory for %zu parameters", path, n);
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    memcpy(*data, buf + BGPT_HEADER, n * sizeof(float));
+    rc = 0;
+out_free:
+    free(buf);
+    return rc;
+}
+
+int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float *data,
+                    char *err, size_t errlen)
+{
+    uint8_t h[BGPT_HEADER] = {0};
+    memcpy(h, "BGPT", 4);
+    s_put32(h + 4, 1);
+    s_put32(h + 8, (uint32_t) hdr->cfg.V);
+    s_put32(h + 12, (uint32_t) hdr->cfg.T);
+    s_put32(h + 16, (uint32_t) hdr->cfg.C);
+    s_put32(h + 20, (uint32_t) hdr->cfg.L);
+    s_put32(h + 24, (uint32_t) hdr->cfg.H);
+    s_put32(h + 28, (uint32_t) hdr->kind);
+    s_put32(h + 32, (uint32_t) hdr->step);
+    s_putf(h + 36, hdr->loss);
+    chunk_t chunks[2] = {
+        {h, sizeof h},
+        {data, node_config_params(&hdr->cfg) * sizeof(float)},
+    };
+    return s_write_atomic(path, chunks, 2, 0, err, errlen);
+}
+
+// ---- checkpoints -----------------------------------------------------------
+
+static int s_mkdirs(const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int) sizeof path) {
+        snprintf(err, errlen, "--save %s: path too long", dir);
+        return -ENAMETOOLONG;
+    }
+    for (char *p = path + 1; ; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            snprintf(err, errlen, "--save %s: cannot create %s: %s", dir, path, strerror(e));
+            return -e;
+        }
+        *p = c;
+        if (c == '\0')
+            break;
+    }
+    return 0;
+}
+
+static void s_ckpt_header(uint8_t *h, const node_ckpt_meta_t *m)
+{
+    memset(h, 0, CKPT_HEADER);
+    memcpy(h, "SWCK", 4);
+    s_put32(h + 4, CKPT_VERSION);
+    s_put32(h + 8, (uint32_t) m->cfg.V);
+    s_put32(h + 12, (uint32_t) m->cfg.T);
+    s_put32(h + 16, (uint32_t) m->cfg.C);
+    s_put32(h + 20, (uint32_t) m->cfg.L);
+    s_put32(h + 24, (uint32_t) m->cfg.H);
+    s_put32(h + 28, (uint32_t) m->batch);
+    s_put64(h + 32, (uint64_t) m->step);
+    s_put64(h + 40, m->seed);
+    s_put64(h + 48, (uint64_t) m->iters);
+    s_put64(h + 56, (uint64_t) m->warmup);
+    s_putf(h + 64, m->lr);
+    s_putf(h + 68, m->min_lr);
+    s_putf(h + 72, m->weight_decay);
+    s_putf(h + 76, m->grad_clip);
+    s_put64(h + 80, (uint64_t) node_config_params(&m->cfg));
+}
+
+int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *params,
+                   const float *m, const float *v, char *err, size_t errlen)
+{
+    int rc = s_mkdirs(dir, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (sodium_init() < 0) {
+        snprintf(err, errlen, "libsodium failed to initialise");
+        return -EIO;
+    }
+    char path[PATH_MAX];
+    size_t bytes = node_config_params(&meta->cfg) * sizeof(float);
+    uint8_t h[CKPT_HEADER];
+    s_ckpt_header(h, meta);
+    chunk_t chunks[4] = { {h, sizeof h}, {params, bytes}, {m, bytes}, {v, bytes} };
+    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
+    rc = s_write_atomic(path, chunks, 4, 1, err, errlen);
+    if (rc != 0)
+        return rc;
+    node_bgpt_header_t bh = { .cfg = meta->cfg, .kind = 0, .step = (int) meta->step };
+    snprintf(path, sizeof path, "%s/model.bgpt", dir);
+    return node_bgpt_write(path, &bh, params, err, errlen);
+}
+
+int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
+                   float **v, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
+    if (rc != 0)
+        return rc;
+    char why[200];
+    rc = -EINVAL;
+    if (sodium_init() < 0) {
+        snprintf(err, errlen, "libsodium failed to initialise");
+        goto out_free;
+    }
+    if (size < CKPT_HEADER + CKPT_SUM || memcmp(buf, "SWCK", 4) != 0) {
+        snprintf(err, errlen, "%s: not a swarm checkpoint (%zu bytes, bad magic or too short)", path, size);
+        goto out_free;
+    }
+    uint8_t digest[CKPT_SUM];
+    crypto_generichash(digest, CKPT_SUM, buf, size - CKPT_SUM, NULL, 0);
+    if (sodium_memcmp(digest, buf + size - CKPT_SUM, CKPT_SUM) != 0) {
+        snprintf(err, errlen, "%s: checksum mismatch: the checkpoint is truncated or altered; "
+                 "restore it or start without --resume", path);
+        goto out_free;
+    }
+    if (s_get32(buf + 4) != CKPT_VERSION) {
+        snprintf(err, errlen, "%s: checkpoint version %u; this build reads version %d",
+                 path, s_get32(buf + 4), CKPT_VERSION);
+        goto out_free;
+    }
+    memset(meta, 0, sizeof *meta);
+    meta->cfg = (node_config_t) {
+        (int32_t) s_get32(buf + 8), (int32_t) s_get32(buf + 12), (int32_t) s_get32(buf + 16),
+        (int32_t) s_get32(buf + 20), (int32_t) s_get32(buf + 24),
+    };
+    meta->batch = (int32_t) s_get32(buf + 28);
+    meta->step = (long) s_get64(buf + 32);
+    meta->seed = s_get64(buf + 40);
+    meta->iters = (long) s_get64(buf + 48);
+    meta->warmup = (long) s_get64(buf + 56);
+    meta->lr = s_getf(buf + 64);
+    meta->min_lr = s_getf(buf + 68);
+    meta->weight_decay = s_getf(buf + 72);
+    meta->grad_clip = s_getf(buf + 76);
+    if (node_config_check(&meta->cfg, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: bad model shape: %s", path, why);
+        goto out_free;
+    }
+    size_t n = node_config_params(&meta->cfg);
+    if (s_get64(buf + 80) != n || size != CKPT_HEADER + 3 * n * sizeof(float) + CKPT_SUM
+        || meta->step < 0 || meta->batch < 1) {
+        snprintf(err, errlen, "%s: header and size disagree (%zu bytes for %zu parameters)",
+                 path, size, n);
+        goto out_free;
+    }
+    float **outs[3] = { params, m, v };
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i])
+            continue;
+        *outs[i] = malloc(n * sizeof(float));
+        if (!*outs[i]) {
+            snprintf(err, errlen, "%s: out of memory", path);
+            rc = -ENOMEM;
+            goto out_free;
+        }
+        memcpy(*outs[i], buf + CKPT_HEADER + (size_t) i * n * sizeof(float), n * sizeof(float));
+    }
+    rc = 0;
+out_free:
+    free(buf);
+    return rc;
+}

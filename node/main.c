@@ -1,0 +1,64 @@
+/* main.c - the one `swarm` binary: dispatches to its subcommands.
+ *
+ * Each subcommand parses its own flags and prints its own --help; this file
+ * only picks one and says what exists.
+ */
+#include "node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define SWARM_VERSION "0.1.0"
+
+extern const uint8_t swarm_corpus_start[];
+extern const uint8_t swarm_corpus_end[];
+
+const uint8_t *node_corpus(size_t *n)
+{
+    *n = (size_t) (swarm_corpus_end - swarm_corpus_start);
+    return swarm_corpus_start;
+}
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+        "usage: swarm COMMAND [flags]   (swarm COMMAND --help for its flags)\n"
+        "\n"
+        "  train    train a byte-level GPT in one process (the reference for swarm runs)\n"
+        "  sample   generate text from a checkpoint or a BGPT weight file\n"
+        "  keygen   write a CurveZMQ key pair for a router or node\n"
+        "  version  print the version\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        s_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "train"))
+        return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample"))
+        return cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "keygen"))
+        return cmd_keygen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("swarm %s\n", SWARM_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        s_usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "swarm: unknown command '%s'; run 'swarm --help' for the list\n", cmd);
+    return 2;
+}
+
+// TEMP until net/ lands
+__attribute__((weak)) int cmd_keygen(int argc, char **argv)
+{
+    (void) argc, (void) argv;
+    fprintf(stderr, "swarm keygen: not built\n");
+    return 1;
+}

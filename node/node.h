@@ -1,0 +1,207 @@
+/* node.h - the model, its stages, the optimizer, weight files, checkpoints,
+ * and the subcommands of the one `swarm` binary.
+ *
+ * A stage owns a contiguous range of the model's parameters (layer-major, the
+ * BGPT file order), with gradients and both AdamW moments each one buffer.
+ * It runs forward and backward on its own: tensors in, tensors out. It knows
+ * nothing of sockets; the swarm moves its inputs and outputs.
+ */
+#ifndef SWARM_NODE_H
+#define SWARM_NODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blas.h"
+
+#define NODE_VOCAB 256
+#define NODE_MAX_LAYERS 256
+
+// ---- model shape and parameter layout ----
+
+typedef struct {
+    int V;  // vocabulary: 256 byte values
+    int T;  // context length (--block)
+    int C;  // channels (--embd)
+    int L;  // layers
+    int H;  // heads
+} node_config_t;
+
+// 0 when the shape is usable, else -EINVAL with the flag to fix in err.
+__attribute__((warn_unused_result))
+int node_config_check(const node_config_t *cfg, char *err, size_t errlen);
+// parameters in the whole model
+size_t node_config_params(const node_config_t *cfg);
+// FLOPs per trained token: 6 N + 12 L T C (as the reference counts)
+double node_config_flops_per_token(const node_config_t *cfg);
+
+// Tensors of the parameter file, in file order.
+enum {
+    NODE_T_WTE, NODE_T_WPE,
+    NODE_T_LN1W, NODE_T_LN1B, NODE_T_QKVW, NODE_T_QKVB, NODE_T_PROJW, NODE_T_PROJB,
+    NODE_T_LN2W, NODE_T_LN2B, NODE_T_FC1W, NODE_T_FC1B, NODE_T_FC2W, NODE_T_FC2B,
+    NODE_T_LNFW, NODE_T_LNFB, NODE_T_HEAD,
+    NODE_T_COUNT
+};
+#define NODE_LAYER_TENSORS 12
+
+typedef struct {
+    char name[32];        // e.g. "blocks.1.qkv.weight"
+    size_t offset;        // floats from the start of the model's parameters
+    size_t size;          // floats
+    int dims;             // 1 or 2 (weight decay applies to dims >= 2)
+    int rows, cols;       // shape (rows = 1 for vectors)
+} node_tensor_t;
+
+// Number of tensors in the file order: 2 + 12 L + 3.
+int node_tensor_count(const node_config_t *cfg);
+// Tensor i of the file order.
+node_tensor_t node_tensor_at(const node_config_t *cfg, int i);
+
+// ---- plan: L blocks cut into S contiguous stages ----
+
+typedef struct {
+    int stages;                       // S
+    int first[NODE_MAX_LAYERS + 1];   // stage s holds blocks [first[s], first[s+1])
+} node_plan_t;
+
+// Balance estimated FLOPs per token across S stages (stage 0 adds the
+// embeddings, stage S-1 the final LayerNorm, head and loss).
+__attribute__((warn_unused_result))
+int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err, size_t errlen);
+
+// ---- a stage ----
+
+typedef struct node_stage_s node_stage_t;
+typedef struct node_acts_s node_acts_t;
+
+// A stage of a plan on a backend. Parameters start at zero; set them with
+// node_stage_set_params. NULL on allocation failure (err says how much).
+node_stage_t *node_stage_new(const node_config_t *cfg, const node_plan_t *plan, int s,
+                             blas_backend_t *be, char *err, size_t errlen);
+void node_stage_destroy(node_stage_t **self_p);
+
+int node_stage_index(const node_stage_t *self);
+void node_stage_config(const node_stage_t *self, node_config_t *cfg);
+int node_stage_is_first(const node_stage_t *self);
+int node_stage_is_last(const node_stage_t *self);
+// the stage's slice of the model's flat parameter array
+size_t node_stage_param_offset(const node_stage_t *self);
+size_t node_stage_param_count(const node_stage_t *self);
+
+// Host views of the stage's buffers (each n = param_count floats). params
+// is the master copy the optimizer updates; call node_stage_params_changed
+// after writing to it. grads is valid after node_stage_grads_fetch.
+float *node_stage_params(node_stage_t *self);
+float *node_stage_grads(node_stage_t *self);
+float *node_stage_moment1(node_stage_t *self);
+float *node_stage_moment2(node_stage_t *self);
+__attribute__((warn_unused_result))
+int node_stage_params_changed(node_stage_t *self);
+__attribute__((warn_unused_result))
+int node_stage_grads_fetch(node_stage_t *self);
+void node_stage_grads_zero(node_stage_t *self);
+
+// Activations of one micro-batch of B windows (a node keeps one per
+// micro-batch in flight). NULL on allocation failure.
+node_acts_t *node_acts_new(node_stage_t *stage, int B, char *err, size_t errlen);
+void node_acts_destroy(node_acts_t **self_p);
+int node_acts_batch(const node_acts_t *self);
+size_t node_acts_bytes(const node_acts_t *self);
+
+// Forward. The first stage reads tokens (B,T); later stages read x (B,T,C).
+// Writes y (B,T,C) for every stage but the last. For the last stage, with
+// targets (B,T): *loss = mean cross-entropy; with want_backward the input
+// gradient and parameter gradients of loss_scale * sum of losses follow
+// at once (dx (B,T,C), or nothing for a one-stage model). All host memory.
+typedef struct {
+    const int32_t *tokens;   // (B,T) input of the first stage
+    const float *x;          // (B,T,C) input of later stages
+    const int32_t *targets;  // (B,T) last stage only
+    float loss_scale;        // last stage: gradient of loss_scale * sum(losses)
+    int want_backward;       // last stage: run backward in the same call
+} node_stage_in_t;
+
+__attribute__((warn_unused_result))
+int node_stage_forward(node_stage_t *self, node_acts_t *acts, const node_stage_in_t *in,
+                       float *y, float *loss, float *dx);
+// Backward of the last forward run with `acts`: dy (B,T,C) in, parameter
+// gradients accumulated, dx (B,T,C) out (not for the first stage).
+__attribute__((warn_unused_result))
+int node_stage_backward(node_stage_t *self, node_acts_t *acts, const float *dy, float *dx);
+// Logits of the last position of window 0 after a forward of the last stage
+// (for sampling): copies V floats.
+__attribute__((warn_unused_result))
+int node_stage_logits_at(node_stage_t *self, node_acts_t *acts, int t, float *out);
+
+// ---- optimizer (AdamW on the CPU; bit-identical on every x86-64 build) ----
+
+typedef struct {
+    double lr;            // this step's learning rate
+    float beta1, beta2;   // 0.9, 0.99
+    float eps;            // 1e-8
+    float weight_decay;   // applied to tensors of dims >= 2
+    float grad_scale;     // multiply gradients first (global-norm clipping)
+    long t;               // update number, 1-based (bias correction)
+} node_adamw_t;
+
+// Update the stage's params and moments from its fetched grads.
+void node_stage_adamw(node_stage_t *self, const node_adamw_t *opt);
+// Learning rate for update `it` (0-based): linear warmup, cosine decay.
+double node_lr_at(long it, long iters, long warmup, double lr_max, double lr_min);
+// Clipping factor for a global gradient norm, as torch.nn.utils.clip_grad_norm_.
+float node_clip_scale(double norm, float max_norm);
+
+// ---- BGPT weight files (ref_gpt.py's format) ----
+
+typedef struct {
+    node_config_t cfg;   // shape
+    int kind;            // 0 weights, 1 gradients
+    int step;            // optimizer updates done
+    float loss;          // kind 1: loss of the batch
+} node_bgpt_header_t;
+
+// Read a whole BGPT file: *data gets malloc'ed floats (node_config_params).
+// Every header field and the size are checked; -EINVAL/-EIO with reason.
+__attribute__((warn_unused_result))
+int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char *err, size_t errlen);
+// Write atomically (temporary file, fsync, rename).
+__attribute__((warn_unused_result))
+int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float *data,
+                    char *err, size_t errlen);
+
+// ---- checkpoints: DIR/checkpoint.bin (+ DIR/model.bgpt) ----
+
+typedef struct {
+    node_config_t cfg;      // model shape
+    long step;              // optimizer updates done
+    uint64_t seed;          // data and init seed
+    long iters;             // schedule length
+    long warmup;            // warmup updates
+    int batch;              // windows per step
+    float lr, min_lr;       // schedule
+    float weight_decay;     // AdamW decay
+    float grad_clip;        // global-norm clip (0 = off)
+} node_ckpt_meta_t;
+
+// Write params, both moments (each node_config_params floats) and meta to
+// DIR/checkpoint.bin atomically with a BLAKE2b checksum, and the weights to
+// DIR/model.bgpt. Creates DIR.
+__attribute__((warn_unused_result))
+int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *params,
+                   const float *m, const float *v, char *err, size_t errlen);
+// Read DIR/checkpoint.bin, verifying size and checksum. m and v may be NULL
+// (sampling). Arrays are malloc'ed.
+__attribute__((warn_unused_result))
+int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
+                   float **v, char *err, size_t errlen);
+
+// ---- subcommands ----
+int cmd_train(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_keygen(int argc, char **argv);
+
+// The corpus built into the binary (swarm's own docs and sources).
+const uint8_t *node_corpus(size_t *n);
+
+#endif

@@ -1,0 +1,44 @@
+/* swarm.h - the swarm module: training data and its batch order (and, as the
+ * swarm grows, the router, its policy and status).
+ *
+ * The data order is a pure function of (seed, step, window), so any process
+ * can draw any micro-batch of any step, and a replay sees the same bytes.
+ * Nothing here knows the model's parameters or touches a socket.
+ */
+#ifndef SWARM_SWARM_H
+#define SWARM_SWARM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ---- data ----
+
+typedef struct swarm_data_s swarm_data_t;
+
+// Read a file of raw bytes. Returns 0, or -errno with a reason in err.
+__attribute__((warn_unused_result))
+int swarm_data_load(const char *path, swarm_data_t **out, char *err, size_t errlen);
+// Wrap bytes the caller keeps alive (e.g. the built-in corpus).
+swarm_data_t *swarm_data_wrap(const uint8_t *bytes, size_t n, const char *name);
+void swarm_data_destroy(swarm_data_t **self_p);
+const char *swarm_data_name(const swarm_data_t *self);
+size_t swarm_data_size(const swarm_data_t *self);
+// The splits: train = first int(0.9 n) bytes, val = the rest.
+const uint8_t *swarm_data_split(const swarm_data_t *self, int val, size_t *n);
+// 0 when both splits are long enough for windows of T+1 bytes, else -EINVAL
+// with a reason naming the file and the sizes.
+__attribute__((warn_unused_result))
+int swarm_data_check(const swarm_data_t *self, int T, char *err, size_t errlen);
+
+// splitmix64: advance *state and return the next value.
+uint64_t swarm_splitmix64(uint64_t *state);
+
+// Windows [first, first + count) of training step `step` (B windows a step,
+// one stream from `seed` running on across steps): x, y are (count, T).
+void swarm_data_train_batch(const swarm_data_t *self, uint64_t seed, long step, int B,
+                            int first, int count, int T, int32_t *x, int32_t *y);
+// The next `count` windows of a split from a running stream (evaluation).
+void swarm_data_draw(const swarm_data_t *self, int val, uint64_t *state,
+                     int count, int T, int32_t *x, int32_t *y);
+
+#endif

@@ -66,9 +66,10 @@ INC_blas  := -Iblas $(BLAS_CFLAGS)
 INC_net   := -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
 INC_swarm := -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
 INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
-# kernels may be vectorised harder; the optimizer must round the same way
-# on every x86-64 build (DESIGN.md section 7)
-EXTRA_blas/cpu.c  := -O3
+# Kernels may be vectorised harder (no value in them is ever inf or NaN on
+# purpose: inputs from peers are checked before they reach a kernel); the
+# optimizer must round the same way on every x86-64 build (DESIGN.md 7).
+EXTRA_blas/cpu.c  := -O3 -fno-trapping-math -fno-math-errno -ffinite-math-only -fno-signed-zeros
 EXTRA_node/optim.c := -ffp-contract=off -fno-fast-math
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))

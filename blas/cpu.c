@@ -22,6 +22,35 @@ extern void openblas_set_num_threads(int num_threads);
 extern char *openblas_get_config(void);
 extern char *openblas_get_corename(void);
 
+// Hot elementwise loops are compiled twice, for AVX2 and for any x86-64,
+// and picked at load time (GCC function multi-versioning).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define CPU_CLONES __attribute__((target_clones("avx2", "default"), noinline))
+#else
+#define CPU_CLONES __attribute__((noinline))
+#endif
+
+// exp(x) for the kernels: Cephes' polynomial on x - k ln2 (about 2 ulp),
+// branch-free so that loops over it vectorise; exp(x) for x < -87 returns
+// about 1e-38 rather than 0, which no softmax here can tell apart.
+static inline float s_exp(float x)
+{
+    x = fmaxf(x, -87.0f);
+    x = fminf(x, 88.0f);
+    float kf = floorf(x * 1.44269504088896341f + 0.5f);
+    int k = (int) kf;
+    float r = x - kf * 0.693359375f + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale = { .i = (k + 127) << 23 };
+    return p * scale.f;
+}
+
 // ---- memory ----------------------------------------------------------------
 
 static int s_buf_alloc(blas_backend_t *self, size_t bytes, void **out)
@@ -180,6 +209,19 @@ static void s_matmul_forward(float *out, const float *inp, const float *weight,
                 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
+// acc[j] += sum over rows n of x[n * stride + j], j < width
+CPU_CLONES static void s_colsum_span(float *acc, const float *x, int N, int stride, int width)
+{
+    float sum[64] = {0};
+    for (int n = 0; n < N; n++) {
+        const float *row = x + (size_t) n * stride;
+        for (int j = 0; j < width; j++)
+            sum[j] += row[j];
+    }
+    for (int j = 0; j < width; j++)
+        acc[j] += sum[j];
+}
+
 static void s_matmul_backward(float *dinp, float *dweight, float *dbias,
                               const float *dout, const float *inp, const float *weight,
                               int N, int C, int OC)
@@ -190,17 +232,36 @@ static void s_matmul_backward(float *dinp, float *dweight, float *dbias,
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
                 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias) {
+        // blocks of 64 columns, each summed over the rows in order
         #pragma omp parallel for schedule(static)
-        for (int o = 0; o < OC; o++) {
-            float s = 0.0f;
-            for (int n = 0; n < N; n++)
-                s += dout[(size_t) n * OC + o];
-            dbias[o] += s;
-        }
+        for (int o0 = 0; o0 < OC; o0 += 64)
+            s_colsum_span(dbias + o0, dout + o0, N, OC, OC - o0 < 64 ? OC - o0 : 64);
     }
 }
 
 // ---- attention -------------------------------------------------------------
+
+// Row t of the (T,T) scores keeps columns 0..t: softmax there, zeros after.
+CPU_CLONES static void s_causal_softmax(float *p, int T)
+{
+    for (int t = 0; t < T; t++) {
+        float *row = p + (size_t) t * T;
+        float mx = row[0];
+        for (int u = 1; u <= t; u++)
+            mx = row[u] > mx ? row[u] : mx;
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) {
+            row[u] = s_exp(row[u] - mx);
+            sum += row[u];
+        }
+        float inv = 1.0f / sum;
+        for (int u = 0; u <= t; u++)
+            row[u] *= inv;
+        for (int u = t + 1; u < T; u++)
+            row[u] = 0.0f;
+    }
+}
+
 // Per (b, h): S = q k^T / sqrt(hs), causal softmax P, out = P v. The small
 // products run single-threaded inside our parallel loop over (b, h).
 
@@ -218,22 +279,7 @@ static void s_attention_forward(float *out, float *att, const float *qkv,
         float *p = att + (size_t) bh * T * T;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
                     scale, q, 3 * C, k, 3 * C, 0.0f, p, T);
-        for (int t = 0; t < T; t++) {
-            float *row = p + (size_t) t * T;
-            float mx = row[0];
-            for (int u = 1; u <= t; u++)
-                mx = row[u] > mx ? row[u] : mx;
-            float sum = 0.0f;
-            for (int u = 0; u <= t; u++) {
-                row[u] = expf(row[u] - mx);
-                sum += row[u];
-            }
-            float inv = 1.0f / sum;
-            for (int u = 0; u <= t; u++)
-                row[u] *= inv;
-            for (int u = t + 1; u < T; u++)
-                row[u] = 0.0f;
-        }
+        s_causal_softmax(p, T);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
                     1.0f, p, T, v, 3 * C, 0.0f, out + (size_t) b * T * C + h * hs, C);
     }
@@ -282,29 +328,50 @@ static void s_attention_backward(float *dqkv, float *datt, const float *dout,
 // ---- elementwise -----------------------------------------------------------
 
 #define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
+#define SPAN 4096                         // elements per parallel chunk
 
-static void s_gelu_forward(float *out, const float *inp, size_t n)
+// tanh(u) = 1 - 2 / (exp(2u) + 1), exact at both tails
+static inline float s_tanh(float u)
 {
-    #pragma omp parallel for schedule(static)
+    return 1.0f - 2.0f / (s_exp(2.0f * u) + 1.0f);
+}
+
+CPU_CLONES static void s_gelu_span(float *out, const float *inp, size_t n)
+{
+    #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = 0.5f * x * (1.0f + s_tanh(u));
     }
 }
 
-static void s_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+CPU_CLONES static void s_gelu_backward_span(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    #pragma omp parallel for schedule(static)
+    #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
+        float th = s_tanh(u);
         float sech2 = 1.0f - th * th;
         float grad = 0.5f * (1.0f + th)
                    + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = grad * dout[i];
     }
+}
+
+static void s_gelu_forward(float *out, const float *inp, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += SPAN)
+        s_gelu_span(out + i, inp + i, n - i < SPAN ? n - i : SPAN);
+}
+
+static void s_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += SPAN)
+        s_gelu_backward_span(dinp + i, inp + i, dout + i, n - i < SPAN ? n - i : SPAN);
 }
 
 static void s_add(float *out, const float *a, const float *b, size_t n)
@@ -325,14 +392,14 @@ static void s_crossentropy(float *logits, float *losses, const int32_t *targets,
             mx = l[v] > mx ? l[v] : mx;
         float sum = 0.0f;
         for (int v = 0; v < V; v++)
-            sum += expf(l[v] - mx);
+            sum += s_exp(l[v] - mx);
         float lse = mx + logf(sum);
         int y = targets[n];
         losses[n] = lse - l[y];
         if (scale != 0.0f) {
             float inv = 1.0f / sum;
             for (int v = 0; v < V; v++)
-                l[v] = scale * (expf(l[v] - mx) * inv - (v == y ? 1.0f : 0.0f));
+                l[v] = scale * (s_exp(l[v] - mx) * inv - (v == y ? 1.0f : 0.0f));
         }
     }
 }

@@ -10,15 +10,6 @@
 
 #define SWARM_VERSION "0.1.0"
 
-extern const uint8_t swarm_corpus_start[];
-extern const uint8_t swarm_corpus_end[];
-
-const uint8_t *node_corpus(size_t *n)
-{
-    *n = (size_t) (swarm_corpus_end - swarm_corpus_start);
-    return swarm_corpus_start;
-}
-
 static void s_usage(FILE *out)
 {
     fprintf(out,
@@ -55,10 +46,3 @@ int main(int argc, char **argv)
     return 2;
 }
 
-// TEMP until net/ lands
-__attribute__((weak)) int cmd_keygen(int argc, char **argv)
-{
-    (void) argc, (void) argv;
-    fprintf(stderr, "swarm keygen: not built\n");
-    return 1;
-}

@@ -196,6 +196,50 @@ __attribute__((warn_unused_result))
 int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
                    float **v, char *err, size_t errlen);
 
+// ---- trainer: the whole model as S stages in one process ----
+
+typedef struct swarm_data_s swarm_data_t;
+
+typedef struct {
+    node_config_t cfg;      // model shape
+    int batch;              // windows per optimizer step (B)
+    int micro;              // windows per micro-batch (divides batch)
+    int stages;             // S
+    long iters;             // schedule length
+    long warmup;            // warmup steps
+    double lr, min_lr;      // schedule
+    double weight_decay;    // AdamW decay on matrices
+    double grad_clip;       // global-norm clip, 0 = off
+    uint64_t seed;          // data order
+    int eval_iters;         // batches per evaluation
+} node_hparams_t;
+
+typedef struct node_trainer_s node_trainer_t;
+
+// Stages, activations and buffers for hp on be, reading data (borrowed).
+// NULL with a reason in err.
+node_trainer_t *node_trainer_new(const node_hparams_t *hp, blas_backend_t *be,
+                                 const swarm_data_t *data, char *err, size_t errlen);
+void node_trainer_destroy(node_trainer_t **self_p);
+// Set the whole model's parameters (and moments, NULL = zero) and the step.
+__attribute__((warn_unused_result))
+int node_trainer_load(node_trainer_t *self, const float *params, const float *m, const float *v,
+                      long step);
+// Gradients of the current step's batch, accumulated over its micro-batches
+// (nothing is updated); *loss is the batch's mean loss.
+__attribute__((warn_unused_result))
+int node_trainer_forward_backward(node_trainer_t *self, float *loss);
+// Clip, AdamW on every stage, step + 1. *lr gets the rate used.
+__attribute__((warn_unused_result))
+int node_trainer_update(node_trainer_t *self, double *lr);
+// Mean loss over eval_iters batches of a split (fresh stream each time).
+__attribute__((warn_unused_result))
+int node_trainer_eval(node_trainer_t *self, int val, double *loss);
+// Copy params (0), moment1 (1), moment2 (2) or grads (3) of every stage into
+// one model-sized array.
+void node_trainer_gather(node_trainer_t *self, int which, float *dst);
+long node_trainer_step(const node_trainer_t *self);
+
 // ---- subcommands ----
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);

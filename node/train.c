@@ -229,15 +229,11 @@ static int s_apply_checkpoint(train_opts_t *o, const node_ckpt_meta_t *m, char *
 
 typedef struct {
     train_opts_t o;                       // settings
-    node_plan_t plan;                     // stages
     blas_backend_t *be;                   // compute
     swarm_data_t *data;                   // training bytes
-    node_stage_t *stage[NODE_MAX_LAYERS]; // [S]
-    node_acts_t *acts[NODE_MAX_LAYERS];   // [S] one micro-batch each
-    int32_t *x, *y;                       // (micro, T) tokens and targets
-    float *act[2];                        // (micro, T, C) ping-pong between stages
+    node_trainer_t *trainer;              // the model as stages
     float *full;                          // model-sized scratch for saving
-    long step;                            // optimizer updates done
+    long first;                           // step the run started at
     double train_time;                    // seconds in training steps
     double t_start;                       // wall clock at start
     FILE *loss_log;                       // --loss-log
@@ -252,120 +248,26 @@ static double s_now(void)
     return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
 }
 
-// One micro-batch through every stage: forward, and backward when scale != 0.
-static int s_micro(run_t *r, float scale, float *loss)
+static double s_tokens_per_s(const run_t *r)
 {
-    int S = r->plan.stages, rc = 0;
-    float *in = NULL;
-    for (int s = 0; s < S && rc == 0; s++) {
-        node_stage_in_t si = {
-            .tokens = r->x, .x = in, .targets = r->y, .loss_scale = scale,
-            .want_backward = scale != 0.0f,
-        };
-        float *out = r->act[s % 2];
-        rc = node_stage_forward(r->stage[s], r->acts[s], &si, out, loss, out);
-        in = out;
-    }
-    // in holds d(input of the last stage) after a backward
-    for (int s = S - 2; s >= 0 && rc == 0 && scale != 0.0f; s--) {
-        float *dx = r->act[s % 2];
-        rc = node_stage_backward(r->stage[s], r->acts[s], in, dx);
-        in = dx;
-    }
-    return rc;
-}
-
-static int s_step(run_t *r, float *loss_out)
-{
-    const train_opts_t *o = &r->o;
-    int S = r->plan.stages, G = o->batch / o->micro, T = o->cfg.T;
-    float scale = 1.0f / (float) ((double) o->batch * T);
-    double loss_sum = 0.0;
-    for (int s = 0; s < S; s++)
-        node_stage_grads_zero(r->stage[s]);
-    for (int i = 0; i < G; i++) {
-        swarm_data_train_batch(r->data, o->seed, r->step, o->batch, i * o->micro, o->micro, T, r->x, r->y);
-        float loss = 0.0f;
-        int rc = s_micro(r, scale, &loss);
-        if (rc != 0)
-            return rc;
-        loss_sum += loss;
-    }
-    // global gradient norm over all stages, then the same update everywhere
-    double sumsq = 0.0;
-    for (int s = 0; s < S; s++) {
-        int rc = node_stage_grads_fetch(r->stage[s]);
-        if (rc != 0)
-            return rc;
-        sumsq += r->be->sumsq(node_stage_grads(r->stage[s]), node_stage_param_count(r->stage[s]));
-    }
-    double lr_min = o->min_lr >= 0 ? o->min_lr : o->lr / 10.0;
-    node_adamw_t opt = {
-        .lr = node_lr_at(r->step, o->iters, o->warmup, o->lr, lr_min),
-        .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = (float) o->weight_decay,
-        .grad_scale = node_clip_scale(sqrt(sumsq), (float) o->grad_clip), .t = r->step + 1,
-    };
-    for (int s = 0; s < S; s++) {
-        node_stage_adamw(r->stage[s], &opt);
-        int rc = node_stage_params_changed(r->stage[s]);
-        if (rc != 0)
-            return rc;
-    }
-    *loss_out = (float) (loss_sum / G);
-    if (r->loss_log)
-        fprintf(r->loss_log, "%ld %.6f %.8g\n", r->step, *loss_out, opt.lr);
-    r->step++;
-    return 0;
-}
-
-// Mean loss over eval_iters batches of a split, from a fresh stream.
-static int s_eval_split(run_t *r, int val, double *out)
-{
-    const train_opts_t *o = &r->o;
-    uint64_t state = o->seed + (val ? 2000 : 1000);
-    double total = 0.0;
-    for (int it = 0; it < o->eval_iters; it++) {
-        double batch = 0.0;
-        for (int i = 0; i < o->batch / o->micro; i++) {
-            swarm_data_draw(r->data, val, &state, o->micro, o->cfg.T, r->x, r->y);
-            float loss = 0.0f;
-            int rc = s_micro(r, 0.0f, &loss);
-            if (rc != 0)
-                return rc;
-            batch += loss;
-        }
-        total += (float) (batch / (o->batch / o->micro));
-    }
-    *out = total / o->eval_iters;
-    return 0;
+    long steps = node_trainer_step(r->trainer) - r->first;
+    return r->train_time > 0 ? steps * (double) r->o.batch * r->o.cfg.T / r->train_time : 0.0;
 }
 
 static int s_eval(run_t *r)
 {
     double tr = 0, va = 0;
-    int rc = s_eval_split(r, 0, &tr);
+    int rc = node_trainer_eval(r->trainer, 0, &tr);
     if (rc == 0)
-        rc = s_eval_split(r, 1, &va);
+        rc = node_trainer_eval(r->trainer, 1, &va);
     if (rc != 0)
         return rc;
     if (r->tty && !r->o.quiet)
         fprintf(stderr, "\r\033[K");
-    double tps = r->train_time > 0 ? r->step * (double) r->o.batch * r->o.cfg.T / r->train_time : 0;
     printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n",
-           r->step, tr, va, s_now() - r->t_start, tps);
+           node_trainer_step(r->trainer), tr, va, s_now() - r->t_start, s_tokens_per_s(r));
     fflush(stdout);
     return 0;
-}
-
-// Gather every stage's slice into one model-sized array.
-static void s_gather(run_t *r, float *dst, int which)
-{
-    for (int s = 0; s < r->plan.stages; s++) {
-        node_stage_t *st = r->stage[s];
-        const float *src = which == 0 ? node_stage_params(st)
-                         : which == 1 ? node_stage_moment1(st) : node_stage_moment2(st);
-        memcpy(dst + node_stage_param_offset(st), src, node_stage_param_count(st) * sizeof(float));
-    }
 }
 
 static int s_save(run_t *r)
@@ -379,11 +281,11 @@ static int s_save(run_t *r)
         fprintf(stderr, "swarm train: out of memory writing the checkpoint\n");
         goto out_free;
     }
-    s_gather(r, r->full, 0);
-    s_gather(r, m, 1);
-    s_gather(r, v, 2);
+    node_trainer_gather(r->trainer, 0, r->full);
+    node_trainer_gather(r->trainer, 1, m);
+    node_trainer_gather(r->trainer, 2, v);
     node_ckpt_meta_t meta = {
-        .cfg = o->cfg, .step = r->step, .seed = o->seed, .iters = o->iters, .warmup = o->warmup,
+        .cfg = o->cfg, .step = node_trainer_step(r->trainer), .seed = o->seed, .iters = o->iters, .warmup = o->warmup,
         .batch = o->batch, .lr = (float) o->lr,
         .min_lr = (float) (o->min_lr >= 0 ? o->min_lr : o->lr / 10.0),
         .weight_decay = (float) o->weight_decay, .grad_clip = (float) o->grad_clip,
@@ -397,66 +299,77 @@ out_free:
     return rc;
 }
 
-static void s_progress(run_t *r, float loss, double lr, long first)
+static void s_progress(run_t *r, float loss, double lr)
 {
     const train_opts_t *o = &r->o;
-    double tps = r->train_time > 0 ? (r->step - first) * (double) o->batch * o->cfg.T / r->train_time : 0;
-    double eta = tps > 0 ? (o->iters - r->step) * (double) o->batch * o->cfg.T / tps : 0;
+    long step = node_trainer_step(r->trainer);
+    double tps = s_tokens_per_s(r);
+    double eta = tps > 0 ? (o->iters - step) * (double) o->batch * o->cfg.T / tps : 0;
     if (r->tty) {
-        int width = 30, done = o->iters ? (int) (width * r->step / o->iters) : width;
+        int width = 30, done = o->iters ? (int) (width * step / o->iters) : width;
         char bar[64];
         for (int i = 0; i < width; i++)
             bar[i] = i < done ? '#' : '.';
         bar[width] = '\0';
         fprintf(stderr, "\r\033[K[%s] step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s",
-                bar, r->step, o->iters, loss, lr, tps, eta);
-    } else if (r->step % o->log_every == 0 || r->step == o->iters) {
+                bar, step, o->iters, loss, lr, tps, eta);
+    } else if (step % o->log_every == 0 || step == o->iters) {
         fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s\n",
-                r->step, o->iters, loss, lr, tps, eta);
+                step, o->iters, loss, lr, tps, eta);
     }
+}
+
+// One optimizer step with its logs; -EDOM when the loss is not finite.
+static int s_one_step(run_t *r)
+{
+    const train_opts_t *o = &r->o;
+    long step = node_trainer_step(r->trainer);
+    double t0 = s_now(), lr = 0;
+    float loss = 0.0f;
+    int rc = node_trainer_forward_backward(r->trainer, &loss);
+    if (rc == 0 && !isfinite(loss)) {
+        fprintf(stderr, "\nswarm train: loss is %f at step %ld; lower --lr or check --init\n", loss, step);
+        return -EDOM;
+    }
+    if (rc == 0)
+        rc = node_trainer_update(r->trainer, &lr);
+    r->train_time += s_now() - t0;
+    if (rc != 0)
+        return rc;
+    if (r->loss_log)
+        fprintf(r->loss_log, "%ld %.6f %.8g\n", step, loss, lr);
+    if (r->csv) {
+        fprintf(r->csv, "%ld,%.6f,%.8g\n", step, loss, lr);
+        fflush(r->csv);
+    }
+    if (!o->quiet)
+        s_progress(r, loss, lr);
+    return 0;
 }
 
 static int s_train_loop(run_t *r)
 {
     const train_opts_t *o = &r->o;
-    long first = r->step;
     int rc = 0;
-    if (o->eval_every > 0 && r->step == 0)
+    if (o->eval_every > 0 && r->first == 0)
         rc = s_eval(r);
-    while (rc == 0 && r->step < o->iters) {
-        double t0 = s_now(), lr_min = o->min_lr >= 0 ? o->min_lr : o->lr / 10.0;
-        double lr = node_lr_at(r->step, o->iters, o->warmup, o->lr, lr_min);
-        float loss = 0.0f;
-        rc = s_step(r, &loss);
-        r->train_time += s_now() - t0;
-        if (rc != 0)
-            break;
-        if (!isfinite(loss)) {
-            fprintf(stderr, "\nswarm train: loss is %f at step %ld; lower --lr or check --init\n",
-                    loss, r->step - 1);
-            rc = -EDOM;
-            break;
-        }
-        if (r->csv) {
-            fprintf(r->csv, "%ld,%.6f,%.8g\n", r->step - 1, loss, lr);
-            fflush(r->csv);
-        }
-        if (!o->quiet)
-            s_progress(r, loss, lr, first);
-        if (o->eval_every > 0 && (r->step % o->eval_every == 0 || r->step == o->iters))
+    while (rc == 0 && node_trainer_step(r->trainer) < o->iters) {
+        rc = s_one_step(r);
+        long step = node_trainer_step(r->trainer);
+        if (rc == 0 && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->iters))
             rc = s_eval(r);
-        if (rc == 0 && o->save && o->save_every > 0 && r->step % o->save_every == 0 && r->step < o->iters)
+        if (rc == 0 && o->save && o->save_every > 0 && step % o->save_every == 0 && step < o->iters)
             rc = s_save(r);
     }
     if (rc == 0 && o->save)
         rc = s_save(r);
     if (r->tty && !o->quiet)
         fprintf(stderr, "\n");
-    double tps = r->train_time > 0 ? (r->step - first) * (double) o->batch * o->cfg.T / r->train_time : 0;
-    double fpt = node_config_flops_per_token(&o->cfg);
+    long steps = node_trainer_step(r->trainer) - r->first;
+    double tps = s_tokens_per_s(r);
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | s/iter %.5f | tok/s %.0f | GFLOP/s %.2f\n",
-           r->step - first, s_now() - r->t_start, r->train_time,
-           r->step > first ? r->train_time / (r->step - first) : 0.0, tps, tps * fpt / 1e9);
+           steps, s_now() - r->t_start, r->train_time, steps > 0 ? r->train_time / steps : 0.0,
+           tps, tps * node_config_flops_per_token(&o->cfg) / 1e9);
     return rc;
 }
 
@@ -470,7 +383,7 @@ static int s_load_weights(run_t *r, float **params, float **m, float **v, char *
         int rc = node_ckpt_load(o->resume, &meta, params, m, v, err, n);
         if (rc != 0)
             return rc;
-        r->step = meta.step;
+        r->first = meta.step;
         return s_apply_checkpoint(o, &meta, err, n);
     }
     if (o->init) {
@@ -524,21 +437,19 @@ static int s_setup(run_t *r, char *err, size_t n)
     train_opts_t *o = &r->o;
     float *params = NULL, *m = NULL, *v = NULL;
     int rc = s_load_weights(r, &params, &m, &v, err, n);
-    if (rc == 0)
-        rc = node_config_check(&o->cfg, err, n);
     if (rc != 0)
         goto out;
     if (o->micro == 0)
         o->micro = o->batch;
-    if (o->micro > o->batch || o->batch % o->micro != 0) {
-        snprintf(err, n, "--micro-batch %d must divide --batch %d", o->micro, o->batch);
-        rc = -EINVAL;
-        goto out;
-    }
-    rc = node_plan_make(&o->cfg, o->stages, &r->plan, err, n);
-    if (rc != 0)
-        goto out;
-    rc = swarm_data_check(r->data, o->cfg.T, err, n);
+    node_hparams_t hp = {
+        .cfg = o->cfg, .batch = o->batch, .micro = o->micro, .stages = o->stages,
+        .iters = o->iters, .warmup = o->warmup, .lr = o->lr,
+        .min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10.0, .weight_decay = o->weight_decay,
+        .grad_clip = o->grad_clip, .seed = o->seed, .eval_iters = o->eval_iters,
+    };
+    rc = node_config_check(&o->cfg, err, n);
+    if (rc == 0)
+        rc = swarm_data_check(r->data, o->cfg.T, err, n);
     if (rc != 0)
         goto out;
     r->be = blas_backend_open(o->device, o->threads, err, n);
@@ -546,33 +457,19 @@ static int s_setup(run_t *r, char *err, size_t n)
         rc = -ENODEV;
         goto out;
     }
-    for (int s = 0; s < r->plan.stages; s++) {
-        r->stage[s] = node_stage_new(&o->cfg, &r->plan, s, r->be, err, n);
-        r->acts[s] = r->stage[s] ? node_acts_new(r->stage[s], o->micro, err, n) : NULL;
-        if (!r->acts[s]) {
-            rc = -ENOMEM;
-            goto out;
-        }
-        size_t off = node_stage_param_offset(r->stage[s]), cnt = node_stage_param_count(r->stage[s]);
-        memcpy(node_stage_params(r->stage[s]), params + off, cnt * sizeof(float));
-        if (m)
-            memcpy(node_stage_moment1(r->stage[s]), m + off, cnt * sizeof(float));
-        if (v)
-            memcpy(node_stage_moment2(r->stage[s]), v + off, cnt * sizeof(float));
-        rc = node_stage_params_changed(r->stage[s]);
-        if (rc != 0) {
-            snprintf(err, n, "stage %d: cannot upload parameters", s);
-            goto out;
-        }
+    r->trainer = node_trainer_new(&hp, r->be, r->data, err, n);
+    if (!r->trainer) {
+        rc = -EINVAL;
+        goto out;
     }
-    size_t tokens = (size_t) o->micro * o->cfg.T;
-    r->x = malloc(tokens * sizeof(int32_t));
-    r->y = malloc(tokens * sizeof(int32_t));
-    r->act[0] = malloc(tokens * o->cfg.C * sizeof(float));
-    r->act[1] = malloc(tokens * o->cfg.C * sizeof(float));
+    rc = node_trainer_load(r->trainer, params, m, v, r->first);
+    if (rc != 0) {
+        snprintf(err, n, "cannot upload the parameters to %s", r->be->device);
+        goto out;
+    }
     r->full = malloc(node_config_params(&o->cfg) * sizeof(float));
-    if (!r->x || !r->y || !r->act[0] || !r->act[1] || !r->full) {
-        snprintf(err, n, "out of memory for micro-batches of %d windows", o->micro);
+    if (!r->full) {
+        snprintf(err, n, "out of memory for %zu parameters", node_config_params(&o->cfg));
         rc = -ENOMEM;
     }
 out:
@@ -607,14 +504,7 @@ static int s_open_logs(run_t *r, char *err, size_t n)
 
 static void s_teardown(run_t *r)
 {
-    for (int s = 0; s < r->plan.stages; s++) {
-        node_acts_destroy(&r->acts[s]);
-        node_stage_destroy(&r->stage[s]);
-    }
-    free(r->x);
-    free(r->y);
-    free(r->act[0]);
-    free(r->act[1]);
+    node_trainer_destroy(&r->trainer);
     free(r->full);
     if (r->loss_log)
         fclose(r->loss_log);
@@ -662,7 +552,7 @@ int cmd_train(int argc, char **argv)
            o->cfg.L, o->cfg.H, o->cfg.C, o->cfg.T, o->batch, o->micro, o->stages, o->iters, o->lr,
            (unsigned long long) o->seed, swarm_data_name(r->data), swarm_data_size(r->data));
     if (o->resume)
-        printf("resumed from %s at step %ld\n", o->resume, r->step);
+        printf("resumed from %s at step %ld\n", o->resume, r->first);
     fflush(stdout);
     r->t_start = s_now();
     rc = s_train_loop(r);

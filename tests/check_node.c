@@ -1,0 +1,525 @@
+/* check_node.c - the model, its stages, AdamW, weight files and checkpoints,
+ * held to the PyTorch reference files in ../shared/data/ref (ref_gpt.py).
+ *
+ * Tests that need the reference files skip with a message when ../shared is
+ * absent (set SWARM_SHARED to point elsewhere).
+ */
+#include "node.h"
+#include "swarm.h"
+
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char s_shared[512];
+
+static int s_have_shared(void)
+{
+    const char *env = getenv("SWARM_SHARED");
+    snprintf(s_shared, sizeof s_shared, "%s", env ? env : "../shared");
+    char path[600];
+    snprintf(path, sizeof path, "%s/data/ref/tiny_init.bgpt", s_shared);
+    if (access(path, R_OK) == 0)
+        return 1;
+    printf("SKIP: %s not found; reference tests need ../shared (or SWARM_SHARED)\n", path);
+    return 0;
+}
+
+static const char *s_ref(const char *name)
+{
+    static char path[700];
+    snprintf(path, sizeof path, "%s/data/ref/%s", s_shared, name);
+    return path;
+}
+
+static float *s_read_bgpt(const char *name, node_bgpt_header_t *h)
+{
+    char err[512];
+    float *data = NULL;
+    int rc = node_bgpt_read(s_ref(name), h, &data, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s: %s", name, err);
+    return data;
+}
+
+static swarm_data_t *s_shakespeare(void)
+{
+    char path[700], err[512];
+    swarm_data_t *data = NULL;
+    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", s_shared);
+    ck_assert_msg(swarm_data_load(path, &data, err, sizeof err) == 0, "%s", err);
+    return data;
+}
+
+static node_hparams_t s_tiny_hparams(int stages, int micro)
+{
+    return (node_hparams_t) {
+        .cfg = { NODE_VOCAB, 16, 32, 2, 4 }, .batch = 4, .micro = micro, .stages = stages,
+        .iters = 10, .warmup = 2, .lr = 1e-2, .min_lr = 1e-3, .weight_decay = 0.1,
+        .grad_clip = 1.0, .seed = 1337, .eval_iters = 2,
+    };
+}
+
+// The key slice [C, 2C) of a qkv bias: its true gradient is zero (softmax
+// ignores a constant added to every key of a query), so after AdamW, which
+// normalises the gradient, both PyTorch's and our values there are rounding
+// noise. They are held to being that small rather than to each other.
+static int s_is_key_bias(const node_config_t *cfg, const node_tensor_t *t, size_t j)
+{
+    return strstr(t->name, "qkv.bias") && j >= (size_t) cfg->C && j < 2 * (size_t) cfg->C;
+}
+
+// max |a - b| / max |b| over each tensor of the file order; fails above tol.
+// With noise_keys, key biases are held to |x| <= 1e-3 max |b| instead.
+static void s_assert_tensors_close(const node_config_t *cfg, const float *got, const float *want,
+                                   double tol, const char *what, int noise_keys)
+{
+    for (int i = 0; i < node_tensor_count(cfg); i++) {
+        node_tensor_t t = node_tensor_at(cfg, i);
+        double diff = 0, scale = 0, noise = 0;
+        for (size_t j = 0; j < t.size; j++) {
+            double w = fabs((double) want[t.offset + j]);
+            scale = w > scale ? w : scale;
+            if (noise_keys && s_is_key_bias(cfg, &t, j)) {
+                double g = fabs((double) got[t.offset + j]);
+                noise = g > noise ? g : noise;
+                noise = w > noise ? w : noise;
+                continue;
+            }
+            double d = fabs((double) got[t.offset + j] - want[t.offset + j]);
+            diff = d > diff ? d : diff;
+        }
+        ck_assert_msg(noise <= 1e-3 * scale, "%s: tensor %s: key bias %.3g is more than noise",
+                      what, t.name, noise);
+        double rel = scale > 0 ? diff / scale : diff;
+        ck_assert_msg(rel <= tol, "%s: tensor %s: max|diff|/max|ref| = %.3g > %.1g",
+                      what, t.name, rel, tol);
+    }
+}
+
+// (stages, micro-batch) for the loop tests: 1 and 2 stages x 1, 2, 4 micro-batches
+static const int s_cuts[][2] = { {1, 4}, {1, 2}, {1, 1}, {2, 4}, {2, 2}, {2, 1} };
+
+static node_trainer_t *s_tiny_trainer(int i, swarm_data_t *data, float *init)
+{
+    char err[512];
+    node_hparams_t hp = s_tiny_hparams(s_cuts[i][0], s_cuts[i][1]);
+    node_trainer_t *t = node_trainer_new(&hp, blas_cpu_backend(1), data, err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    ck_assert_int_eq(node_trainer_load(t, init, NULL, NULL, 0), 0);
+    return t;
+}
+
+// ---- numerics against PyTorch ----------------------------------------------
+
+START_TEST(test_stage_loss_and_gradients_match_pytorch)
+{
+    if (!s_have_shared())
+        return;
+    node_bgpt_header_t hi, hg;
+    float *init = s_read_bgpt("tiny_init.bgpt", &hi);
+    float *ref = s_read_bgpt("tiny_grad0.bgpt", &hg);
+    ck_assert_int_eq(hg.kind, 1);
+    swarm_data_t *data = s_shakespeare();
+    node_trainer_t *t = s_tiny_trainer(_i, data, init);
+    float loss = 0;
+    ck_assert_int_eq(node_trainer_forward_backward(t, &loss), 0);
+    ck_assert_msg(fabs(loss - 5.539130) <= 1e-5, "loss %.7f, PyTorch 5.539130 (S=%d, micro %d)",
+                  loss, s_cuts[_i][0], s_cuts[_i][1]);
+    ck_assert_msg(fabs(loss - hg.loss) <= 1e-5, "loss %.7f, file header %.7f", loss, hg.loss);
+    float *grads = calloc(node_config_params(&hi.cfg), sizeof(float));
+    node_trainer_gather(t, 3, grads);
+    char what[64];
+    snprintf(what, sizeof what, "gradients, S=%d micro %d", s_cuts[_i][0], s_cuts[_i][1]);
+    s_assert_tensors_close(&hi.cfg, grads, ref, 1e-4, what, 0);
+    node_trainer_destroy(&t);
+    swarm_data_destroy(&data);
+    free(grads);
+    free(init);
+    free(ref);
+}
+END_TEST
+
+START_TEST(test_ten_steps_match_pytorch_losses_and_weights)
+{
+    if (!s_have_shared())
+        return;
+    node_bgpt_header_t hi, h10;
+    float *init = s_read_bgpt("tiny_init.bgpt", &hi);
+    float *ref = s_read_bgpt("tiny_step10.bgpt", &h10);
+    FILE *f = fopen(s_ref("tiny_losses.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    swarm_data_t *data = s_shakespeare();
+    node_trainer_t *t = s_tiny_trainer(_i, data, init);
+    for (int step = 0; step < 10; step++) {
+        int ref_step;
+        double ref_loss, ref_lr, lr;
+        ck_assert_int_eq(fscanf(f, "%d %lf %lf", &ref_step, &ref_loss, &ref_lr), 3);
+        float loss;
+        ck_assert_int_eq(node_trainer_forward_backward(t, &loss), 0);
+        ck_assert_int_eq(node_trainer_update(t, &lr), 0);
+        ck_assert_int_eq(ref_step, step);
+        ck_assert_msg(fabs(loss - ref_loss) <= 1e-4 * ref_loss, "step %d: loss %.6f, PyTorch %.6f",
+                      step, loss, ref_loss);
+        ck_assert_msg(fabs(lr - ref_lr) <= 1e-7 * ref_lr, "step %d: lr %.9g, PyTorch %.9g", step, lr, ref_lr);
+    }
+    float *params = calloc(node_config_params(&hi.cfg), sizeof(float));
+    node_trainer_gather(t, 0, params);
+    s_assert_tensors_close(&hi.cfg, params, ref, 1e-4, "weights after 10 steps", 1);
+    fclose(f);
+    node_trainer_destroy(&t);
+    swarm_data_destroy(&data);
+    free(params);
+    free(init);
+    free(ref);
+}
+END_TEST
+
+// The baby model (L=4) cut into 3 and 4 stages with 3 micro-batches of 4
+// follows PyTorch's first steps.
+START_TEST(test_baby_model_in_three_and_four_stages_matches_pytorch)
+{
+    if (!s_have_shared())
+        return;
+    node_bgpt_header_t h;
+    float *init = s_read_bgpt("baby_init.bgpt", &h);
+    swarm_data_t *data = s_shakespeare();
+    FILE *f = fopen(s_ref("baby_losses.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    double ref[3], lr_ref;
+    int step;
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(fscanf(f, "%d %lf %lf", &step, &ref[i], &lr_ref), 3);
+    fclose(f);
+    for (int stages = 3; stages <= 4; stages++) {
+        node_hparams_t hp = {
+            .cfg = h.cfg, .batch = 12, .micro = 4, .stages = stages, .iters = 2000, .warmup = 100,
+            .lr = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1337,
+            .eval_iters = 1,
+        };
+        char err[256];
+        node_trainer_t *t = node_trainer_new(&hp, blas_cpu_backend(2), data, err, sizeof err);
+        ck_assert_msg(t != NULL, "%s", err);
+        ck_assert_int_eq(node_trainer_load(t, init, NULL, NULL, 0), 0);
+        for (int i = 0; i < 3; i++) {
+            float loss;
+            double lr;
+            ck_assert_int_eq(node_trainer_forward_backward(t, &loss), 0);
+            ck_assert_int_eq(node_trainer_update(t, &lr), 0);
+            ck_assert_msg(fabs(loss - ref[i]) <= 1e-4 * ref[i], "S=%d step %d: loss %.6f, PyTorch %.6f",
+                          stages, i, loss, ref[i]);
+        }
+        node_trainer_destroy(&t);
+    }
+    swarm_data_destroy(&data);
+    free(init);
+}
+END_TEST
+
+// ---- plan ------------------------------------------------------------------
+
+START_TEST(test_plan_cuts_contiguous_nonempty_stages)
+{
+    node_config_t cfg = { NODE_VOCAB, 64, 128, 12, 4 };
+    char err[256];
+    for (int S = 1; S <= 12; S++) {
+        node_plan_t plan;
+        ck_assert_int_eq(node_plan_make(&cfg, S, &plan, err, sizeof err), 0);
+        ck_assert_int_eq(plan.first[0], 0);
+        ck_assert_int_eq(plan.first[S], 12);
+        int most = 0, least = 99;
+        for (int s = 0; s < S; s++) {
+            int n = plan.first[s + 1] - plan.first[s];
+            ck_assert_int_ge(n, 1);
+            most = n > most ? n : most;
+            least = n < least ? n : least;
+        }
+        ck_assert_msg(most - least <= 1, "S=%d: stages of %d and %d blocks", S, least, most);
+    }
+}
+END_TEST
+
+START_TEST(test_plan_refuses_more_stages_than_layers)
+{
+    node_config_t cfg = { NODE_VOCAB, 16, 32, 2, 4 };
+    node_plan_t plan;
+    char err[256] = "";
+    ck_assert_int_eq(node_plan_make(&cfg, 3, &plan, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "--stages 3"));
+    ck_assert_int_eq(node_plan_make(&cfg, 0, &plan, err, sizeof err), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_config_refuses_embd_not_divisible_by_heads)
+{
+    node_config_t cfg = { NODE_VOCAB, 16, 30, 2, 4 };
+    char err[256] = "";
+    ck_assert_int_eq(node_config_check(&cfg, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "--embd 30"));
+    cfg = (node_config_t) { NODE_VOCAB, 0, 32, 2, 4 };
+    ck_assert_int_eq(node_config_check(&cfg, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "--block"));
+}
+END_TEST
+
+START_TEST(test_parameter_count_matches_reference_files)
+{
+    node_config_t tiny = { NODE_VOCAB, 16, 32, 2, 4 }, baby = { NODE_VOCAB, 64, 128, 4, 4 };
+    ck_assert_uint_eq(node_config_params(&tiny), 42368);
+    ck_assert_uint_eq(node_config_params(&baby), 867072);
+    ck_assert_double_eq(node_config_flops_per_token(&baby), 5595648.0);
+    node_tensor_t last = node_tensor_at(&baby, node_tensor_count(&baby) - 1);
+    ck_assert_uint_eq(last.offset + last.size, 867072);
+}
+END_TEST
+
+// ---- files -----------------------------------------------------------------
+
+static char *s_tmpdir(void)
+{
+    static char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/check_node.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    return dir;
+}
+
+static void s_write_bytes(const char *path, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+}
+
+// Write a valid tiny BGPT file, damage it with `edit`, expect -EINVAL and
+// `needle` in the message.
+static void s_bgpt_damaged(int edit, const char *needle)
+{
+    node_config_t cfg = { NODE_VOCAB, 16, 32, 2, 4 };
+    size_t n = node_config_params(&cfg), size = 64 + 4 * n;
+    float *w = calloc(n, sizeof(float));
+    char *dir = s_tmpdir(), path[128], err[512] = "";
+    snprintf(path, sizeof path, "%s/w.bgpt", dir);
+    node_bgpt_header_t h = { .cfg = cfg };
+    ck_assert_int_eq(node_bgpt_write(path, &h, w, err, sizeof err), 0);
+    unsigned char *raw = malloc(size);
+    FILE *f = fopen(path, "rb");
+    ck_assert_uint_eq(fread(raw, 1, size, f), size);
+    fclose(f);
+    int32_t v;
+    switch (edit) {
+    case 0: raw[0] = 'X'; break;                              // magic
+    case 1: v = 2; memcpy(raw + 4, &v, 4); break;             // version
+    case 2: size -= 100; break;                               // truncated
+    case 3: v = 3; memcpy(raw + 20, &v, 4); break;            // L=3: shape vs size
+    case 4: v = 5; memcpy(raw + 24, &v, 4); break;            // C % H != 0
+    case 5: v = 7; memcpy(raw + 28, &v, 4); break;            // kind
+    case 6: size = 10; break;                                 // shorter than header
+    }
+    s_write_bytes(path, raw, size);
+    float *data = NULL;
+    node_bgpt_header_t got;
+    int rc = node_bgpt_read(path, &got, &data, err, sizeof err);
+    ck_assert_msg(rc == -EINVAL, "edit %d: rc %d (%s)", edit, rc, err);
+    ck_assert_msg(strstr(err, needle) && strstr(err, path), "edit %d: message '%s' lacks '%s'",
+                  edit, err, needle);
+    ck_assert_ptr_null(data);
+    free(raw);
+    free(w);
+}
+
+START_TEST(test_bgpt_refuses_damaged_files)
+{
+    static const char *needles[] = {
+        "magic", "version 2", "truncated", "truncated", "not divisible", "kind 7", "shorter",
+    };
+    s_bgpt_damaged(_i, needles[_i]);
+}
+END_TEST
+
+START_TEST(test_bgpt_missing_file_names_path)
+{
+    char err[512] = "";
+    float *data = NULL;
+    node_bgpt_header_t h;
+    ck_assert_int_eq(node_bgpt_read("/nonexistent/w.bgpt", &h, &data, err, sizeof err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/w.bgpt"));
+}
+END_TEST
+
+START_TEST(test_bgpt_round_trip_is_exact)
+{
+    node_config_t cfg = { NODE_VOCAB, 8, 16, 1, 2 };
+    size_t n = node_config_params(&cfg);
+    float *w = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        w[i] = (float) i * 0.001f - 3.0f;
+    char *dir = s_tmpdir(), path[128], err[256];
+    snprintf(path, sizeof path, "%s/w.bgpt", dir);
+    node_bgpt_header_t h = { .cfg = cfg, .kind = 1, .step = 7, .loss = 2.5f }, got;
+    ck_assert_int_eq(node_bgpt_write(path, &h, w, err, sizeof err), 0);
+    float *back = NULL;
+    ck_assert_int_eq(node_bgpt_read(path, &got, &back, err, sizeof err), 0);
+    ck_assert_int_eq(memcmp(w, back, n * sizeof(float)), 0);
+    ck_assert_int_eq(got.step, 7);
+    ck_assert_int_eq(got.kind, 1);
+    ck_assert_float_eq(got.loss, 2.5f);
+    free(w);
+    free(back);
+}
+END_TEST
+
+static void s_ckpt_write(const char *dir, node_ckpt_meta_t *meta, float **p)
+{
+    size_t n = node_config_params(&meta->cfg);
+    *p = malloc(3 * n * sizeof(float));
+    for (size_t i = 0; i < 3 * n; i++)
+        (*p)[i] = (float) (i % 977) * 0.01f;
+    char err[256];
+    ck_assert_int_eq(node_ckpt_save(dir, meta, *p, *p + n, *p + 2 * n, err, sizeof err), 0);
+}
+
+START_TEST(test_checkpoint_round_trip_and_corruption_refused)
+{
+    node_ckpt_meta_t meta = {
+        .cfg = { NODE_VOCAB, 8, 16, 2, 2 }, .step = 42, .seed = 9, .iters = 100, .warmup = 5,
+        .batch = 3, .lr = 0.01f, .min_lr = 0.001f, .weight_decay = 0.1f, .grad_clip = 1.0f,
+    }, got;
+    char *dir = s_tmpdir(), path[128], err[512] = "";
+    float *p, *pp = NULL, *m = NULL, *v = NULL;
+    s_ckpt_write(dir, &meta, &p);
+    size_t n = node_config_params(&meta.cfg);
+    ck_assert_int_eq(node_ckpt_load(dir, &got, &pp, &m, &v, err, sizeof err), 0);
+    ck_assert_int_eq(got.step, 42);
+    ck_assert_int_eq(got.batch, 3);
+    ck_assert(got.seed == 9);
+    ck_assert_int_eq(memcmp(pp, p, n * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(v, p + 2 * n, n * sizeof(float)), 0);
+    free(pp);
+    free(m);
+    free(v);
+    // one altered byte in the middle of the moments
+    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 128 + 4 * (long) n + 17, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    pp = NULL;
+    ck_assert_int_eq(node_ckpt_load(dir, &got, &pp, NULL, NULL, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "checksum"));
+    ck_assert_ptr_null(pp);
+    // truncated
+    s_ckpt_write(dir, &meta, &p);
+    ck_assert_int_eq(truncate(path, 128 + 4 * (long) n), 0);
+    ck_assert_int_eq(node_ckpt_load(dir, &got, &pp, NULL, NULL, err, sizeof err), -EINVAL);
+    ck_assert_ptr_null(pp);
+    free(p);
+}
+END_TEST
+
+// ---- resume ----------------------------------------------------------------
+
+START_TEST(test_resumed_run_continues_the_same_curve)
+{
+    if (!s_have_shared())
+        return;
+    node_bgpt_header_t h;
+    float *init = s_read_bgpt("tiny_init.bgpt", &h);
+    swarm_data_t *data = s_shakespeare();
+    size_t n = node_config_params(&h.cfg);
+    float straight[8], resumed[8], loss;
+    double lr;
+    node_trainer_t *t = s_tiny_trainer(0, data, init);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(node_trainer_forward_backward(t, &straight[i]), 0);
+        ck_assert_int_eq(node_trainer_update(t, &lr), 0);
+    }
+    node_trainer_destroy(&t);
+    // 4 steps, checkpoint, a new trainer from the checkpoint, 4 more
+    t = s_tiny_trainer(0, data, init);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(node_trainer_forward_backward(t, &loss), 0);
+        ck_assert_int_eq(node_trainer_update(t, &lr), 0);
+    }
+    float *p = malloc(3 * n * sizeof(float));
+    for (int k = 0; k < 3; k++)
+        node_trainer_gather(t, k, p + k * n);
+    node_ckpt_meta_t meta = { .cfg = h.cfg, .step = node_trainer_step(t), .batch = 4 }, got;
+    char *dir = s_tmpdir(), err[256];
+    ck_assert_int_eq(node_ckpt_save(dir, &meta, p, p + n, p + 2 * n, err, sizeof err), 0);
+    node_trainer_destroy(&t);
+    float *pp, *m, *v;
+    ck_assert_int_eq(node_ckpt_load(dir, &got, &pp, &m, &v, err, sizeof err), 0);
+    t = s_tiny_trainer(3, data, init);  // and in 2 stages this time
+    ck_assert_int_eq(node_trainer_load(t, pp, m, v, got.step), 0);
+    for (int i = 4; i < 8; i++) {
+        ck_assert_int_eq(node_trainer_forward_backward(t, &resumed[i]), 0);
+        ck_assert_int_eq(node_trainer_update(t, &lr), 0);
+        ck_assert_msg(fabsf(resumed[i] - straight[i]) <= 1e-5f * straight[i],
+                      "step %d: resumed %.7f, straight %.7f", i, resumed[i], straight[i]);
+    }
+    node_trainer_destroy(&t);
+    swarm_data_destroy(&data);
+    free(p);
+    free(pp);
+    free(m);
+    free(v);
+    free(init);
+}
+END_TEST
+
+START_TEST(test_stage_refuses_tokens_outside_vocabulary)
+{
+    node_config_t cfg = { NODE_VOCAB, 4, 8, 1, 2 };
+    node_plan_t plan;
+    char err[256];
+    ck_assert_int_eq(node_plan_make(&cfg, 1, &plan, err, sizeof err), 0);
+    node_stage_t *st = node_stage_new(&cfg, &plan, 0, blas_cpu_backend(1), err, sizeof err);
+    node_acts_t *a = node_acts_new(st, 1, err, sizeof err);
+    int32_t tok[4] = {1, 2, 300, 4}, tgt[4] = {1, 2, 3, 4};
+    node_stage_in_t in = { .tokens = tok, .targets = tgt };
+    float loss;
+    ck_assert_int_eq(node_stage_forward(st, a, &in, NULL, &loss, NULL), -EINVAL);
+    tok[2] = 3;
+    tgt[1] = -1;
+    ck_assert_int_eq(node_stage_forward(st, a, &in, NULL, &loss, NULL), -EINVAL);
+    tgt[1] = 2;
+    ck_assert_int_eq(node_stage_forward(st, a, &in, NULL, &loss, NULL), 0);
+    ck_assert_msg(fabsf(loss - logf(256.0f)) < 1e-4f, "zero weights give uniform loss, got %f", loss);
+    node_acts_destroy(&a);
+    node_stage_destroy(&st);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("node");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_stage_loss_and_gradients_match_pytorch, 0, 6);
+    tcase_add_loop_test(tc, test_ten_steps_match_pytorch_losses_and_weights, 0, 6);
+    tcase_add_test(tc, test_baby_model_in_three_and_four_stages_matches_pytorch);
+    tcase_add_test(tc, test_resumed_run_continues_the_same_curve);
+    tcase_add_test(tc, test_stage_refuses_tokens_outside_vocabulary);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plan");
+    tcase_add_test(tc, test_plan_cuts_contiguous_nonempty_stages);
+    tcase_add_test(tc, test_plan_refuses_more_stages_than_layers);
+    tcase_add_test(tc, test_config_refuses_embd_not_divisible_by_heads);
+    tcase_add_test(tc, test_parameter_count_matches_reference_files);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("files");
+    tcase_add_loop_test(tc, test_bgpt_refuses_damaged_files, 0, 7);
+    tcase_add_test(tc, test_bgpt_missing_file_names_path);
+    tcase_add_test(tc, test_bgpt_round_trip_is_exact);
+    tcase_add_test(tc, test_checkpoint_round_trip_and_corruption_refused);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

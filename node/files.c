@@ -35,6 +35,8 @@ static uint32_t s_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return
 static uint64_t s_get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static void s_putf(uint8_t *p, float f) { memcpy(p, &f, 4); }
 static float s_getf(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }
+static void s_putd(uint8_t *p, double d) { memcpy(p, &d, 8); }
+static double s_getd(const uint8_t *p) { double d; memcpy(&d, p, 8); return d; }
 
 // ---- atomic writes ---------------------------------------------------------
 
@@ -294,11 +296,11 @@ static void s_ckpt_header(uint8_t *h, const node_ckpt_meta_t *m)
     s_put64(h + 40, m->seed);
     s_put64(h + 48, (uint64_t) m->iters);
     s_put64(h + 56, (uint64_t) m->warmup);
-    s_putf(h + 64, m->lr);
-    s_putf(h + 68, m->min_lr);
-    s_putf(h + 72, m->weight_decay);
-    s_putf(h + 76, m->grad_clip);
-    s_put64(h + 80, (uint64_t) node_config_params(&m->cfg));
+    s_putd(h + 64, m->lr);
+    s_putd(h + 72, m->min_lr);
+    s_putd(h + 80, m->weight_decay);
+    s_putd(h + 88, m->grad_clip);
+    s_put64(h + 96, (uint64_t) node_config_params(&m->cfg));
 }
 
 int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *params,
@@ -367,16 +369,16 @@ int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, floa
     meta->seed = s_get64(buf + 40);
     meta->iters = (long) s_get64(buf + 48);
     meta->warmup = (long) s_get64(buf + 56);
-    meta->lr = s_getf(buf + 64);
-    meta->min_lr = s_getf(buf + 68);
-    meta->weight_decay = s_getf(buf + 72);
-    meta->grad_clip = s_getf(buf + 76);
+    meta->lr = s_getd(buf + 64);
+    meta->min_lr = s_getd(buf + 72);
+    meta->weight_decay = s_getd(buf + 80);
+    meta->grad_clip = s_getd(buf + 88);
     if (node_config_check(&meta->cfg, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: bad model shape: %s", path, why);
         goto out_free;
     }
     size_t n = node_config_params(&meta->cfg);
-    if (s_get64(buf + 80) != n || size != CKPT_HEADER + 3 * n * sizeof(float) + CKPT_SUM
+    if (s_get64(buf + 96) != n || size != CKPT_HEADER + 3 * n * sizeof(float) + CKPT_SUM
         || meta->step < 0 || meta->batch < 1) {
         snprintf(err, errlen, "%s: header and size disagree (%zu bytes for %zu parameters)",
                  path, size, n);

@@ -179,9 +179,9 @@ typedef struct {
     long iters;             // schedule length
     long warmup;            // warmup updates
     int batch;              // windows per step
-    float lr, min_lr;       // schedule
-    float weight_decay;     // AdamW decay
-    float grad_clip;        // global-norm clip (0 = off)
+    double lr, min_lr;      // schedule
+    double weight_decay;    // AdamW decay
+    double grad_clip;       // global-norm clip (0 = off)
 } node_ckpt_meta_t;
 
 // Write params, both moments (each node_config_params floats) and meta to

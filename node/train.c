@@ -44,6 +44,7 @@ typedef struct {
     const char *loss_log;   // "step loss lr" per step
     const char *device;     // auto, cpu, cuda[:N]
     long log_every;         // steps between plain progress lines
+    long steps;             // stop after this many steps in this run (0 = to the end)
     int quiet;              // no progress output
     unsigned given;         // bit per option set on the command line
 } train_opts_t;
@@ -51,7 +52,7 @@ typedef struct {
 enum {
     O_LAYERS = 1, O_HEADS, O_EMBD, O_BLOCK, O_BATCH, O_MICRO, O_STAGES, O_ITERS, O_LR, O_MINLR,
     O_WARMUP, O_WD, O_CLIP, O_SEED, O_EVERY, O_EITERS, O_DATA, O_INIT, O_SAVE, O_SAVE_EVERY,
-    O_RESUME, O_THREADS, O_LOSSLOG, O_DEVICE, O_LOG_EVERY, O_QUIET, O_HELP,
+    O_RESUME, O_THREADS, O_LOSSLOG, O_DEVICE, O_LOG_EVERY, O_QUIET, O_HELP, O_STEPS,
 };
 
 static const struct option s_long[] = {
@@ -63,7 +64,7 @@ static const struct option s_long[] = {
     {"eval-iters", 1, 0, O_EITERS}, {"data", 1, 0, O_DATA}, {"init", 1, 0, O_INIT},
     {"save", 1, 0, O_SAVE}, {"save-every", 1, 0, O_SAVE_EVERY}, {"resume", 1, 0, O_RESUME},
     {"threads", 1, 0, O_THREADS}, {"loss-log", 1, 0, O_LOSSLOG}, {"device", 1, 0, O_DEVICE},
-    {"log-every", 1, 0, O_LOG_EVERY}, {"quiet", 0, 0, O_QUIET}, {"help", 0, 0, O_HELP},
+    {"log-every", 1, 0, O_LOG_EVERY}, {"steps", 1, 0, O_STEPS}, {"quiet", 0, 0, O_QUIET}, {"help", 0, 0, O_HELP},
     {0, 0, 0, 0},
 };
 
@@ -83,6 +84,7 @@ static void s_help(FILE *out)
         "weights:  --init FILE.bgpt (start from these weights)\n"
         "          --save DIR (checkpoint + model.bgpt + loss.csv)  --save-every 500\n"
         "          --resume DIR (continue a run from its checkpoint)\n"
+        "          --steps N (stop after N steps of the schedule; --resume later)\n"
         "output:   --loss-log FILE (\"step loss lr\" per step)  --log-every 10  --quiet\n"
         "compute:  --threads N (default: all cores)  --device auto|cpu|cuda[:N]\n");
 }
@@ -154,6 +156,7 @@ static int s_parse_one(train_opts_t *o, int id, const char *name, const char *ar
     case O_DEVICE: o->device = arg; break;
     case O_LOG_EVERY: rc = s_parse_long(name, arg, 1, LONG_MAX / 2, &o->log_every, err, n); break;
     case O_QUIET: o->quiet = 1; break;
+    case O_STEPS: rc = s_parse_long(name, arg, 1, LONG_MAX / 2, &o->steps, err, n); break;
     default: rc = -EINVAL; snprintf(err, n, "unknown flag"); break;
     }
     if (rc == 0)
@@ -286,9 +289,8 @@ static int s_save(run_t *r)
     node_trainer_gather(r->trainer, 2, v);
     node_ckpt_meta_t meta = {
         .cfg = o->cfg, .step = node_trainer_step(r->trainer), .seed = o->seed, .iters = o->iters, .warmup = o->warmup,
-        .batch = o->batch, .lr = (float) o->lr,
-        .min_lr = (float) (o->min_lr >= 0 ? o->min_lr : o->lr / 10.0),
-        .weight_decay = (float) o->weight_decay, .grad_clip = (float) o->grad_clip,
+        .batch = o->batch, .lr = o->lr, .min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10.0,
+        .weight_decay = o->weight_decay, .grad_clip = o->grad_clip,
     };
     rc = node_ckpt_save(o->save, &meta, r->full, m, v, err, sizeof err);
     if (rc != 0)
@@ -353,7 +355,8 @@ static int s_train_loop(run_t *r)
     int rc = 0;
     if (o->eval_every > 0 && r->first == 0)
         rc = s_eval(r);
-    while (rc == 0 && node_trainer_step(r->trainer) < o->iters) {
+    long stop = o->steps > 0 && r->first + o->steps < o->iters ? r->first + o->steps : o->iters;
+    while (rc == 0 && node_trainer_step(r->trainer) < stop) {
         rc = s_one_step(r);
         long step = node_trainer_step(r->trainer);
         if (rc == 0 && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->iters))

@@ -1,0 +1,100 @@
+#!/bin/sh
+# test_cli.sh BUILD - the swarm binary as a user runs it: bad flags and bad
+# files each give one clear error line and a non-zero exit; a run saved and
+# resumed continues the same loss curve as a run straight through; sample
+# works from a checkpoint. Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+TMP=$(mktemp -d /tmp/swarm-cli.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT INT TERM
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+# expect_error NAME PATTERN ARGS... : non-zero exit, exactly one stderr line
+# matching PATTERN, nothing on stdout
+expect_error() {
+    name=$1 pattern=$2
+    shift 2
+    "$SWARM" "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    lines=$(wc -l <"$TMP/err")
+    if [ $rc -ne 0 ] && [ "$lines" -eq 1 ] && grep -q -- "$pattern" "$TMP/err" && [ ! -s "$TMP/out" ]; then
+        ok "$name: $(cat "$TMP/err")"
+    else
+        bad "$name: exit $rc, $lines stderr lines, wanted /$pattern/:"
+        sed 's/^/     /' "$TMP/err" "$TMP/out"
+    fi
+}
+
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --warmup 2 --lr 1e-2 --threads 1 --eval-every 0 --quiet"
+head -c 20000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+
+# ---- bad flags ----
+expect_error "negative layers" "--layers -2" train --layers -2
+expect_error "zero batch" "--batch 0" train --batch 0
+expect_error "embd not divisible by heads" "not divisible by --heads 3" train --embd 32 --heads 3 --data "$TMP/data.txt"
+expect_error "more stages than layers" "--stages 5" train --layers 4 --stages 5 --data "$TMP/data.txt"
+expect_error "micro-batch not dividing batch" "--micro-batch 5 must divide --batch 12" train --micro-batch 5 --data "$TMP/data.txt"
+expect_error "lr not a number" "--lr fast" train --lr fast
+expect_error "unknown flag" "--bogus" train --bogus 3
+expect_error "stray argument" "extra: unexpected argument" train extra
+expect_error "unknown command" "unknown command 'trian'" trian
+expect_error "unknown device" "--device tpu" train --device tpu $TINY --data "$TMP/data.txt" --iters 1
+expect_error "sample without ckpt" "--ckpt is required" sample
+
+# ---- bad files ----
+expect_error "missing data file" "--data $TMP/nope.txt: No such file" train --data "$TMP/nope.txt"
+: >"$TMP/empty.txt"
+expect_error "empty data file" "empty" train $TINY --data "$TMP/empty.txt"
+printf 'tiny' >"$TMP/small.txt"
+expect_error "data too small for block" "too small for --block 16" train $TINY --data "$TMP/small.txt"
+expect_error "missing init file" "$TMP/none.bgpt: No such file" train $TINY --data "$TMP/data.txt" --init "$TMP/none.bgpt"
+printf 'this is not a weight file, just text that is long enough to have a header of 64 bytes....' >"$TMP/junk.bgpt"
+expect_error "not a BGPT file" "not a BGPT weight file" train $TINY --data "$TMP/data.txt" --init "$TMP/junk.bgpt"
+expect_error "resume from nothing" "$TMP/nockpt/checkpoint.bin" train --resume "$TMP/nockpt"
+
+# ---- a run, saved, resumed, sampled ----
+"$SWARM" train $TINY --data "$TMP/data.txt" --iters 12 --loss-log "$TMP/straight.txt" >/dev/null 2>&1 \
+    && ok "train 12 steps straight" || bad "train 12 steps straight"
+"$SWARM" train $TINY --data "$TMP/data.txt" --iters 12 --save "$TMP/ck" --save-every 6 \
+    --loss-log "$TMP/first.txt" >/dev/null 2>&1 && ok "train with checkpoints" || bad "train with checkpoints"
+# a truncated copy of the final checkpoint is refused by name
+mkdir -p "$TMP/cut" && head -c 5000 "$TMP/ck/checkpoint.bin" >"$TMP/cut/checkpoint.bin"
+expect_error "truncated checkpoint" "checksum mismatch" train --resume "$TMP/cut" --data "$TMP/data.txt"
+# wrong model shape against an existing checkpoint
+expect_error "shape flag against checkpoint" "--layers 3 does not match" train --resume "$TMP/ck" --layers 3 --data "$TMP/data.txt"
+# stop after 6 steps of the 12-step schedule, then resume to the end
+"$SWARM" train $TINY --data "$TMP/data.txt" --iters 12 --steps 6 --save "$TMP/six" \
+    >/dev/null 2>&1 && ok "train 6 of 12 steps (--steps)" || bad "train --steps 6"
+"$SWARM" train --resume "$TMP/six" --data "$TMP/data.txt" --quiet --eval-every 0 --threads 1 \
+    --loss-log "$TMP/resumed.txt" >/dev/null 2>&1 && ok "resume to the end" || bad "resume to the end"
+if tail -n 6 "$TMP/straight.txt" | cmp -s - "$TMP/resumed.txt"; then
+    ok "the resumed run continues the same loss curve (steps 6-11 identical)"
+else
+    bad "resumed curve differs:"; tail -n 6 "$TMP/straight.txt"; cat "$TMP/resumed.txt"
+fi
+if "$SWARM" train --resume "$TMP/ck" --data "$TMP/data.txt" --quiet --eval-every 0 >"$TMP/r.out" 2>&1 \
+    && grep -q "resumed from $TMP/ck at step 12" "$TMP/r.out"; then
+    ok "resume at the end does nothing and says where it is"
+else
+    bad "resume at the end"; cat "$TMP/r.out"
+fi
+if cmp -s "$TMP/straight.txt" "$TMP/first.txt"; then
+    ok "checkpointing does not change the loss curve"
+else
+    bad "checkpointing changed the loss curve"
+fi
+"$SWARM" sample --ckpt "$TMP/ck" --tokens 40 --prompt "int " --seed 3 >"$TMP/s1" 2>&1
+"$SWARM" sample --ckpt "$TMP/ck/model.bgpt" --tokens 40 --prompt "int " --seed 3 >"$TMP/s2" 2>&1
+if [ "$(wc -c <"$TMP/s1")" -ge 44 ] && cmp -s "$TMP/s1" "$TMP/s2"; then
+    ok "sample from a checkpoint folder and its model.bgpt agree"
+else
+    bad "sample"; cat "$TMP/s1" "$TMP/s2"
+fi
+expect_error "sample bad temperature" "--temperature -1" sample --ckpt "$TMP/ck" --temperature -1
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -42,6 +42,8 @@ static void s_adamw_tensor(float *p, const float *g_raw, float *m, float *v, siz
     float step_size = (float) (o->lr / bc1);
     float bc2_sqrt = (float) sqrt(bc2);
     float eps = o->eps, gs = o->grad_scale;
+    // elementwise, so the threads' split cannot change a bit
+    #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
         float g = g_raw[i] * gs;
         p[i] = p[i] * keep;

@@ -28,7 +28,7 @@ LDFLAGS_BASE := -fopenmp $(SAN_FLAGS)
 # ---- detection -------------------------------------------------------------
 # OpenBLAS: prefer the OpenMP build so that OpenBLAS and swarm's own loops
 # share one thread pool (no spinning pools fighting over the cores).
-OPENBLAS_OMP_DIR := /usr/lib/$(MULTIARCH)/openblas-openmp
+OPENBLAS_OMP_DIR ?= /usr/lib/$(MULTIARCH)/openblas-openmp
 ifneq ($(wildcard $(OPENBLAS_OMP_DIR)/libopenblas.so),)
 BLAS_VARIANT := openmp
 BLAS_CFLAGS  := -I/usr/include/$(MULTIARCH)/openblas-openmp
@@ -44,7 +44,8 @@ SODIUM_CFLAGS := $(shell pkg-config --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(shell pkg-config --libs libsodium 2>/dev/null || echo -lsodium)
 CHECK_CFLAGS  := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS    := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck)
-NVCC          := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA_HOME     ?= /usr/local/cuda
+NVCC          := $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
 
 QUIET_GOALS := deps clean help
 ifeq ($(filter $(QUIET_GOALS),$(MAKECMDGOALS)),)
@@ -151,6 +152,37 @@ $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
 # ---- net: fuzz targets and benchmark (rules for net/ live here) ----------
+# check_net replays the fuzz target's seed corpus (tests/corpus/wire).
+$(BUILD)/check_net: $(BUILD)/obj/tests/fuzz_wire.o
+
+# make fuzz [FUZZ_TIME=seconds]: build the libFuzzer target with clang and
+# run it from the seed corpus; new inputs go to build-fuzz/corpus/wire,
+# crashes to build-fuzz/crash-*. Needs only net's pure decoder and codecs.
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 60
+FUZZ_BUILD := build-fuzz
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer \
+              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Inet $(ZMQ_CFLAGS)
+FUZZ_SRC   := tests/fuzz_wire.c net/wire.c net/codec.c
+
+$(FUZZ_BUILD)/fuzz_wire: $(FUZZ_SRC) net/net.h net/wire.h
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  FUZZ  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC) -lm -o $@
+
+fuzz: $(FUZZ_BUILD)/fuzz_wire
+	@mkdir -p $(FUZZ_BUILD)/corpus/wire
+	cd $(FUZZ_BUILD) && ./fuzz_wire -max_total_time=$(FUZZ_TIME) -max_len=16384 \
+	    -print_final_stats=1 corpus/wire ../tests/corpus/wire
+
+# make bench-net: loopback round trips and throughput with CURVE, codec MB/s
+$(BUILD)/bench_net: $(BUILD)/obj/tests/bench_net.o $(NET_OBJ)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+
+bench-net: $(BUILD)/bench_net
+	@sh scripts/bench-net.sh $(BUILD)
+.PHONY: bench-net
 # ---- end net ---------------------------------------------------------------
 
 PREFIX ?= /usr/local

@@ -1,0 +1,31 @@
+#!/bin/sh
+# test_build.sh - the Makefile's detection: it says which OpenBLAS build it
+# links and whether nvcc is there, and follows what the machine has.
+# Ends with "N passed, N failed".
+pass=0
+fail=0
+check() {  # NAME PATTERN OUTPUT
+    if echo "$3" | grep -q -- "$2"; then
+        pass=$((pass + 1)); echo "ok   $1: $(echo "$3" | grep -- "$2" | head -1)"
+    else
+        fail=$((fail + 1)); echo "FAIL $1: wanted /$2/ in:"; echo "$3" | sed 's/^/     /'
+    fi
+}
+out=$(make -n all 2>&1)
+check "prints the OpenBLAS build" "^openblas: \(openmp\|pthread\) build" "$out"
+check "prints the nvcc detection" "^nvcc: " "$out"
+out=$(PATH=/usr/bin:/bin make -n all CUDA_HOME=/nonexistent 2>&1)
+check "no nvcc when neither PATH nor CUDA_HOME has one" "^nvcc: not found, CPU backend only" "$out"
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+    out=$(PATH=/usr/bin:/bin make -n all CUDA_HOME=/usr/local/cuda 2>&1)
+    check "nvcc found under CUDA_HOME" "^nvcc: found at /usr/local/cuda/bin/nvcc" "$out"
+fi
+out=$(make -n all OPENBLAS_OMP_DIR=/nonexistent 2>&1)
+check "falls back to pkg-config's OpenBLAS without the OpenMP build" "^openblas: pthread build" "$out"
+omp=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
+if [ -f "$omp/libopenblas.so" ]; then
+    out=$(make -n -B build/swarm V=1 2>&1 | grep -- "-o build/swarm")
+    check "links the OpenMP OpenBLAS when present" "-L$omp" "$out"
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,585 @@
+/* check_swarm.c - the swarm module's data (swarm/data.c): splitmix64 and the
+ * window starts against values from the PyTorch reference (ref_gpt.py), the
+ * batch order as a pure function of (seed, step, window), the train/val
+ * split, the size check and loading files.
+ *
+ * One test reads ../shared/data/tinyshakespeare.txt ($SWARM_SHARED/data/...
+ * when set) and skips with a message when it is absent; the others need no file.
+ */
+#include "swarm.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GAMMA 0x9E3779B97F4A7C15ull
+#define SHAKESPEARE_SIZE 1115394 // bytes of tinyshakespeare.txt
+#define SHAKESPEARE_TRAIN 1003854
+#define SHAKESPEARE_VAL 111540
+
+// ---- helpers ---------------------------------------------------------------
+
+// n pseudo-random bytes (xorshift64, independent of the sampler under test)
+static uint8_t *s_random_bytes(size_t n, uint64_t seed)
+{
+    uint8_t *p = malloc(n ? n : 1);
+    ck_assert_ptr_nonnull(p);
+    uint64_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t) (x >> 32);
+    }
+    return p;
+}
+
+// Window i of (x, y) must be split[s .. s+T) and split[s+1 .. s+T]. (One
+// assertion per window: a passing ck_assert costs a write to Check's pipe.)
+static void s_assert_window(const uint8_t *split, size_t s, int T, const int32_t *x,
+                            const int32_t *y, const char *what, int i)
+{
+    int t = 0;
+    while (t < T && x[t] == split[s + t] && y[t] == split[s + t + 1])
+        t++;
+    ck_assert_msg(t == T, "%s window %d (start %zu): x[%d] = %d, y[%d] = %d, want %d, %d",
+                  what, i, s, t, x[t], t, y[t], split[s + t], split[s + t + 1]);
+}
+
+static int32_t *s_ints(size_t n)
+{
+    int32_t *p = calloc(n ? n : 1, sizeof(int32_t));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static const char *s_tmpdir(void)
+{
+    const char *d = getenv("TMPDIR");
+    return d && *d ? d : "/tmp";
+}
+
+// ---- splitmix64 ------------------------------------------------------------
+
+START_TEST(test_splitmix64_matches_reference_values_from_seed_1337)
+{
+    // from ref_gpt.py's SplitMix64(1337).next(), run with /usr/bin/python3
+    static const uint64_t want[] = {
+        0xb6a8a9b313caa00bull, 0xcb7f284b67d605c9ull, 0x3440fccf54082b5aull,
+        0x77026dc1feefc262ull, 0x3aa879a5358b1c9cull,
+    };
+    uint64_t state = 1337;
+    for (int i = 0; i < 5; i++) {
+        uint64_t got = swarm_splitmix64(&state);
+        ck_assert_msg(got == want[i], "draw %d: %016llx, want %016llx", i,
+                      (unsigned long long) got, (unsigned long long) want[i]);
+        ck_assert_msg(state == 1337 + (uint64_t) (i + 1) * GAMMA, "state after draw %d", i);
+    }
+}
+END_TEST
+
+START_TEST(test_splitmix64_state_wraps_modulo_2_to_the_64)
+{
+    // from ref_gpt.py's SplitMix64(seed).next() for seeds 2^64 - 1 and 0
+    static const uint64_t want_max[] = { 0xe4d971771b652c20ull, 0xe99ff867dbf682c9ull,
+                                         0x382ff84cb27281e9ull };
+    static const uint64_t want_zero[] = { 0xe220a8397b1dcdafull, 0x6e789e6aa1b965f4ull,
+                                          0x06c45d188009454full };
+    uint64_t a = UINT64_MAX, b = 0;
+    for (int i = 0; i < 3; i++) {
+        uint64_t ga = swarm_splitmix64(&a), gb = swarm_splitmix64(&b);
+        ck_assert_msg(ga == want_max[i], "seed 2^64-1 draw %d: %016llx", i, (unsigned long long) ga);
+        ck_assert_msg(gb == want_zero[i], "seed 0 draw %d: %016llx", i, (unsigned long long) gb);
+    }
+}
+END_TEST
+
+// ---- train_batch -----------------------------------------------------------
+
+START_TEST(test_train_batch_equals_one_sequential_stream)
+{
+    enum { N = 5000, T = 16 };
+    uint8_t *bytes = s_random_bytes(N, 3);
+    swarm_data_t *data = swarm_data_wrap(bytes, N, "random.bin");
+    size_t ntrain;
+    const uint8_t *split = swarm_data_split(data, 0, &ntrain);
+    static const struct {
+        uint64_t seed;
+        long step;
+        int B, first, count;
+    } cases[] = {
+        { 1337, 0, 1, 0, 1 },     { 1337, 0, 4, 0, 4 },     { 1337, 3, 4, 1, 2 },
+        { 1337, 7, 12, 5, 7 },    { 42, 100, 3, 2, 1 },     { 0, 9999, 8, 0, 8 },
+        { UINT64_MAX - 5, 2, 5, 3, 2 }, // the state wraps past 2^64
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int count = cases[c].count;
+        int32_t *x = s_ints((size_t) count * T), *y = s_ints((size_t) count * T);
+        swarm_data_train_batch(data, cases[c].seed, cases[c].step, cases[c].B, cases[c].first,
+                               count, T, x, y);
+        // the stream from seed, k*B + first draws in
+        uint64_t state = cases[c].seed;
+        long skip = cases[c].step * cases[c].B + cases[c].first;
+        for (long d = 0; d < skip; d++)
+            swarm_splitmix64(&state);
+        char what[96];
+        snprintf(what, sizeof what, "seed %llu step %ld B %d first %d",
+                 (unsigned long long) cases[c].seed, cases[c].step, cases[c].B, cases[c].first);
+        for (int i = 0; i < count; i++) {
+            size_t s = (size_t) (swarm_splitmix64(&state) % (ntrain - T));
+            s_assert_window(split, s, T, x + i * T, y + i * T, what, i);
+        }
+        free(x), free(y);
+    }
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_train_batch_pieces_make_up_the_whole_step)
+{
+    enum { N = 3000, T = 8, B = 6 };
+    uint8_t *bytes = s_random_bytes(N, 4);
+    swarm_data_t *data = swarm_data_wrap(bytes, N, "random.bin");
+    int32_t whole_x[B * T], whole_y[B * T], x[B * T], y[B * T];
+    swarm_data_train_batch(data, 7, 5, B, 0, B, T, whole_x, whole_y);
+    for (int a = 0; a <= B; a++) {
+        memset(x, 0xff, sizeof x);
+        memset(y, 0xff, sizeof y);
+        swarm_data_train_batch(data, 7, 5, B, 0, a, T, x, y);
+        swarm_data_train_batch(data, 7, 5, B, a, B - a, T, x + a * T, y + a * T);
+        ck_assert_msg(memcmp(x, whole_x, sizeof x) == 0 && memcmp(y, whole_y, sizeof y) == 0,
+                      "windows [0,%d) + [%d,%d) differ from [0,%d)", a, a, B, B);
+    }
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_train_batch_y_is_x_shifted_by_one_byte)
+{
+    enum { N = 4000, T = 32, B = 8 };
+    uint8_t *bytes = s_random_bytes(N, 5);
+    swarm_data_t *data = swarm_data_wrap(bytes, N, "random.bin");
+    size_t ntrain;
+    const uint8_t *split = swarm_data_split(data, 0, &ntrain);
+    int32_t x[B * T], y[B * T];
+    for (long step = 0; step < 20; step++) {
+        swarm_data_train_batch(data, 99, step, B, 0, B, T, x, y);
+        for (int i = 0; i < B; i++) {
+            const int32_t *xi = x + i * T, *yi = y + i * T;
+            int t = 0;
+            while (t + 1 < T && yi[t] == xi[t + 1])
+                t++;
+            ck_assert_msg(t + 1 == T, "step %ld window %d: y[%d] %d != x[%d] %d",
+                          step, i, t, yi[t], t + 1, xi[t + 1]);
+            // x followed by the last byte of y is T+1 contiguous train bytes
+            uint8_t win[T + 1];
+            for (int t = 0; t < T; t++)
+                win[t] = (uint8_t) xi[t];
+            win[T] = (uint8_t) yi[T - 1];
+            ck_assert_msg(memmem(split, ntrain, win, sizeof win) != NULL,
+                          "step %ld window %d is not T+1 contiguous train bytes", step, i);
+        }
+    }
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_train_batch_starts_match_reference_for_seed_1337)
+{
+    // Window starts of steps 0, 1, 2 of seed 1337, B 4, T 16 on a split of
+    // 1003854 bytes: from ref_gpt.py's SplitMix64 and get_batch
+    // (rng.next() % (len(split) - T)), run with /usr/bin/python3. They depend
+    // only on the split's length, so random bytes of that size will do.
+    static const size_t want[] = { 563989, 986207, 501642, 780976, 758174, 799401,
+                                   929631, 892999, 410700, 573765, 899093, 328272 };
+    enum { T = 16, B = 4 };
+    uint8_t *bytes = s_random_bytes(SHAKESPEARE_SIZE, 6);
+    swarm_data_t *data = swarm_data_wrap(bytes, SHAKESPEARE_SIZE, "random.bin");
+    size_t ntrain;
+    const uint8_t *split = swarm_data_split(data, 0, &ntrain);
+    int32_t x[B * T], y[B * T];
+    for (long step = 0; step < 3; step++) {
+        swarm_data_train_batch(data, 1337, step, B, 0, B, T, x, y);
+        for (int i = 0; i < B; i++)
+            s_assert_window(split, want[step * B + i], T, x + i * T, y + i * T, "seed 1337",
+                            (int) step * B + i);
+    }
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_train_batch_windows_reach_both_ends_of_the_train_split_only)
+{
+    // train bytes < 128, val bytes >= 128; the last train byte is 127 and
+    // appears nowhere else; the buffer is exactly N bytes (ASan sees overruns)
+    enum { N = 200, T = 16, B = 7, STEPS = 1000 };
+    uint8_t *bytes = s_random_bytes(N, 7);
+    swarm_data_t *data = swarm_data_wrap(bytes, N, "small.bin");
+    size_t ntrain;
+    swarm_data_split(data, 0, &ntrain);
+    for (size_t i = 0; i < N; i++)
+        bytes[i] = i < ntrain ? bytes[i] % 100 : 128 + bytes[i] % 100;
+    bytes[0] = 126; // first train byte, also unique
+    bytes[ntrain - 1] = 127;
+    int32_t x[B * T], y[B * T];
+    int saw_first = 0, saw_last = 0;
+    long outside = -1; // first step with a byte outside the train split
+    for (long step = 0; step < STEPS; step++) {
+        swarm_data_train_batch(data, 5, step, B, 0, B, T, x, y);
+        for (int i = 0; i < B * T; i++) {
+            if (outside < 0 && (x[i] >= 127 || y[i] >= 128 || y[i] == 126))
+                outside = step;
+            saw_first |= x[i] == 126;
+            saw_last |= y[i] == 127;
+        }
+    }
+    ck_assert_msg(outside < 0, "step %ld: a window leaves [0, n_train)", outside);
+    ck_assert_msg(saw_first, "no window starts at the first train byte");
+    ck_assert_msg(saw_last, "no window ends at the last train byte");
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+// ---- draw ------------------------------------------------------------------
+
+START_TEST(test_draw_eval_streams_match_reference_and_run_on)
+{
+    // Evaluation streams of seed 1337, T 16, on splits of 1003854 and 111540
+    // bytes: state 1337 + 1000 on train, 1337 + 2000 on val; from ref_gpt.py's
+    // SplitMix64 and get_batch, run with /usr/bin/python3.
+    static const size_t want_train[] = { 503236, 89791, 717862, 995948, 159420, 39417 };
+    static const size_t want_val[] = { 5500, 71390, 90823, 98528, 80905, 55151 };
+    enum { T = 16 };
+    uint8_t *bytes = s_random_bytes(SHAKESPEARE_SIZE, 8);
+    swarm_data_t *data = swarm_data_wrap(bytes, SHAKESPEARE_SIZE, "random.bin");
+    for (int val = 0; val < 2; val++) {
+        size_t n;
+        const uint8_t *split = swarm_data_split(data, val, &n);
+        const size_t *want = val ? want_val : want_train;
+        uint64_t state = 1337 + (val ? 2000 : 1000);
+        int32_t x[6 * T], y[6 * T];
+        // two draws, then four more from the same running state
+        swarm_data_draw(data, val, &state, 2, T, x, y);
+        swarm_data_draw(data, val, &state, 4, T, x + 2 * T, y + 2 * T);
+        ck_assert_msg(state == 1337 + (val ? 2000 : 1000) + 6 * GAMMA, "state did not run on 6 draws");
+        for (int i = 0; i < 6; i++)
+            s_assert_window(split, want[i], T, x + i * T, y + i * T, val ? "val" : "train", i);
+    }
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_draw_val_windows_reach_both_ends_of_the_val_split_only)
+{
+    enum { N = 400, T = 16, COUNT = 5000 };
+    uint8_t *bytes = s_random_bytes(N, 9);
+    swarm_data_t *data = swarm_data_wrap(bytes, N, "small.bin");
+    size_t ntrain, nval;
+    swarm_data_split(data, 0, &ntrain);
+    const uint8_t *val = swarm_data_split(data, 1, &nval);
+    ck_assert_ptr_eq(val, bytes + ntrain);
+    for (size_t i = 0; i < N; i++)
+        bytes[i] = i < ntrain ? bytes[i] % 100 : 128 + bytes[i] % 100;
+    bytes[ntrain] = 254; // first and last val bytes, unique
+    bytes[N - 1] = 255;
+    int32_t *x = s_ints((size_t) COUNT * T), *y = s_ints((size_t) COUNT * T);
+    uint64_t state = 77;
+    swarm_data_draw(data, 1, &state, COUNT, T, x, y);
+    int saw_first = 0, saw_last = 0, outside = -1;
+    for (int i = 0; i < COUNT * T; i++) {
+        if (outside < 0 && (x[i] < 128 || y[i] < 128 || y[i] == 254 || x[i] == 255))
+            outside = i / T;
+        saw_first |= x[i] == 254;
+        saw_last |= y[i] == 255;
+    }
+    ck_assert_msg(outside < 0, "draw %d leaves the val split", outside);
+    ck_assert_msg(saw_first && saw_last, "val windows never reach an end (first %d, last %d)",
+                  saw_first, saw_last);
+    free(x), free(y);
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+// ---- split -----------------------------------------------------------------
+
+START_TEST(test_split_sizes_for_tinyshakespeare_length_are_1003854_and_111540)
+{
+    uint8_t *bytes = s_random_bytes(SHAKESPEARE_SIZE, 10);
+    swarm_data_t *data = swarm_data_wrap(bytes, SHAKESPEARE_SIZE, "tinyshakespeare.txt");
+    ck_assert_str_eq(swarm_data_name(data), "tinyshakespeare.txt");
+    ck_assert_uint_eq(swarm_data_size(data), SHAKESPEARE_SIZE);
+    size_t ntrain = 0, nval = 0;
+    const uint8_t *train = swarm_data_split(data, 0, &ntrain);
+    const uint8_t *val = swarm_data_split(data, 1, &nval);
+    ck_assert_uint_eq(ntrain, SHAKESPEARE_TRAIN);
+    ck_assert_uint_eq(nval, SHAKESPEARE_VAL);
+    ck_assert_ptr_eq(train, bytes);
+    ck_assert_ptr_eq(val, bytes + SHAKESPEARE_TRAIN);
+    swarm_data_destroy(&data);
+    ck_assert_ptr_null(data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_split_is_python_int_of_0_9_n)
+{
+    // int(0.9 * n) from /usr/bin/python3
+    static const size_t n[] = { 1, 2, 9, 10, 11, 19, 20, 29, 30, 31, 99, 100, 101,
+                                170, 171, 1000, 12345, 99999 };
+    static const size_t want[] = { 0, 1, 8, 9, 9, 17, 18, 26, 27, 27, 89, 90, 90,
+                                   153, 153, 900, 11110, 89999 };
+    uint8_t *bytes = s_random_bytes(99999, 11);
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) {
+        swarm_data_t *data = swarm_data_wrap(bytes, n[i], "x");
+        size_t ntrain, nval;
+        swarm_data_split(data, 0, &ntrain);
+        swarm_data_split(data, 1, &nval);
+        ck_assert_msg(ntrain == want[i] && nval == n[i] - want[i], "n %zu: train %zu val %zu, want %zu",
+                      n[i], ntrain, nval, want[i]);
+        swarm_data_destroy(&data);
+    }
+    free(bytes);
+}
+END_TEST
+
+// ---- check -----------------------------------------------------------------
+
+START_TEST(test_check_rejects_empty_data_naming_it)
+{
+    static const uint8_t none[1] = { 0 };
+    swarm_data_t *data = swarm_data_wrap(none, 0, "empty-corpus.txt");
+    char err[512] = "";
+    ck_assert_int_eq(swarm_data_check(data, 16, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "empty-corpus.txt") != NULL, "message does not name the data: %s", err);
+    swarm_data_destroy(&data);
+}
+END_TEST
+
+START_TEST(test_check_rejects_data_too_small_for_the_block_naming_it)
+{
+    // n 160: train 144, val 16 < T+1; n 10: both too small
+    static const size_t sizes[] = { 10, 100, 160 };
+    uint8_t *bytes = s_random_bytes(160, 12);
+    for (int i = 0; i < 3; i++) {
+        swarm_data_t *data = swarm_data_wrap(bytes, sizes[i], "tiny-corpus.txt");
+        char err[512] = "";
+        ck_assert_int_eq(swarm_data_check(data, 16, err, sizeof err), -EINVAL);
+        ck_assert_msg(strstr(err, "tiny-corpus.txt") != NULL, "n %zu: message does not name the data: %s",
+                      sizes[i], err);
+        ck_assert_msg(strstr(err, "16") != NULL, "n %zu: message does not name the block: %s",
+                      sizes[i], err);
+        swarm_data_destroy(&data);
+    }
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_check_accepts_the_smallest_data_that_fits)
+{
+    // T 16: n 161 gives train 144 and val 17 = T+1 bytes, the least that works
+    uint8_t *bytes = s_random_bytes(161, 13);
+    swarm_data_t *data = swarm_data_wrap(bytes, 161, "just-enough.txt");
+    char err[512] = "";
+    ck_assert_msg(swarm_data_check(data, 16, err, sizeof err) == 0, "n 161 T 16 refused: %s", err);
+    // and windows from it stay inside the buffer (ASan)
+    int32_t x[4 * 16], y[4 * 16];
+    swarm_data_train_batch(data, 1, 0, 4, 0, 4, 16, x, y);
+    uint64_t state = 2;
+    swarm_data_draw(data, 1, &state, 4, 16, x, y);
+    for (int t = 0; t < 16; t++) // val has one window only: start 0
+        ck_assert_msg(x[3 * 16 + t] == bytes[144 + t] && y[3 * 16 + t] == bytes[145 + t],
+                      "the only val window differs at %d", t);
+    swarm_data_destroy(&data);
+    free(bytes);
+}
+END_TEST
+
+// ---- load ------------------------------------------------------------------
+
+START_TEST(test_load_missing_file_returns_enoent_naming_the_path)
+{
+    char dir[512], path[600], err[1024] = "";
+    snprintf(dir, sizeof dir, "%s/check_swarm.XXXXXX", s_tmpdir());
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/no-such-file.txt", dir);
+    swarm_data_t *data = NULL;
+    int rc = swarm_data_load(path, &data, err, sizeof err);
+    rmdir(dir);
+    ck_assert_int_eq(rc, -ENOENT);
+    ck_assert_ptr_null(data);
+    ck_assert_msg(strstr(err, path) != NULL, "message does not name the path: %s", err);
+}
+END_TEST
+
+START_TEST(test_load_directory_is_an_error_naming_the_path)
+{
+    char dir[512], err[1024] = "";
+    snprintf(dir, sizeof dir, "%s/check_swarm.XXXXXX", s_tmpdir());
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    swarm_data_t *data = NULL;
+    int rc = swarm_data_load(dir, &data, err, sizeof err);
+    rmdir(dir);
+    ck_assert_msg(rc < 0, "loading a directory returned %d", rc);
+    ck_assert_ptr_null(data);
+    ck_assert_msg(strstr(err, dir) != NULL, "message does not name the path: %s", err);
+}
+END_TEST
+
+// A temporary file holding n bytes; returns its path in path.
+static void s_write_temp(char *path, size_t len, const uint8_t *bytes, size_t n)
+{
+    snprintf(path, len, "%s/check_swarm.XXXXXX", s_tmpdir());
+    int fd = mkstemp(path);
+    ck_assert_msg(fd >= 0, "mkstemp %s: %s", path, strerror(errno));
+    ck_assert_msg(n == 0 || write(fd, bytes, n) == (ssize_t) n, "write %s", path);
+    close(fd);
+}
+
+START_TEST(test_load_reads_every_byte_of_a_file_exactly)
+{
+    enum { N = 70001 };
+    uint8_t *bytes = s_random_bytes(N, 14);
+    for (int i = 0; i < 256; i++) // every byte value, NUL included
+        bytes[i] = (uint8_t) i;
+    char path[600], err[1024] = "";
+    s_write_temp(path, sizeof path, bytes, N);
+    swarm_data_t *data = NULL;
+    int rc = swarm_data_load(path, &data, err, sizeof err);
+    unlink(path);
+    ck_assert_msg(rc == 0, "load: %s", err);
+    ck_assert_ptr_nonnull(data);
+    ck_assert_uint_eq(swarm_data_size(data), N);
+    ck_assert_str_eq(swarm_data_name(data), path);
+    size_t ntrain, nval;
+    const uint8_t *train = swarm_data_split(data, 0, &ntrain);
+    const uint8_t *val = swarm_data_split(data, 1, &nval);
+    ck_assert_uint_eq(ntrain, 63000); // int(0.9 * 70001)
+    ck_assert_uint_eq(nval, N - 63000);
+    ck_assert_msg(memcmp(train, bytes, ntrain) == 0, "train split differs from the file");
+    ck_assert_msg(memcmp(val, bytes + ntrain, nval) == 0, "val split differs from the file");
+    ck_assert_msg(swarm_data_check(data, 64, err, sizeof err) == 0, "check: %s", err);
+    swarm_data_destroy(&data);
+    ck_assert_ptr_null(data);
+    free(bytes);
+}
+END_TEST
+
+START_TEST(test_load_empty_file_succeeds_and_check_rejects_it)
+{
+    char path[600], err[1024] = "";
+    s_write_temp(path, sizeof path, NULL, 0);
+    swarm_data_t *data = NULL;
+    int rc = swarm_data_load(path, &data, err, sizeof err);
+    unlink(path);
+    ck_assert_msg(rc == 0, "load: %s", err);
+    ck_assert_uint_eq(swarm_data_size(data), 0);
+    ck_assert_int_eq(swarm_data_check(data, 8, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, path) != NULL, "message does not name the file: %s", err);
+    swarm_data_destroy(&data);
+}
+END_TEST
+
+START_TEST(test_destroy_accepts_null)
+{
+    swarm_data_t *data = NULL;
+    swarm_data_destroy(&data);
+    swarm_data_destroy(NULL);
+    ck_assert_ptr_null(data);
+}
+END_TEST
+
+// ---- reference (needs ../shared) -------------------------------------------
+
+START_TEST(test_tinyshakespeare_first_batch_matches_ref_gpt)
+{
+    const char *env = getenv("SWARM_SHARED");
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", env && *env ? env : "../shared");
+    if (access(path, R_OK) != 0) {
+        printf("SKIP: %s not found; the tinyshakespeare test needs ../shared (or SWARM_SHARED)\n",
+               path);
+        return;
+    }
+    // Printed by `ref_gpt.py --iters 1 --grad-dump /tmp/x.bgpt --layers 2
+    // --heads 4 --embd 32 --block 16 --batch 4 --warmup 2 --lr 1e-2
+    // --threads 1 --seed 1337 --eval-every 0` ("batch starts [...]"), and the
+    // T+1 bytes at each start, read there with /usr/bin/python3.
+    static const size_t starts[] = { 563989, 986207, 501642, 780976 };
+    static const char *const text[] = { "Is partly to beho", "end thoughts and ",
+                                        "Are you so hot? m", " him Autolycus.\n\n" };
+    enum { T = 16, B = 4 };
+    swarm_data_t *data = NULL;
+    int rc = swarm_data_load(path, &data, err, sizeof err);
+    ck_assert_msg(rc == 0, "load: %s", err);
+    ck_assert_uint_eq(swarm_data_size(data), SHAKESPEARE_SIZE);
+    size_t ntrain;
+    const uint8_t *split = swarm_data_split(data, 0, &ntrain);
+    ck_assert_uint_eq(ntrain, SHAKESPEARE_TRAIN);
+    int32_t x[B * T], y[B * T];
+    swarm_data_train_batch(data, 1337, 0, B, 0, B, T, x, y);
+    for (int i = 0; i < B; i++) {
+        s_assert_window(split, starts[i], T, x + i * T, y + i * T, "tinyshakespeare", i);
+        for (int t = 0; t < T; t++)
+            ck_assert_msg(x[i * T + t] == (uint8_t) text[i][t] && y[i * T + t] == (uint8_t) text[i][t + 1],
+                          "window %d byte %d: x %d y %d, reference text \"%s\"", i, t,
+                          x[i * T + t], y[i * T + t], text[i]);
+    }
+    swarm_data_destroy(&data);
+}
+END_TEST
+
+// ---- runner ----------------------------------------------------------------
+
+int main(void)
+{
+    Suite *s = suite_create("swarm");
+    TCase *tc = tcase_create("splitmix64");
+    tcase_add_test(tc, test_splitmix64_matches_reference_values_from_seed_1337);
+    tcase_add_test(tc, test_splitmix64_state_wraps_modulo_2_to_the_64);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("train_batch");
+    tcase_add_test(tc, test_train_batch_equals_one_sequential_stream);
+    tcase_add_test(tc, test_train_batch_pieces_make_up_the_whole_step);
+    tcase_add_test(tc, test_train_batch_y_is_x_shifted_by_one_byte);
+    tcase_add_test(tc, test_train_batch_starts_match_reference_for_seed_1337);
+    tcase_add_test(tc, test_train_batch_windows_reach_both_ends_of_the_train_split_only);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("draw");
+    tcase_add_test(tc, test_draw_eval_streams_match_reference_and_run_on);
+    tcase_add_test(tc, test_draw_val_windows_reach_both_ends_of_the_val_split_only);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("split");
+    tcase_add_test(tc, test_split_sizes_for_tinyshakespeare_length_are_1003854_and_111540);
+    tcase_add_test(tc, test_split_is_python_int_of_0_9_n);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("check");
+    tcase_add_test(tc, test_check_rejects_empty_data_naming_it);
+    tcase_add_test(tc, test_check_rejects_data_too_small_for_the_block_naming_it);
+    tcase_add_test(tc, test_check_accepts_the_smallest_data_that_fits);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("load");
+    tcase_add_test(tc, test_load_missing_file_returns_enoent_naming_the_path);
+    tcase_add_test(tc, test_load_directory_is_an_error_naming_the_path);
+    tcase_add_test(tc, test_load_reads_every_byte_of_a_file_exactly);
+    tcase_add_test(tc, test_load_empty_file_succeeds_and_check_rejects_it);
+    tcase_add_test(tc, test_destroy_accepts_null);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("reference");
+    tcase_add_test(tc, test_tinyshakespeare_first_batch_matches_ref_gpt);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

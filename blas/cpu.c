@@ -153,6 +153,27 @@ static void s_layernorm_forward(float *out, float *mean, float *rstd, const floa
     }
 }
 
+// dweight[j] += sum_n norm[n, j] * dout[n, j], dbias[j] += sum_n dout[n, j]
+// for the `width` channels starting at the given pointers (row stride C)
+CPU_CLONES static void s_layernorm_param_grads(float *dweight, float *dbias, const float *dout,
+                                               const float *inp, const float *mean,
+                                               const float *rstd, int N, int C, int width)
+{
+    float dw[64] = {0}, db[64] = {0};
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t) n * C, *x = inp + (size_t) n * C;
+        float m = mean[n], s = rstd[n];
+        for (int j = 0; j < width; j++) {
+            dw[j] += (x[j] - m) * s * d[j];
+            db[j] += d[j];
+        }
+    }
+    for (int j = 0; j < width; j++) {
+        dweight[j] += dw[j];
+        dbias[j] += db[j];
+    }
+}
+
 static void s_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                  const float *dout, const float *inp, const float *weight,
                                  const float *mean, const float *rstd, int N, int C)
@@ -179,18 +200,11 @@ static void s_layernorm_backward(float *dinp, float *dweight, float *dbias,
             di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
     }
-    // parameter gradients: columns are independent, rows summed in order
+    // parameter gradients: blocks of 64 channels, rows summed in order
     #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        float dw = 0.0f, db = 0.0f;
-        for (int n = 0; n < N; n++) {
-            float dv = dout[(size_t) n * C + c];
-            dw += (inp[(size_t) n * C + c] - mean[n]) * rstd[n] * dv;
-            db += dv;
-        }
-        dweight[c] += dw;
-        dbias[c] += db;
-    }
+    for (int c0 = 0; c0 < C; c0 += 64)
+        s_layernorm_param_grads(dweight + c0, dbias + c0, dout + c0, inp + c0, mean, rstd,
+                                N, C, C - c0 < 64 ? C - c0 : 64);
 }
 
 // ---- matmul ----------------------------------------------------------------
@@ -330,33 +344,28 @@ static void s_attention_backward(float *dqkv, float *datt, const float *dout,
 #define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
 #define SPAN 4096                         // elements per parallel chunk
 
-// tanh(u) = 1 - 2 / (exp(2u) + 1), exact at both tails
-static inline float s_tanh(float u)
-{
-    return 1.0f - 2.0f / (s_exp(2.0f * u) + 1.0f);
-}
-
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same function without the
+// cancellation of 1 + tanh(u) for negative x
 CPU_CLONES static void s_gelu_span(float *out, const float *inp, size_t n)
 {
     #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + s_tanh(u));
+        out[i] = x / (1.0f + s_exp(-2.0f * u));
     }
 }
 
+// d/dx x sigmoid(2u) = sigmoid(2u) + 2 x sigmoid(2u) (1 - sigmoid(2u)) u'(x)
 CPU_CLONES static void s_gelu_backward_span(float *dinp, const float *inp, const float *dout, size_t n)
 {
     #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = s_tanh(u);
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th)
-                   + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = grad * dout[i];
+        float sg = 1.0f / (1.0f + s_exp(-2.0f * u));
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = (sg + 2.0f * x * sg * (1.0f - sg) * du) * dout[i];
     }
 }
 
@@ -381,27 +390,38 @@ static void s_add(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
+// One row of V logits: the loss, and with scale != 0 the row replaced by
+// scale * (softmax - onehot). exp is taken once per logit.
+CPU_CLONES static float s_crossentropy_row(float *l, int V, int y, float scale)
+{
+    float mx = l[0];
+    for (int v = 1; v < V; v++)
+        mx = fmaxf(mx, l[v]);
+    float target = l[y];
+    if (scale == 0.0f) {
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++)
+            sum += s_exp(l[v] - mx);
+        return mx + logf(sum) - target;
+    }
+    float sum = 0.0f;
+    for (int v = 0; v < V; v++) {
+        l[v] = s_exp(l[v] - mx);
+        sum += l[v];
+    }
+    float inv = scale / sum;
+    for (int v = 0; v < V; v++)
+        l[v] *= inv;
+    l[y] -= scale;
+    return mx + logf(sum) - target;
+}
+
 static void s_crossentropy(float *logits, float *losses, const int32_t *targets,
                            int N, int V, float scale)
 {
     #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *l = logits + (size_t) n * V;
-        float mx = l[0];
-        for (int v = 1; v < V; v++)
-            mx = l[v] > mx ? l[v] : mx;
-        float sum = 0.0f;
-        for (int v = 0; v < V; v++)
-            sum += s_exp(l[v] - mx);
-        float lse = mx + logf(sum);
-        int y = targets[n];
-        losses[n] = lse - l[y];
-        if (scale != 0.0f) {
-            float inv = 1.0f / sum;
-            for (int v = 0; v < V; v++)
-                l[v] = scale * (s_exp(l[v] - mx) * inv - (v == y ? 1.0f : 0.0f));
-        }
-    }
+    for (int n = 0; n < N; n++)
+        losses[n] = s_crossentropy_row(logits + (size_t) n * V, V, targets[n], scale);
 }
 
 static double s_sumsq(const float *x, size_t n)

@@ -6,7 +6,9 @@
 #include "node.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SWARM_VERSION "0.1.0"
 
@@ -21,8 +23,26 @@ static void s_usage(FILE *out)
         "  version  print the version\n");
 }
 
+// OpenMP and OpenBLAS read their waiting policy from the environment when
+// they load, before main. By default idle worker threads spin; on a desktop
+// that also runs anything else, a spinning thread waits for a partner that
+// the kernel has preempted, and a step ran 6x slower beside one busy process
+// (docs/performance.md). Unless the user chose a policy, restart once with
+// passive waiting.
+static void s_wait_policy(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY"))
+        return;
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    if (!getenv("OPENBLAS_THREAD_TIMEOUT"))
+        setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    execv("/proc/self/exe", argv);
+    // no /proc: carry on with the default policy
+}
+
 int main(int argc, char **argv)
 {
+    s_wait_policy(argv);
     if (argc < 2) {
         s_usage(stderr);
         return 2;

@@ -75,6 +75,24 @@ if [ $have_torch = 1 ]; then
     best_torch_plain=$(tok_s "$TMP/torch_plain")
 fi
 
+# One knob, no oversubscription: swarm waits passively unless told
+# otherwise; against a busy neighbour (a niced busy loop, like any other
+# program on a volunteer's desktop) spinning pools collapse.
+echo "== threads: swarm's default (passive waiting) against spinning (OMP_WAIT_POLICY=ACTIVE)"
+run_short() {  # LABEL ENV...
+    label=$1; shift
+    # shellcheck disable=SC2086
+    env "$@" "$SWARM" train $BABY $DATA $INIT --iters 40 --threads "$THREADS" --quiet >"$TMP/short" 2>&1
+    printf "   %-44s %6.0f tok/s\n" "$label" "$(tok_s "$TMP/short")"
+}
+run_short "default, quiet machine" SWARM_BENCH=1
+run_short "OMP_WAIT_POLICY=ACTIVE, quiet machine" OMP_WAIT_POLICY=ACTIVE
+nice -n 19 sh -c 'while :; do :; done' &
+busy=$!
+run_short "default, beside a niced busy loop" SWARM_BENCH=1
+run_short "OMP_WAIT_POLICY=ACTIVE, beside a niced busy loop" OMP_WAIT_POLICY=ACTIVE
+kill $busy
+
 echo
 echo "== summary (best of 2 rounds, $ITERS steps, $THREADS threads)"
 awk -v s="$best_swarm" -v p="$PEAK" 'BEGIN {

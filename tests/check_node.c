@@ -412,6 +412,7 @@ START_TEST(test_checkpoint_round_trip_and_corruption_refused)
     ck_assert_ptr_nonnull(strstr(err, "checksum"));
     ck_assert_ptr_null(pp);
     // truncated
+    free(p);
     s_ckpt_write(dir, &meta, &p);
     ck_assert_int_eq(truncate(path, 128 + 4 * (long) n), 0);
     ck_assert_int_eq(node_ckpt_load(dir, &got, &pp, NULL, NULL, err, sizeof err), -EINVAL);

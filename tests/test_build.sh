@@ -2,6 +2,7 @@
 # test_build.sh - the Makefile's detection: it says which OpenBLAS build it
 # links and whether nvcc is there, and follows what the machine has.
 # Ends with "N passed, N failed".
+unset MAKELEVEL MAKEFLAGS MFLAGS MAKEOVERRIDES
 pass=0
 fail=0
 check() {  # NAME PATTERN OUTPUT

@@ -145,8 +145,9 @@ demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/swarm
 	@sh scripts/demo.sh $(BUILD)
 
-bench: $(BUILD)/swarm $(BUILD)/bench_gemm
+bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net
 	@sh scripts/bench-train.sh $(BUILD)
+	@sh scripts/bench-net.sh $(BUILD)
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@

@@ -1,0 +1,415 @@
+/* key.c - Curve25519 key pairs and allow-lists: generate, read and write
+ * Z85 key files (NAME.pub, and NAME.key with mode 0600), check them.
+ *
+ * Secret bytes and their Z85 text only ever sit in sodium_malloc memory
+ * (guarded, wiped on free); files are read with read(2), not stdio, so no
+ * library buffer keeps a copy. Nothing here touches a socket.
+ */
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define KEY_FILE_MAX 4096   // bytes: a key file is one key and a comment
+
+struct net_key_s {
+    uint8_t pub[32];                     // Curve25519 public key
+    uint8_t sec[32];                     // secret key, valid when has_secret
+    char pub_z85[NET_KEY_Z85_LEN + 1];   // Z85 of pub, NUL-terminated
+    int has_secret;                      // 1 when sec holds the secret key
+};
+
+// The Z85 alphabet (ZeroMQ RFC 32).
+static const char s_z85_chars[] =
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+
+// 1 when text is exactly NET_KEY_Z85_LEN Z85 characters.
+static int s_z85_valid(const char *text, size_t len)
+{
+    if (len != NET_KEY_Z85_LEN)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == '\0' || !strchr(s_z85_chars, text[i]))
+            return 0;
+    }
+    return 1;
+}
+
+static net_key_t *s_key_alloc(void)
+{
+    if (sodium_init() < 0)
+        return NULL;
+    net_key_t *self = sodium_malloc(sizeof *self);
+    if (self)
+        sodium_memzero(self, sizeof *self);
+    return self;
+}
+
+void net_key_destroy(net_key_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    sodium_free(*self_p); // wipes
+    *self_p = NULL;
+}
+
+int net_key_generate(net_key_t **out)
+{
+    net_key_t *self = s_key_alloc();
+    if (!self)
+        return -ENOMEM;
+    crypto_box_keypair(self->pub, self->sec);
+    self->has_secret = 1;
+    zmq_z85_encode(self->pub_z85, self->pub, sizeof self->pub);
+    *out = self;
+    return 0;
+}
+
+int net_key_from_z85(const char *z85, net_key_t **out)
+{
+    if (!z85 || !s_z85_valid(z85, strlen(z85)))
+        return -EINVAL;
+    net_key_t *self = s_key_alloc();
+    if (!self)
+        return -ENOMEM;
+    if (!zmq_z85_decode(self->pub, z85)) {
+        net_key_destroy(&self);
+        return -EINVAL;
+    }
+    memcpy(self->pub_z85, z85, NET_KEY_Z85_LEN + 1);
+    *out = self;
+    return 0;
+}
+
+const char *net_key_public(const net_key_t *self)
+{
+    return self->pub_z85;
+}
+
+int net_key_has_secret(const net_key_t *self)
+{
+    return self->has_secret;
+}
+
+const uint8_t *net_key_public_raw(const net_key_t *self)
+{
+    return self->pub;
+}
+
+const uint8_t *net_key_secret_raw(const net_key_t *self)
+{
+    return self->has_secret ? self->sec : NULL;
+}
+
+// ---- key files -------------------------------------------------------------
+
+// The one key line of a key file's text (NUL-terminated, edited in place)
+// into z85. 0 or -EINVAL with a reason naming path.
+static int s_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen)
+{
+    int keys = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\r' || line[len - 1] == ' ' || line[len - 1] == '\t'))
+            line[--len] = '\0';
+        if (len == 0 || line[0] == '#')
+            continue;
+        if (!s_z85_valid(line, len) || keys++ > 0) {
+            snprintf(err, errlen, "%s: expected one line of %d Z85 characters (as `swarm keygen` "
+                     "writes); regenerate the key", path, NET_KEY_Z85_LEN);
+            return -EINVAL;
+        }
+        memcpy(z85, line, NET_KEY_Z85_LEN + 1);
+    }
+    if (keys == 0) {
+        snprintf(err, errlen, "%s: no key in the file; regenerate it with `swarm keygen`", path);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+// Read the one key line of a key file into z85 (NET_KEY_Z85_LEN + 1 bytes,
+// the caller's sodium memory). With secret, the file must not be readable
+// by group or others.
+static int s_file_read(const char *path, int secret, char *z85, char *err, size_t errlen)
+{
+    int rc = 0;
+    char *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        return rc;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > KEY_FILE_MAX) {
+        snprintf(err, errlen, "%s: not a key file (not a regular file of at most %d bytes)",
+                 path, KEY_FILE_MAX);
+        rc = -EINVAL;
+        goto out_close_fd;
+    }
+    if (secret && (st.st_mode & 077)) {
+        snprintf(err, errlen, "%s: mode %04o lets others read the secret key; run: chmod 600 %s",
+                 path, (unsigned) (st.st_mode & 07777), path);
+        rc = -EACCES;
+        goto out_close_fd;
+    }
+    buf = sodium_malloc(KEY_FILE_MAX + 1); // the secret's text never leaves sodium memory
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out_close_fd;
+    }
+    ssize_t got = read(fd, buf, KEY_FILE_MAX);
+    if (got < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        goto out_free;
+    }
+    buf[got] = '\0';
+    rc = s_key_parse(buf, path, z85, err, errlen);
+out_free:
+    sodium_free(buf);
+out_close_fd:
+    close(fd);
+    return rc;
+}
+
+int net_key_load_public(const char *path, net_key_t **out, char *err, size_t errlen)
+{
+    char z85[NET_KEY_Z85_LEN + 1];
+    int rc = s_file_read(path, 0, z85, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = net_key_from_z85(z85, out);
+    if (rc < 0)
+        snprintf(err, errlen, "%s: not a Curve public key", path);
+    return rc;
+}
+
+int net_key_load(const char *name, net_key_t **out, char *err, size_t errlen)
+{
+    char path[4096];
+    net_key_t *pub = NULL;
+    net_key_t *self = s_key_alloc();
+    char *z85 = sodium_malloc(NET_KEY_Z85_LEN + 1);
+    int rc = 0;
+    if (!self || !z85) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    snprintf(path, sizeof path, "%s.key", name);
+    rc = s_file_read(path, 1, z85, err, errlen);
+    if (rc < 0)
+        goto out_free;
+    if (!zmq_z85_decode(self->sec, z85)) {
+        snprintf(err, errlen, "%s: not a Curve secret key", path);
+        rc = -EINVAL;
+        goto out_free;
+    }
+    crypto_scalarmult_base(self->pub, self->sec);
+    self->has_secret = 1;
+    zmq_z85_encode(self->pub_z85, self->pub, sizeof self->pub);
+    snprintf(path, sizeof path, "%s.pub", name);
+    rc = net_key_load_public(path, &pub, err, errlen);
+    if (rc < 0)
+        goto out_free;
+    if (sodium_memcmp(pub->pub, self->pub, sizeof self->pub) != 0) {
+        snprintf(err, errlen, "%s does not match %s.key; regenerate both with `swarm keygen`",
+                 path, name);
+        rc = -EINVAL;
+        goto out_free;
+    }
+    *out = self;
+    self = NULL;
+out_free:
+    net_key_destroy(&pub);
+    net_key_destroy(&self);
+    sodium_free(z85);
+    return rc;
+}
+
+// Write text to path atomically: a temporary file in the same folder,
+// fsync, then link (fails if path exists) or, with force, rename.
+static int s_file_write(const char *path, const char *text, mode_t mode, int force,
+                        char *err, size_t errlen)
+{
+    char tmp[4096 + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    unlink(tmp);
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        return rc;
+    }
+    size_t len = strlen(text);
+    if (fchmod(fd, mode) != 0 || write(fd, text, len) != (ssize_t) len || fsync(fd) != 0)
+        rc = errno ? -errno : -EIO;
+    if (close(fd) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && (force ? rename(tmp, path) : link(tmp, path)) != 0)
+        rc = -errno;
+    if (rc < 0)
+        snprintf(err, errlen, "%s: %s%s", path, strerror(-rc),
+                 rc == -EEXIST ? " (use --force to overwrite)" : "");
+    unlink(tmp);
+    return rc;
+}
+
+int net_key_save(const net_key_t *self, const char *name, int force, char *err, size_t errlen)
+{
+    char key_path[4096], pub_path[4096];
+    struct stat st;
+    if (!self->has_secret) {
+        snprintf(err, errlen, "%s: no secret key to save", name);
+        return -EINVAL;
+    }
+    snprintf(key_path, sizeof key_path, "%s.key", name);
+    snprintf(pub_path, sizeof pub_path, "%s.pub", name);
+    if (!force && (lstat(key_path, &st) == 0 || lstat(pub_path, &st) == 0)) {
+        snprintf(err, errlen, "%s: key files exist (use --force to overwrite)",
+                 lstat(key_path, &st) == 0 ? key_path : pub_path);
+        return -EEXIST;
+    }
+    // "# ...\n" + key + "\n": built in sodium memory, never in a stdio buffer
+    static const char head[] = "# swarm Curve secret key (Z85); keep it private\n";
+    size_t cap = sizeof head + NET_KEY_Z85_LEN + 2;
+    char *text = sodium_malloc(cap);
+    if (!text)
+        return -ENOMEM;
+    memcpy(text, head, sizeof head - 1);
+    zmq_z85_encode(text + sizeof head - 1, self->sec, sizeof self->sec);
+    memcpy(text + sizeof head - 1 + NET_KEY_Z85_LEN, "\n", 2);
+    int rc = s_file_write(key_path, text, 0600, force, err, errlen);
+    sodium_free(text);
+    if (rc < 0)
+        return rc;
+    char pub_text[128];
+    snprintf(pub_text, sizeof pub_text, "# swarm Curve public key (Z85)\n%s\n", self->pub_z85);
+    return s_file_write(pub_path, pub_text, 0644, force, err, errlen);
+}
+
+// ---- allow-lists -----------------------------------------------------------
+
+struct net_allow_s {
+    pthread_mutex_t lock;                // guards keys and n (the ZAP thread reads)
+    uint8_t (*keys)[32];                 // (cap, 32) public keys
+    size_t n;                            // keys in use
+    size_t cap;                          // keys allocated
+};
+
+net_allow_t *net_allow_new(void)
+{
+    net_allow_t *self = calloc(1, sizeof *self);
+    if (self)
+        pthread_mutex_init(&self->lock, NULL);
+    return self;
+}
+
+void net_allow_destroy(net_allow_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    pthread_mutex_destroy(&(*self_p)->lock);
+    free((*self_p)->keys);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+static int s_allow_find(const net_allow_t *self, const uint8_t *key)
+{
+    for (size_t i = 0; i < self->n; i++) {
+        if (memcmp(self->keys[i], key, 32) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+int net_allow_add(net_allow_t *self, const char *z85)
+{
+    uint8_t key[32];
+    if (!z85 || !s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&self->lock);
+    if (s_allow_find(self, key))
+        goto out_unlock;
+    if (self->n == self->cap) {
+        size_t cap = self->cap ? 2 * self->cap : 16;
+        void *keys = realloc(self->keys, cap * 32);
+        if (!keys) {
+            rc = -ENOMEM;
+            goto out_unlock;
+        }
+        self->keys = keys;
+        self->cap = cap;
+    }
+    memcpy(self->keys[self->n++], key, 32);
+out_unlock:
+    pthread_mutex_unlock(&self->lock);
+    return rc;
+}
+
+int net_allow_contains_raw(const net_allow_t *self, const uint8_t *key)
+{
+    net_allow_t *mut = (net_allow_t *) self; // the lock is not part of the value
+    pthread_mutex_lock(&mut->lock);
+    int found = s_allow_find(self, key);
+    pthread_mutex_unlock(&mut->lock);
+    return found;
+}
+
+int net_allow_contains(const net_allow_t *self, const char *z85)
+{
+    uint8_t key[32];
+    if (!z85 || !s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
+        return 0;
+    return net_allow_contains_raw(self, key);
+}
+
+size_t net_allow_size(const net_allow_t *self)
+{
+    net_allow_t *mut = (net_allow_t *) self;
+    pthread_mutex_lock(&mut->lock);
+    size_t n = self->n;
+    pthread_mutex_unlock(&mut->lock);
+    return n;
+}
+
+int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        int rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        return rc;
+    }
+    char line[256];
+    int rc = 0, lineno = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strcspn(line, "\r\n");
+        line[len] = '\0';
+        while (len && (line[len - 1] == ' ' || line[len - 1] == '\t'))
+            line[--len] = '\0';
+        char *start = line + strspn(line, " \t");
+        if (*start == '\0' || *start == '#')
+            continue;
+        rc = net_allow_add(self, start);
+        if (rc == -EINVAL)
+            snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters)", path, lineno,
+                     NET_KEY_Z85_LEN);
+    }
+    fclose(f);
+    return rc;
+}

@@ -36,7 +36,13 @@ static void s_wait_policy(char **argv)
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     if (!getenv("OPENBLAS_THREAD_TIMEOUT"))
         setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
-    execv("/proc/self/exe", argv);
+    // exec the file itself, not /proc/self/exe, so ps and top still say "swarm"
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
     // no /proc: carry on with the default policy
 }
 

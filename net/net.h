@@ -58,7 +58,8 @@ enum {
     NET_DTYPE_MAX = 5,      // highest known dtype
 };
 
-// What a receiver accepts. Every field must be >= 1 and within the hard limits.
+// What a receiver accepts, within the hard limits above (net_limits_check).
+// max_tensors and max_meta may be 0 (control messages only).
 typedef struct {
     uint32_t max_tensors;   // tensors per message, <= NET_TENSORS_MAX
     uint32_t max_dims;      // dims per tensor, <= NET_DIMS_MAX
@@ -288,7 +289,8 @@ typedef struct {
     const net_key_t *server; // the router's public key
     const net_key_t *key;    // our key pair (copied into zmq)
     net_limits_t limits;     // what the router may send us
-    net_timing_t timing;     // heartbeats (dead_ms: the router is dead after this)
+    net_timing_t timing;     // ZMTP heartbeats, hwm (the caller judges the router's
+                             // silence with net_client_silence_ms)
 } net_client_config_t;
 
 // A DEALER connecting to the router (connects in the background).

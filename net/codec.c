@@ -220,7 +220,7 @@ static int s_i8_decode(const uint8_t *src, size_t n, float *dst)
 
 int net_codec_encode(int dtype, const float *src, size_t n, void *dst, size_t cap)
 {
-    if (dtype != NET_DTYPE_F32 && dtype != NET_DTYPE_F16 && dtype != NET_DTYPE_I8)
+    if (!net_dtype_is_float(dtype))
         return -EINVAL;
     uint64_t need = net_codec_bytes(dtype, n);
     if (need == 0 || need > cap)
@@ -237,7 +237,7 @@ int net_codec_encode(int dtype, const float *src, size_t n, void *dst, size_t ca
 
 int net_codec_decode(int dtype, const void *src, size_t bytes, float *dst, size_t n)
 {
-    if (dtype != NET_DTYPE_F32 && dtype != NET_DTYPE_F16 && dtype != NET_DTYPE_I8)
+    if (!net_dtype_is_float(dtype))
         return -EINVAL;
     if (n == 0)
         return bytes == 0 ? 0 : -EPROTO;

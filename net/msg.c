@@ -128,7 +128,7 @@ static void s_tensor_commit(net_msg_t *self, const net_shape_t *shape)
 int net_msg_add_tensor(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
                        const float *src)
 {
-    if (dtype != NET_DTYPE_F32 && dtype != NET_DTYPE_F16 && dtype != NET_DTYPE_I8)
+    if (!net_dtype_is_float(dtype))
         return -EINVAL;
     net_shape_t shape;
     int rc = s_tensor_open(self, dtype, dims, ndims, &shape);
@@ -185,11 +185,9 @@ int net_msg_tensor(const net_msg_t *self, int i, float *dst, size_t n)
     if (i < 0 || (unsigned) i >= self->frames)
         return -EINVAL;
     const net_shape_t *shape = &self->head.tensors[i];
-    if (shape->dtype != NET_DTYPE_F32 && shape->dtype != NET_DTYPE_F16 &&
-        shape->dtype != NET_DTYPE_I8)
-        return -EINVAL;
     if (net_wire_numel(shape) != n)
         return -EINVAL;
+    // a raw dtype is -EINVAL from the codec
     zmq_msg_t *frame = (zmq_msg_t *) &self->tensor[i];
     return net_codec_decode(shape->dtype, zmq_msg_data(frame), zmq_msg_size(frame), dst, n);
 }

@@ -78,6 +78,12 @@ static inline void net_putf32(uint8_t *p, float f)
     net_put32(p, u);
 }
 
+// 1 for the dtypes that carry floats through a codec (f32, f16, i8).
+static inline int net_dtype_is_float(int dtype)
+{
+    return dtype == NET_DTYPE_F32 || dtype == NET_DTYPE_F16 || dtype == NET_DTYPE_I8;
+}
+
 // Bytes of the header frame for ntensors descriptors.
 static inline size_t net_wire_head_size(unsigned ntensors)
 {

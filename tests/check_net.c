@@ -355,6 +355,26 @@ static void s_pair_close(s_pair_t *p)
     zmq_ctx_term(p->ctx);
 }
 
+// The base message's frames, sent by hand on a raw zmq socket.
+static void s_raw_send_base(void *socket)
+{
+    s_wire_t w;
+    s_wire_base(&w);
+    for (size_t i = 0; i < w.n; i++)
+        zmq_send(socket, w.frames[i].data, w.frames[i].size, i + 1 < w.n ? ZMQ_SNDMORE : 0);
+}
+
+// A DEALER outside net (a foreign client) in a context of its own.
+static void *s_raw_dealer(void **ctx)
+{
+    *ctx = zmq_ctx_new();
+    void *socket = zmq_socket(*ctx, ZMQ_DEALER);
+    int zero = 0;
+    ck_assert_ptr_nonnull(socket);
+    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof zero);
+    return socket;
+}
+
 // A message of every type with a different mix of parts.
 static net_msg_t *s_sample_msg(int type)
 {
@@ -1062,15 +1082,10 @@ START_TEST(test_transport_client_without_curve_gets_nothing)
     s_keys_t k;
     s_keys_open(&k);
     net_server_t *server = s_server(&k, NULL, &s_limits); // open mode: any Curve key
-    void *ctx = zmq_ctx_new();
-    void *plain = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(plain, ZMQ_LINGER, &zero, sizeof zero);
+    void *ctx;
+    void *plain = s_raw_dealer(&ctx);
     ck_assert_int_eq(zmq_connect(plain, net_server_endpoint(server)), 0);
-    s_wire_t w;
-    s_wire_base(&w);
-    for (size_t i = 0; i < w.n; i++)
-        zmq_send(plain, w.frames[i].data, w.frames[i].size, i + 1 < w.n ? ZMQ_SNDMORE : 0);
+    s_raw_send_base(plain);
     net_peer_t peer;
     net_msg_t *in = NULL;
     char err[256] = "";
@@ -1118,19 +1133,14 @@ START_TEST(test_transport_identity_is_the_curve_key)
     s_keys_t k;
     s_keys_open(&k);
     net_server_t *server = s_server(&k, NULL, &s_limits);
-    void *ctx = zmq_ctx_new();
-    void *liar = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(liar, ZMQ_LINGER, &zero, sizeof zero);
+    void *ctx;
+    void *liar = s_raw_dealer(&ctx);
     zmq_setsockopt(liar, ZMQ_CURVE_SERVERKEY, net_key_public_raw(k.server), 32);
     zmq_setsockopt(liar, ZMQ_CURVE_PUBLICKEY, net_key_public_raw(k.intruder), 32);
     zmq_setsockopt(liar, ZMQ_CURVE_SECRETKEY, net_key_secret_raw(k.intruder), 32);
     zmq_setsockopt(liar, ZMQ_ROUTING_ID, net_key_public(k.node), NET_KEY_Z85_LEN);
     ck_assert_int_eq(zmq_connect(liar, net_server_endpoint(server)), 0);
-    s_wire_t w;
-    s_wire_base(&w);
-    for (size_t i = 0; i < w.n; i++)
-        zmq_send(liar, w.frames[i].data, w.frames[i].size, i + 1 < w.n ? ZMQ_SNDMORE : 0);
+    s_raw_send_base(liar);
     net_peer_t peer;
     net_msg_t *in = NULL;
     char err[256] = "";

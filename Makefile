@@ -126,6 +126,9 @@ $(BUILD)/check_%: $(BUILD)/obj/tests/check_%.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OB
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(CHECK_LIBS) $(LIBS) -o $@
 
+# keep test objects between builds (they are intermediate to the pattern rule)
+.SECONDARY:
+
 deps:
 	@sh scripts/deps.sh
 

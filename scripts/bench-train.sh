@@ -27,7 +27,8 @@ fi
 tok_s() { sed -n 's/.*| tok\/s \([0-9.]*\).*/\1/p' "$1" | tail -1; }
 threads_of() {  # peak thread count of a running pid
     peak=0
-    while kill -0 "$1" 2>/dev/null; do
+    # until it exits (a zombie still answers kill -0, so read its state)
+    while grep -q '^State:[[:space:]]*[RSD]' "/proc/$1/status" 2>/dev/null; do
         n=$(awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0)
         [ "${n:-0}" -gt "$peak" ] && peak=$n
         sleep 0.5

@@ -38,6 +38,23 @@ static float s_getf(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }
 static void s_putd(uint8_t *p, double d) { memcpy(p, &d, 8); }
 static double s_getd(const uint8_t *p) { double d; memcpy(&d, p, 8); return d; }
 
+// The model shape, V T C L H as five int32 at p (both file headers hold it
+// at offset 8).
+static void s_put_config(uint8_t *p, const node_config_t *c)
+{
+    const int32_t f[5] = { c->V, c->T, c->C, c->L, c->H };
+    for (int i = 0; i < 5; i++)
+        s_put32(p + 4 * i, (uint32_t) f[i]);
+}
+
+static node_config_t s_get_config(const uint8_t *p)
+{
+    return (node_config_t) {
+        (int32_t) s_get32(p), (int32_t) s_get32(p + 4), (int32_t) s_get32(p + 8),
+        (int32_t) s_get32(p + 12), (int32_t) s_get32(p + 16),
+    };
+}
+
 // ---- atomic writes ---------------------------------------------------------
 
 typedef struct {
@@ -188,11 +205,7 @@ int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char
         goto out_free;
     }
     memset(hdr, 0, sizeof *hdr);
-    hdr->cfg.V = (int32_t) s_get32(buf + 8);
-    hdr->cfg.T = (int32_t) s_get32(buf + 12);
-    hdr->cfg.C = (int32_t) s_get32(buf + 16);
-    hdr->cfg.L = (int32_t) s_get32(buf + 20);
-    hdr->cfg.H = (int32_t) s_get32(buf + 24);
+    hdr->cfg = s_get_config(buf + 8);
     hdr->kind = (int32_t) s_get32(buf + 28);
     hdr->step = (int32_t) s_get32(buf + 32);
     hdr->loss = s_getf(buf + 36);
@@ -240,11 +253,7 @@ int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float
     uint8_t h[BGPT_HEADER] = {0};
     memcpy(h, "BGPT", 4);
     s_put32(h + 4, 1);
-    s_put32(h + 8, (uint32_t) hdr->cfg.V);
-    s_put32(h + 12, (uint32_t) hdr->cfg.T);
-    s_put32(h + 16, (uint32_t) hdr->cfg.C);
-    s_put32(h + 20, (uint32_t) hdr->cfg.L);
-    s_put32(h + 24, (uint32_t) hdr->cfg.H);
+    s_put_config(h + 8, &hdr->cfg);
     s_put32(h + 28, (uint32_t) hdr->kind);
     s_put32(h + 32, (uint32_t) hdr->step);
     s_putf(h + 36, hdr->loss);
@@ -286,11 +295,7 @@ static void s_ckpt_header(uint8_t *h, const node_ckpt_meta_t *m)
     memset(h, 0, CKPT_HEADER);
     memcpy(h, "SWCK", 4);
     s_put32(h + 4, CKPT_VERSION);
-    s_put32(h + 8, (uint32_t) m->cfg.V);
-    s_put32(h + 12, (uint32_t) m->cfg.T);
-    s_put32(h + 16, (uint32_t) m->cfg.C);
-    s_put32(h + 20, (uint32_t) m->cfg.L);
-    s_put32(h + 24, (uint32_t) m->cfg.H);
+    s_put_config(h + 8, &m->cfg);
     s_put32(h + 28, (uint32_t) m->batch);
     s_put64(h + 32, (uint64_t) m->step);
     s_put64(h + 40, m->seed);
@@ -360,10 +365,7 @@ int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, floa
         goto out_free;
     }
     memset(meta, 0, sizeof *meta);
-    meta->cfg = (node_config_t) {
-        (int32_t) s_get32(buf + 8), (int32_t) s_get32(buf + 12), (int32_t) s_get32(buf + 16),
-        (int32_t) s_get32(buf + 20), (int32_t) s_get32(buf + 24),
-    };
+    meta->cfg = s_get_config(buf + 8);
     meta->batch = (int32_t) s_get32(buf + 28);
     meta->step = (long) s_get64(buf + 32);
     meta->seed = s_get64(buf + 40);

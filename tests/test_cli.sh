@@ -96,5 +96,20 @@ else
 fi
 expect_error "sample bad temperature" "--temperature -1" sample --ckpt "$TMP/ck" --temperature -1
 
+# ---- keys ----
+if "$SWARM" keygen "$TMP/k1" >"$TMP/kout" 2>&1 && [ "$(stat -c %a "$TMP/k1.key")" = 600 ] \
+    && key=$(sed -n 's/^public key: //p' "$TMP/kout") && [ ${#key} -eq 40 ] \
+    && grep -qF -- "$key" "$TMP/k1.pub"; then
+    ok "keygen writes NAME.key (0600) and NAME.pub and prints the public key"
+else
+    bad "keygen"; cat "$TMP/kout"; ls -la "$TMP"
+fi
+expect_error "keygen refuses to overwrite" "key files exist (use --force" keygen "$TMP/k1"
+if ! "$SWARM" keygen >/dev/null 2>"$TMP/err" && head -1 "$TMP/err" | grep -q "give the NAME"; then
+    ok "keygen without a name: $(head -1 "$TMP/err")"
+else
+    bad "keygen without a name"; cat "$TMP/err"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -20,6 +20,9 @@ static void s_usage(FILE *out)
         "  train    train a byte-level GPT in one process (the reference for swarm runs)\n"
         "  sample   generate text from a checkpoint or a BGPT weight file\n"
         "  keygen   write a CurveZMQ key pair for a router or node\n"
+        "  router   run a swarm: route micro-batches through the nodes' stages\n"
+        "  node     join a swarm as a volunteer: swarm node --join tcp://HOST:PORT\n"
+        "  status   show a running swarm: swarm status tcp://HOST:PORT\n"
         "  version  print the version\n");
 }
 
@@ -60,6 +63,12 @@ int main(int argc, char **argv)
         return cmd_sample(argc - 1, argv + 1);
     if (!strcmp(cmd, "keygen"))
         return cmd_keygen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "router"))
+        return cmd_router(argc - 1, argv + 1);
+    if (!strcmp(cmd, "node"))
+        return cmd_node(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status"))
+        return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("swarm %s\n", SWARM_VERSION);
         return 0;

@@ -244,6 +244,13 @@ long node_trainer_step(const node_trainer_t *self);
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_router(int argc, char **argv);
+int cmd_node(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+
+// BLAKE2b-256 of the stage's parameters (little-endian float32) in hex:
+// what replicas compare after every step (docs/swarm.md).
+void node_stage_checksum(node_stage_t *self, char hex[65]);
 
 // The corpus built into the binary (swarm's own docs and sources).
 const uint8_t *node_corpus(size_t *n);

@@ -8,6 +8,7 @@
 #include "node.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,4 +436,12 @@ int node_stage_backward(node_stage_t *self, node_acts_t *a, const float *dy, flo
         return rc;
     s_layers_backward(self, a);
     return s_backward_out(self, a, dx);
+}
+
+void node_stage_checksum(node_stage_t *self, char hex[65])
+{
+    unsigned char digest[32];
+    crypto_generichash(digest, sizeof digest, (const unsigned char *) self->params,
+                       self->n * sizeof(float), NULL, 0);
+    sodium_bin2hex(hex, 65, digest, sizeof digest);
 }

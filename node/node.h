@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "blas.h"
 
@@ -239,6 +240,48 @@ int node_trainer_eval(node_trainer_t *self, int val, double *loss);
 // one model-sized array.
 void node_trainer_gather(node_trainer_t *self, int which, float *dst);
 long node_trainer_step(const node_trainer_t *self);
+
+// ---- training options (swarm train and swarm router share them) ----
+
+typedef struct {
+    node_config_t cfg;      // model shape
+    int batch;              // windows per optimizer step (B)
+    int micro;              // windows per micro-batch
+    int stages;             // S
+    long iters;             // optimizer steps in the schedule
+    double lr, min_lr;      // schedule; min_lr < 0 means lr / 10
+    long warmup;            // warmup steps
+    double weight_decay;    // AdamW decay on matrices
+    double grad_clip;       // global-norm clip, 0 = off
+    uint64_t seed;          // data and init seed
+    long eval_every;        // steps between evaluations, 0 = never
+    int eval_iters;         // batches per evaluation
+    const char *data;       // data file, NULL = built-in corpus
+    const char *init;       // BGPT weights to start from
+    const char *save;       // checkpoint folder
+    long save_every;        // steps between checkpoints (and at the end)
+    const char *resume;     // checkpoint folder to continue from
+    int threads;            // CPU threads, 0 = all cores
+    const char *loss_log;   // "step loss lr" per step
+    const char *device;     // auto, cpu, cuda[:N]
+    long log_every;         // steps between plain progress lines
+    long steps;             // stop after this many steps in this run (0 = to the end)
+    int quiet;              // no progress output
+    unsigned given;         // bit per option set on the command line
+} node_train_opts_t;
+
+// Parse the training flags. 0; 1 when --help was asked; -EINVAL with err.
+__attribute__((warn_unused_result))
+int node_train_parse(int argc, char **argv, node_train_opts_t *o, char *err, size_t errlen);
+void node_train_help(FILE *out);
+// The starting state: from --resume (also fills the schedule from the
+// checkpoint and *step), --init, or fresh weights from --seed. Arrays are
+// malloc'ed; m and v stay NULL unless resuming.
+__attribute__((warn_unused_result))
+int node_train_weights(node_train_opts_t *o, float **params, float **m, float **v, long *step,
+                       char *err, size_t errlen);
+// The trainer settings the options describe.
+node_hparams_t node_train_hparams(const node_train_opts_t *o);
 
 // ---- subcommands ----
 int cmd_train(int argc, char **argv);

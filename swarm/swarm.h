@@ -41,4 +41,23 @@ void swarm_data_train_batch(const swarm_data_t *self, uint64_t seed, long step, 
 void swarm_data_draw(const swarm_data_t *self, int val, uint64_t *state,
                      int count, int T, int32_t *x, int32_t *y);
 
+// ---- policy (pure: no I/O, no clock) ----
+
+typedef struct {
+    int stage;        // assigned stage, -1 none
+    int ready;        // serving its stage
+    int joining;      // assigned, loading its state
+    int inflight;     // requests we have outstanding at it
+    int queue;        // requests it reported queued
+    double tok_s;     // tokens per second, EMA
+} swarm_peer_view_t;
+
+// The ready peer of `stage` with the earliest projected finish for a
+// request of `tokens` tokens; `prefer` (an index or -1) holds the request's
+// activations and wins near-ties. -1 when the stage has no ready peer.
+int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double tokens);
+// The stage a joining node should serve: least total throughput of its
+// ready and joining peers, then fewest replicas, then the lowest index.
+int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);
+
 #endif

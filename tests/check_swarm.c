@@ -540,6 +540,61 @@ END_TEST
 
 // ---- runner ----------------------------------------------------------------
 
+// ---- policy ----------------------------------------------------------------
+
+static swarm_peer_view_t s_view(int stage, int ready, int inflight, double tok_s)
+{
+    return (swarm_peer_view_t) { .stage = stage, .ready = ready, .inflight = inflight,
+                                 .tok_s = tok_s };
+}
+
+START_TEST(test_pick_prefers_earliest_projected_finish)
+{
+    swarm_peer_view_t p[4] = {
+        s_view(0, 1, 0, 1000), s_view(0, 1, 0, 3000), s_view(1, 1, 0, 9000), s_view(0, 0, 0, 9000),
+    };
+    // the fastest ready peer of stage 0; the faster stage-1 and the
+    // not-ready peers do not count
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
+    // two requests queued at the fast one: (2+1)/3000 > 1/1000
+    p[1].inflight = 2;
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 0);
+    p[1].inflight = 0;
+    p[1].queue = 3;
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 0);
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 2, -1, 768), -1);
+}
+END_TEST
+
+START_TEST(test_pick_keeps_backward_on_the_forward_peer_when_close)
+{
+    swarm_peer_view_t p[2] = { s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1100) };
+    // without a preference the faster one; with one, the peer holding the
+    // activations wins a near-tie
+    ck_assert_int_eq(swarm_policy_pick(p, 2, 0, -1, 768), 1);
+    ck_assert_int_eq(swarm_policy_pick(p, 2, 0, 0, 768), 0);
+    // but not when it is far behind
+    p[0].inflight = 5;
+    ck_assert_int_eq(swarm_policy_pick(p, 2, 0, 0, 768), 1);
+}
+END_TEST
+
+START_TEST(test_assign_fills_the_weakest_stage)
+{
+    swarm_peer_view_t p[4] = {
+        s_view(0, 1, 0, 1000), s_view(1, 1, 0, 1000), s_view(1, 0, 0, 500), s_view(-1, 0, 0, 0),
+    };
+    p[2].joining = 1;
+    // stage 0 has 1000 tok/s, stage 1 has 1500 (one joining), stage 2 none
+    ck_assert_int_eq(swarm_policy_assign(p, 4, 3), 2);
+    ck_assert_int_eq(swarm_policy_assign(p, 4, 2), 0);
+    // an empty swarm fills stage 0 first, then ties go to fewer replicas
+    ck_assert_int_eq(swarm_policy_assign(p, 0, 2), 0);
+    swarm_peer_view_t q[1] = { s_view(0, 1, 0, 0) };
+    ck_assert_int_eq(swarm_policy_assign(q, 1, 2), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("swarm");
@@ -573,6 +628,11 @@ int main(void)
     tcase_add_test(tc, test_load_reads_every_byte_of_a_file_exactly);
     tcase_add_test(tc, test_load_empty_file_succeeds_and_check_rejects_it);
     tcase_add_test(tc, test_destroy_accepts_null);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("policy");
+    tcase_add_test(tc, test_pick_prefers_earliest_projected_finish);
+    tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
+    tcase_add_test(tc, test_assign_fills_the_weakest_stage);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, test_tinyshakespeare_first_batch_matches_ref_gpt);

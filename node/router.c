@@ -1,0 +1,1234 @@
+/* router.c - `swarm router`: owns the plan, the data and the step clock.
+ * It assigns joining nodes to stages, hands them their stage's state, sends
+ * every micro-batch through the stages (a window of them in flight), sums
+ * each stage's gradients over its replicas, and has every replica apply the
+ * same AdamW update; replicas' checksums are compared after every step.
+ *
+ * The protocol is docs/swarm.md. Peer failures beyond resending a request
+ * are not handled here yet; the router does no compute of its own.
+ */
+#include "node.h"
+#include "net.h"
+#include "swarm.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_PEERS 256
+#define MAX_REQS 4096
+
+enum { P_JOINING = 1, P_READY, P_DEAD };
+enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN };
+
+typedef struct {
+    net_peer_t who;          // identity: public key
+    int id;                  // small id for logs, in join order
+    char name[64];           // node's name
+    char device[128];        // node's device
+    int stage;               // assigned stage, -1 before
+    int state;               // P_*
+    double tok_s;            // tokens per second, EMA over its requests
+    int inflight;            // requests outstanding
+    int queue;               // queue depth from its last heartbeat
+    int64_t last_seen;       // ms (net_clock_ms)
+    char checksum[65];       // after the last update
+    int updated;             // acked the current UPDATE
+} peer_t;
+
+typedef struct {
+    uint64_t id;             // request id, 0 = free slot
+    int kind;                // R_*
+    int peer;                // index into peers
+    int mb;                  // micro-batch index within the step
+    int stage;               // stage
+    int64_t sent;            // ms
+} req_t;
+
+typedef struct {
+    int stage;               // stage it is at; -1 idle, S = done
+    int backward;            // in backward
+    int fwd_peer[NODE_MAX_LAYERS]; // who ran its forward at each stage
+    void *in[NODE_MAX_LAYERS + 1]; // wire bytes of each stage's input (stage 0: tokens)
+    int32_t *targets;        // (micro, T)
+    void *grad;              // dy for the stage being run backward (wire bytes)
+    float loss;              // from the last stage
+} mb_t;
+
+typedef struct {
+    node_train_opts_t o;     // model and training flags
+    node_hparams_t hp;       // the same, resolved
+    node_plan_t plan;        // stages
+    size_t stage_n[NODE_MAX_LAYERS]; // parameters per stage
+    size_t stage_off[NODE_MAX_LAYERS]; // offset of each stage in the model
+    swarm_data_t *data;      // training bytes
+    float *params, *m, *v;   // model-sized: initial state, then checkpoints
+    float *grad_sum;         // model-sized: this step's summed gradients
+    const char *listen;      // bind endpoint
+    const char *key_name;    // router key pair NAME
+    const char *allow_path;  // allow-list file, NULL = open
+    int min_nodes;           // ready nodes needed before training starts
+    int window;              // micro-batches in flight
+    net_key_t *key;          // router key
+    net_allow_t *allow;      // allow-list
+    net_server_t *srv;       // ROUTER
+    peer_t peers[MAX_PEERS]; // every node seen
+    int npeers;              // used entries
+    req_t reqs[MAX_REQS];    // outstanding requests
+    uint64_t next_id;        // request ids
+    mb_t *mbs;               // [G] micro-batches of the current step
+    int G;                   // micro-batches per step
+    long step;               // optimizer updates done
+    long first;              // step the run started at
+    int started;             // training has begun (state lives on the nodes now)
+    size_t x_bytes;          // wire bytes of one (micro, T, C) f32 tensor
+    size_t tok_bytes;        // wire bytes of one (micro, T) int32 tensor
+    double loss_avg;         // EMA of the loss
+    float last_loss;         // last step's loss
+    double train_time;       // seconds in steps
+    double t_start;          // wall clock at start
+    FILE *loss_log, *csv;    // --loss-log, DIR/loss.csv
+    float *curve;            // [iters] losses for the plot
+    int checksum_mismatches; // steps where replicas disagreed
+    int phase;               // PH_*
+    int pending;             // STEP or UPDATE replies still to come
+    float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
+    int got_grad[MAX_PEERS]; // its GRAD arrived
+    int in_step[MAX_PEERS];  // it was sent this step's STEP
+    int ckpt_pending;        // STATE replies still to come for a checkpoint
+    double step_t0;          // when the current step started (s)
+    int done;                // the schedule is finished
+} router_t;
+
+enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT };
+
+static volatile sig_atomic_t s_stop;
+
+// For a call whose failure is reported where it happens (or is harmless).
+static inline void s_ignore(int rc)
+{
+    (void) rc;
+}
+
+static void s_on_signal(int sig)
+{
+    (void) sig;
+    s_stop = 1;
+}
+
+static double s_secs(void)
+{
+    return (double) net_clock_ms() / 1000.0;
+}
+
+// ---- requests --------------------------------------------------------------
+
+static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
+{
+    for (int i = 0; i < MAX_REQS; i++) {
+        if (r->reqs[i].id == 0) {
+            r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms() };
+            r->peers[peer].inflight++;
+            return &r->reqs[i];
+        }
+    }
+    return NULL;
+}
+
+static req_t *s_req_find(router_t *r, uint64_t id)
+{
+    for (int i = 0; i < MAX_REQS; i++)
+        if (r->reqs[i].id == id && id != 0)
+            return &r->reqs[i];
+    return NULL;
+}
+
+static void s_req_done(router_t *r, req_t *q)
+{
+    if (r->peers[q->peer].inflight > 0)
+        r->peers[q->peer].inflight--;
+    q->id = 0;
+}
+
+// Send m to peer p as request kind; 0 or -errno (logged).
+static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
+{
+    req_t *q = s_req_new(r, kind, p, mb, stage);
+    if (!q) {
+        net_msg_destroy(m);
+        fprintf(stderr, "swarm router: more than %d requests outstanding\n", MAX_REQS);
+        return -ENOSPC;
+    }
+    net_msg_head(*m)->id = q->id;
+    int rc = net_server_send(r->srv, &r->peers[p].who, m);
+    if (rc != 0) {
+        fprintf(stderr, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
+                r->peers[p].name, strerror(-rc));
+        s_req_done(r, q);
+    }
+    return rc;
+}
+
+static int s_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int s_meta(net_msg_t *m, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    return net_msg_set_meta(m, text);
+}
+
+// ---- peers -----------------------------------------------------------------
+
+static int s_peer_find(router_t *r, const net_peer_t *who)
+{
+    for (int i = 0; i < r->npeers; i++)
+        if (!strcmp(r->peers[i].who.key, who->key))
+            return i;
+    return -1;
+}
+
+static void s_views(const router_t *r, swarm_peer_view_t *v)
+{
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        v[i] = (swarm_peer_view_t) {
+            .stage = p->stage, .ready = p->state == P_READY, .joining = p->state == P_JOINING,
+            .inflight = p->inflight, .queue = p->queue, .tok_s = p->tok_s,
+        };
+    }
+}
+
+static int s_ready_count(const router_t *r, int stage)
+{
+    int n = 0;
+    for (int i = 0; i < r->npeers; i++)
+        if (r->peers[i].state == P_READY && (stage < 0 || r->peers[i].stage == stage))
+            n++;
+    return n;
+}
+
+// Send a stage's state (params, m, v of the stage) to peer p.
+static int s_send_state(router_t *r, int p, const float *params, const float *m, const float *v)
+{
+    int s = r->peers[p].stage;
+    uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
+    size_t off = r->stage_off[s];
+    net_msg_t *msg = net_msg_new(NET_MSG_STATE);
+    net_head_t *h = net_msg_head(msg);
+    h->stage = (uint32_t) s;
+    h->step = (uint64_t) r->step;
+    const float *parts[3] = { params + off, m + off, v + off };
+    for (int i = 0; i < 3; i++) {
+        int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 1, parts[i]);
+        if (rc != 0) {
+            net_msg_destroy(&msg);
+            return rc;
+        }
+    }
+    return s_send(r, p, &msg, R_STATE, -1, s);
+}
+
+// A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
+// follows when the swarm is between steps (s_joins).
+static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
+{
+    char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0";
+    if (net_msg_meta_get(hello, "proto", proto, sizeof proto) != 0 || strcmp(proto, "1") != 0) {
+        net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
+        s_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
+        fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1\n", who->key,
+                proto[0] ? proto : "missing");
+        s_ignore(net_server_send(r->srv, who, &err));
+        return;
+    }
+    s_ignore(net_msg_meta_get(hello, "name", name, sizeof name));
+    s_ignore(net_msg_meta_get(hello, "device", device, sizeof device));
+    s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
+    int p = s_peer_find(r, who);
+    if (p < 0) {
+        if (r->npeers == MAX_PEERS) {
+            fprintf(stderr, "swarm router: peer table full (%d); ignoring %s\n", MAX_PEERS, name);
+            return;
+        }
+        p = r->npeers++;
+        r->peers[p] = (peer_t) { .who = *who, .id = p + 1, .stage = -1 };
+    }
+    peer_t *pe = &r->peers[p];
+    snprintf(pe->name, sizeof pe->name, "%s", name);
+    snprintf(pe->device, sizeof pe->device, "%s", device);
+    double t = strtod(tok, NULL);
+    pe->tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
+    pe->last_seen = net_clock_ms();
+    if (pe->state == P_READY || pe->state == P_JOINING)
+        return; // a repeated HELLO: the ASSIGN is on its way
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    pe->stage = swarm_policy_assign(views, r->npeers, r->plan.stages);
+    pe->state = P_JOINING;
+    net_msg_t *a = net_msg_reply(hello, NET_MSG_ASSIGN);
+    net_msg_head(a)->stage = (uint32_t) pe->stage;
+    net_msg_head(a)->step = (uint64_t) r->step;
+    const node_config_t *c = &r->hp.cfg;
+    s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V, c->T,
+           c->C, c->L, c->H, r->plan.stages, pe->stage, r->hp.micro, pe->id);
+    if (net_server_send(r->srv, who, &a) == 0)
+        printf("swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device,
+               pe->stage);
+    fflush(stdout);
+}
+
+// Between steps: hand joining peers their stage's state, from the router's
+// own copy before training starts, else from a ready replica (STATE_GET).
+static void s_joins(router_t *r)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        if (pe->state != P_JOINING || pe->inflight > 0)
+            continue;
+        if (!r->started) {
+            s_ignore(s_send_state(r, p, r->params, r->m, r->v));
+            continue;
+        }
+        for (int q = 0; q < r->npeers; q++) {
+            if (r->peers[q].state == P_READY && r->peers[q].stage == pe->stage) {
+                net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
+                net_msg_head(g)->stage = (uint32_t) pe->stage;
+                // the reply is forwarded to the joiner: remember it in mb
+                s_ignore(s_send(r, q, &g, R_STATE_GET, p, pe->stage));
+                pe->inflight++; // held until its state arrives
+                break;
+            }
+        }
+    }
+}
+
+// ---- micro-batches ---------------------------------------------------------
+
+static void *s_dup_bytes(const void *src, size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        abort();
+    memcpy(p, src, n);
+    return p;
+}
+
+static void s_mb_clear(router_t *r, mb_t *b)
+{
+    for (int s = 0; s <= r->plan.stages; s++) {
+        free(b->in[s]);
+        b->in[s] = NULL;
+    }
+    free(b->targets);
+    free(b->grad);
+    *b = (mb_t) { .stage = -1 };
+}
+
+// FWD of micro-batch i at stage s to the best ready peer.
+static int s_fwd(router_t *r, int i, int s)
+{
+    mb_t *b = &r->mbs[i];
+    int S = r->plan.stages, T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    int p = swarm_policy_pick(views, r->npeers, s, -1, (double) micro * T);
+    if (p < 0)
+        return -EAGAIN;
+    net_msg_t *m = net_msg_new(NET_MSG_FWD);
+    net_head_t *h = net_msg_head(m);
+    h->step = (uint64_t) r->step;
+    h->stage = (uint32_t) s;
+    h->mb = (uint32_t) i;
+    uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
+    uint32_t x_dims[3] = { (uint32_t) micro, (uint32_t) T, (uint32_t) C };
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
+                    : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
+    if (rc == 0 && s == S - 1) {
+        rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
+        if (rc == 0)
+            rc = s_meta(m, "scale=%a\n", 1.0f / (float) ((double) r->hp.batch * T));
+    }
+    if (rc != 0) {
+        net_msg_destroy(&m);
+        return rc;
+    }
+    b->stage = s;
+    b->backward = 0;
+    b->fwd_peer[s] = p;
+    return s_send(r, p, &m, R_FWD, i, s);
+}
+
+// BWD of micro-batch i at stage s (< S-1), preferring its forward's peer.
+static int s_bwd(router_t *r, int i, int s)
+{
+    mb_t *b = &r->mbs[i];
+    int T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    int p = swarm_policy_pick(views, r->npeers, s, b->fwd_peer[s], (double) micro * T);
+    if (p < 0)
+        return -EAGAIN;
+    net_msg_t *m = net_msg_new(NET_MSG_BWD);
+    net_head_t *h = net_msg_head(m);
+    h->step = (uint64_t) r->step;
+    h->stage = (uint32_t) s;
+    h->mb = (uint32_t) i;
+    uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
+    uint32_t x_dims[3] = { (uint32_t) micro, (uint32_t) T, (uint32_t) C };
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
+                    : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
+    if (rc == 0)
+        rc = net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->grad, r->x_bytes);
+    if (rc != 0) {
+        net_msg_destroy(&m);
+        return rc;
+    }
+    b->stage = s;
+    b->backward = 1;
+    return s_send(r, p, &m, R_BWD, i, s);
+}
+
+// Start micro-batch i of the current step.
+static int s_mb_start(router_t *r, int i)
+{
+    mb_t *b = &r->mbs[i];
+    int T = r->hp.cfg.T, micro = r->hp.micro;
+    b->in[0] = malloc(r->tok_bytes);
+    b->targets = malloc(r->tok_bytes);
+    if (!b->in[0] || !b->targets)
+        abort();
+    swarm_data_train_batch(r->data, r->hp.seed, r->step, r->hp.batch, i * micro, micro, T,
+                           b->in[0], b->targets);
+    int rc = s_fwd(r, i, 0);
+    if (rc != 0)
+        s_mb_clear(r, b);
+    return rc;
+}
+
+// The tensor i of a reply as wire bytes of the expected size, or NULL.
+static const void *s_tensor_bytes(const net_msg_t *m, int i, int dtype, size_t want)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    size_t bytes = 0;
+    if (i >= h->ntensors || h->tensors[i].dtype != dtype)
+        return NULL;
+    const void *p = net_msg_raw(m, i, &bytes);
+    return p && bytes == want ? p : NULL;
+}
+
+// A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
+static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    mb_t *b = &r->mbs[q->mb];
+    int S = r->plan.stages, s = q->stage;
+    peer_t *pe = &r->peers[q->peer];
+    double dt = (double) (net_clock_ms() - q->sent) / 1000.0;
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    if (dt > 0)
+        pe->tok_s = 0.8 * pe->tok_s + 0.2 * (tokens / dt);
+    if (q->kind == R_FWD && s < S - 1) {
+        const void *y = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
+        if (!y)
+            return -EPROTO;
+        b->in[s + 1] = s_dup_bytes(y, r->x_bytes);
+        return s_fwd(r, q->mb, s + 1);
+    }
+    if (q->kind == R_FWD) {
+        char loss[64];
+        if (net_msg_meta_get(m, "loss", loss, sizeof loss) != 0)
+            return -EPROTO;
+        b->loss = strtof(loss, NULL);
+        if (!isfinite(b->loss))
+            return -EPROTO;
+        if (S == 1) {
+            b->stage = S;
+            return 0;
+        }
+        const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
+        if (!dx)
+            return -EPROTO;
+        b->grad = s_dup_bytes(dx, r->x_bytes);
+        return s_bwd(r, q->mb, S - 2);
+    }
+    if (s == 0) {
+        b->stage = S; // through
+        return 0;
+    }
+    const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
+    if (!dx)
+        return -EPROTO;
+    memcpy(b->grad, dx, r->x_bytes);
+    return s_bwd(r, q->mb, s - 1);
+}
+
+// ---- the step --------------------------------------------------------------
+
+static void s_step_begin(router_t *r)
+{
+    for (int i = 0; i < r->G; i++)
+        s_mb_clear(r, &r->mbs[i]);
+    r->phase = PH_MB;
+    r->step_t0 = s_secs();
+}
+
+// Keep `window` micro-batches in flight; when all are through, ask for the
+// gradients.
+static void s_step_micro(router_t *r)
+{
+    int flying = 0, done = 0, S = r->plan.stages;
+    for (int i = 0; i < r->G; i++) {
+        if (r->mbs[i].stage == S)
+            done++;
+        else if (r->mbs[i].stage >= 0)
+            flying++;
+    }
+    for (int i = 0; i < r->G && flying < r->window; i++) {
+        if (r->mbs[i].stage == -1 && !r->mbs[i].in[0]) {
+            if (s_mb_start(r, i) != 0)
+                return; // no ready peer right now; try again on the next turn
+            flying++;
+        }
+    }
+    if (done < r->G)
+        return;
+    r->pending = 0;
+    for (int p = 0; p < r->npeers; p++) {
+        r->in_step[p] = 0;
+        r->got_grad[p] = 0;
+        if (r->peers[p].state != P_READY)
+            continue;
+        net_msg_t *m = net_msg_new(NET_MSG_STEP);
+        net_msg_head(m)->step = (uint64_t) r->step;
+        net_msg_head(m)->stage = (uint32_t) r->peers[p].stage;
+        if (s_send(r, p, &m, R_STEP, -1, r->peers[p].stage) == 0) {
+            r->in_step[p] = 1;
+            r->pending++;
+        }
+    }
+    r->phase = PH_GRAD;
+}
+
+static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    size_t n = r->stage_n[q->stage];
+    if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(n * sizeof(float))))
+        abort();
+    int rc = net_msg_tensor(m, 0, r->peer_grad[q->peer], n);
+    if (rc != 0)
+        return -EPROTO;
+    r->got_grad[q->peer] = 1;
+    r->pending--;
+    return 0;
+}
+
+// All gradients are in: sum each stage's over its replicas in peer order,
+// clip by the global norm, and send every replica its stage's sum.
+static void s_step_update(router_t *r)
+{
+    int S = r->plan.stages;
+    double sumsq = 0.0;
+    memset(r->grad_sum, 0, node_config_params(&r->hp.cfg) * sizeof(float));
+    for (int p = 0; p < r->npeers; p++) {
+        if (!r->got_grad[p])
+            continue;
+        int s = r->peers[p].stage;
+        float *dst = r->grad_sum + r->stage_off[s];
+        for (size_t j = 0; j < r->stage_n[s]; j++)
+            dst[j] += r->peer_grad[p][j];
+    }
+    for (size_t j = 0; j < node_config_params(&r->hp.cfg); j++)
+        sumsq += (double) r->grad_sum[j] * r->grad_sum[j];
+    double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+    float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
+    r->pending = 0;
+    for (int p = 0; p < r->npeers; p++) {
+        r->peers[p].updated = 0;
+        if (!r->in_step[p] || r->peers[p].state != P_READY)
+            continue;
+        int s = r->peers[p].stage;
+        uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
+        net_msg_t *m = net_msg_new(NET_MSG_UPDATE);
+        net_msg_head(m)->step = (uint64_t) r->step;
+        net_msg_head(m)->stage = (uint32_t) s;
+        if (net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, r->grad_sum + r->stage_off[s]) != 0
+            || s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\n", lr, (double) scale,
+                      r->hp.weight_decay, r->step + 1) != 0) {
+            net_msg_destroy(&m);
+            continue;
+        }
+        if (s_send(r, p, &m, R_UPDATE, -1, s) == 0)
+            r->pending++;
+    }
+    (void) S;
+    r->phase = PH_UPDATE;
+}
+
+static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    peer_t *pe = &r->peers[q->peer];
+    if (net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum) != 0
+        || strlen(pe->checksum) != 64)
+        return -EPROTO;
+    pe->updated = 1;
+    r->pending--;
+    return 0;
+}
+
+// Replicas of a stage must hold the same bits after the same update.
+static void s_compare_checksums(router_t *r)
+{
+    for (int s = 0; s < r->plan.stages; s++) {
+        const char *first = NULL;
+        for (int p = 0; p < r->npeers; p++) {
+            if (!r->peers[p].updated || r->peers[p].stage != s)
+                continue;
+            if (!first) {
+                first = r->peers[p].checksum;
+            } else if (strcmp(first, r->peers[p].checksum) != 0) {
+                fprintf(stderr, "swarm router: step %ld: stage %d: peer %d's checksum %.16s "
+                        "differs from its replicas' %.16s\n", r->step, s, r->peers[p].id,
+                        r->peers[p].checksum, first);
+                r->checksum_mismatches++;
+            }
+        }
+    }
+}
+
+// ---- end of a step: logs, progress, checkpoints ----------------------------
+
+static void s_progress(router_t *r, double lr)
+{
+    long steps = r->step - r->first;
+    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    double eta = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
+    int ready = s_ready_count(r, -1);
+    if (isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN")) {
+        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s",
+                r->step, r->hp.iters, r->last_loss, lr, tps, ready, eta);
+    } else if (r->step % r->o.log_every == 0 || r->step == r->hp.iters) {
+        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s\n",
+                r->step, r->hp.iters, r->last_loss, lr, tps, ready, eta);
+    }
+}
+
+static void s_ckpt_begin(router_t *r)
+{
+    r->ckpt_pending = 0;
+    for (int s = 0; s < r->plan.stages; s++) {
+        for (int p = 0; p < r->npeers; p++) {
+            if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
+                net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
+                net_msg_head(g)->stage = (uint32_t) s;
+                if (s_send(r, p, &g, R_STATE_GET, -1, s) == 0)
+                    r->ckpt_pending++;
+                break;
+            }
+        }
+    }
+    r->phase = PH_CKPT;
+}
+
+static void s_ckpt_write(router_t *r)
+{
+    char err[512];
+    node_ckpt_meta_t meta = {
+        .cfg = r->hp.cfg, .step = r->step, .seed = r->hp.seed, .iters = r->hp.iters,
+        .warmup = r->hp.warmup, .batch = r->hp.batch, .lr = r->hp.lr, .min_lr = r->hp.min_lr,
+        .weight_decay = r->hp.weight_decay, .grad_clip = r->hp.grad_clip,
+    };
+    if (node_ckpt_save(r->o.save, &meta, r->params, r->m, r->v, err, sizeof err) != 0)
+        fprintf(stderr, "swarm router: checkpoint not written: %s\n", err);
+    else
+        printf("swarm router: checkpoint of step %ld in %s\n", r->step, r->o.save);
+    fflush(stdout);
+}
+
+static void s_step_end(router_t *r)
+{
+    double loss = 0.0;
+    for (int i = 0; i < r->G; i++)
+        loss += r->mbs[i].loss;
+    r->last_loss = (float) (loss / r->G);
+    r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
+    double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+    s_compare_checksums(r);
+    if (r->loss_log)
+        fprintf(r->loss_log, "%ld %.6f %.8g\n", r->step, r->last_loss, lr);
+    if (r->csv) {
+        fprintf(r->csv, "%ld,%.6f,%.8g\n", r->step, r->last_loss, lr);
+        fflush(r->csv);
+    }
+    if (r->curve && r->step < r->hp.iters)
+        r->curve[r->step] = r->last_loss;
+    r->train_time += s_secs() - r->step_t0;
+    r->step++;
+    s_progress(r, lr);
+    long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
+                                                                      : r->hp.iters;
+    r->done = r->step >= stop;
+    int save = r->o.save && (r->done || (r->o.save_every > 0 && r->step % r->o.save_every == 0));
+    if (save)
+        s_ckpt_begin(r);
+    else
+        r->phase = PH_WAIT;
+}
+
+// ---- messages --------------------------------------------------------------
+
+static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req)
+{
+    static char json[65536];
+    long steps = r->step - r->first;
+    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    double eta = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
+    const char *state = r->done ? "done" : r->started ? "training" : "waiting";
+    int n = snprintf(json, sizeof json, "{\"step\": %ld, \"iters\": %ld, \"loss\": %.4f, "
+                     "\"loss_avg\": %.4f, \"tok_s\": %.1f, \"eta_s\": %.1f, \"state\": \"%s\", "
+                     "\"stages\": [", r->step, r->hp.iters, r->last_loss, r->loss_avg, tps, eta, state);
+    for (int s = 0; s < r->plan.stages && n < (int) sizeof json - 512; s++) {
+        double tok = 0;
+        int queue = 0;
+        for (int p = 0; p < r->npeers; p++) {
+            if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
+                tok += r->peers[p].tok_s;
+                queue += r->peers[p].queue;
+            }
+        }
+        n += snprintf(json + n, sizeof json - n, "%s{\"stage\": %d, \"replicas\": %d, "
+                      "\"tok_s\": %.1f, \"queue\": %d}", s ? ", " : "", s, s_ready_count(r, s),
+                      tok, queue);
+    }
+    n += snprintf(json + n, sizeof json - n, "], \"peers\": [");
+    int64_t now = net_clock_ms();
+    static const char *states[] = { "?", "joining", "ready", "dead" };
+    for (int p = 0; p < r->npeers && n < (int) sizeof json - 512; p++) {
+        const peer_t *pe = &r->peers[p];
+        n += snprintf(json + n, sizeof json - n, "%s{\"id\": %d, \"name\": \"%s\", \"key\": \"%s\", "
+                      "\"device\": \"%s\", \"stage\": %d, \"tok_s\": %.1f, \"inflight\": %d, "
+                      "\"heartbeat_age_s\": %.1f, \"state\": \"%s\"}", p ? ", " : "", pe->id,
+                      pe->name, pe->who.key, pe->device, pe->stage, pe->tok_s, pe->inflight,
+                      (double) (now - pe->last_seen) / 1000.0, states[pe->state & 3]);
+    }
+    snprintf(json + n, sizeof json - n, "]}");
+    net_msg_t *m = net_msg_reply(req, NET_MSG_STATUS);
+    if (net_msg_set_meta(m, json) != 0)
+        net_msg_destroy(&m);
+    else
+        s_ignore(net_server_send(r->srv, who, &m));
+}
+
+// A STATE reply: for a checkpoint (q->mb < 0) or to forward to a joiner.
+static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    int s = q->stage;
+    size_t n = r->stage_n[s], off = r->stage_off[s];
+    if (q->mb >= 0) {
+        peer_t *joiner = &r->peers[q->mb];
+        joiner->inflight--;
+        if (joiner->state != P_JOINING)
+            return 0;
+        net_msg_t *fwd = net_msg_dup(m);
+        if (!fwd)
+            return -ENOMEM;
+        net_msg_head(fwd)->flags = 0;
+        net_msg_head(fwd)->step = (uint64_t) r->step;
+        return s_send(r, q->mb, &fwd, R_STATE, -1, s);
+    }
+    float *dst[3] = { r->params + off, r->m + off, r->v + off };
+    for (int i = 0; i < 3; i++)
+        if (net_msg_tensor(m, i, dst[i], n) != 0)
+            return -EPROTO;
+    if (--r->ckpt_pending == 0) {
+        s_ckpt_write(r);
+        r->phase = PH_WAIT;
+    }
+    return 0;
+}
+
+static int s_on_reply(router_t *r, int p, const net_msg_t *m)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    req_t *q = s_req_find(r, h->id);
+    if (!q || q->peer != p)
+        return 0; // stale or not ours: dropped
+    req_t copy = *q;
+    s_req_done(r, q);
+    if (h->type == NET_MSG_ERROR) {
+        char why[256] = "?";
+        s_ignore(net_msg_meta_get(m, "reason", why, sizeof why));
+        fprintf(stderr, "swarm router: peer %d (%s) refused a request: %s\n", r->peers[p].id,
+                r->peers[p].name, why);
+        return -EPROTO;
+    }
+    switch (copy.kind) {
+    case R_FWD:
+    case R_BWD:
+        return h->type == NET_MSG_RESULT ? s_on_result(r, &copy, m) : -EPROTO;
+    case R_STEP:
+        return h->type == NET_MSG_GRAD ? s_on_grad(r, &copy, m) : -EPROTO;
+    case R_UPDATE:
+        return h->type == NET_MSG_RESULT ? s_on_updated(r, &copy, m) : -EPROTO;
+    case R_STATE_GET:
+        return h->type == NET_MSG_STATE ? s_on_state(r, &copy, m) : -EPROTO;
+    case R_STATE:
+        if (h->type != NET_MSG_RESULT)
+            return -EPROTO;
+        r->peers[p].state = P_READY;
+        s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
+        printf("swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
+               r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
+        fflush(stdout);
+        return 0;
+    }
+    return 0;
+}
+
+static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    int p = s_peer_find(r, who);
+    if (p >= 0)
+        r->peers[p].last_seen = net_clock_ms();
+    if (h->type == NET_MSG_HELLO) {
+        s_on_hello(r, who, m);
+    } else if (h->type == NET_MSG_STATUS) {
+        s_status_reply(r, who, m);
+    } else if (p < 0) {
+        fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped\n",
+                net_msg_type_name(h->type), who->key);
+    } else if (h->type == NET_MSG_HEARTBEAT) {
+        char q[32];
+        if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
+            r->peers[p].queue = atoi(q) >= 0 && atoi(q) < 1000000 ? atoi(q) : 0;
+    } else if (h->type == NET_MSG_BYE) {
+        printf("swarm router: peer %d (%s) left\n", r->peers[p].id, r->peers[p].name);
+        r->peers[p].state = P_DEAD;
+    } else if (h->flags & NET_FLAG_REPLY) {
+        if (s_on_reply(r, p, m) != 0)
+            fprintf(stderr, "swarm router: peer %d (%s): bad %s reply dropped\n",
+                    r->peers[p].id, r->peers[p].name, net_msg_type_name(h->type));
+    }
+}
+
+// ---- the loop --------------------------------------------------------------
+
+// A dead peer: its FWD/BWD requests go to another replica; it no longer
+// counts for STEP/UPDATE. (Exact steps after a failure come with the next
+// piece of work: a dead peer's accumulated gradients are lost here.)
+static void s_reap(router_t *r)
+{
+    net_peer_t dead[16];
+    size_t n = 0;
+    net_server_reap(r->srv, net_clock_ms(), dead, 16, &n);
+    for (size_t k = 0; k < n; k++) {
+        int p = s_peer_find(r, &dead[k]);
+        if (p < 0 || r->peers[p].state == P_DEAD)
+            continue;
+        fprintf(stderr, "swarm router: peer %d (%s) is silent: dead\n", r->peers[p].id, r->peers[p].name);
+        r->peers[p].state = P_DEAD;
+        for (int i = 0; i < MAX_REQS; i++) {
+            req_t q = r->reqs[i];
+            if (q.id == 0 || q.peer != p)
+                continue;
+            s_req_done(r, &r->reqs[i]);
+            if (q.kind == R_FWD)
+                s_ignore(s_fwd(r, q.mb, q.stage));
+            else if (q.kind == R_BWD)
+                s_ignore(s_bwd(r, q.mb, q.stage));
+            else if (q.kind == R_STEP || q.kind == R_UPDATE)
+                r->pending--;
+            else if (q.kind == R_STATE_GET && q.mb < 0)
+                r->ckpt_pending--; // the checkpoint of this step is skipped
+        }
+    }
+}
+
+static int s_all_stages_ready(const router_t *r)
+{
+    for (int s = 0; s < r->plan.stages; s++)
+        if (s_ready_count(r, s) == 0)
+            return 0;
+    return s_ready_count(r, -1) >= r->min_nodes;
+}
+
+static void s_turn(router_t *r)
+{
+    switch (r->phase) {
+    case PH_WAIT:
+        s_joins(r);
+        if (!r->done && s_all_stages_ready(r)) {
+            if (!r->started)
+                printf("swarm router: every stage has a peer; training from step %ld\n", r->step);
+            r->started = 1;
+            s_step_begin(r);
+        }
+        break;
+    case PH_MB:
+        s_step_micro(r);
+        break;
+    case PH_GRAD:
+        if (r->pending <= 0)
+            s_step_update(r);
+        break;
+    case PH_UPDATE:
+        if (r->pending <= 0)
+            s_step_end(r);
+        break;
+    case PH_CKPT:
+        if (r->ckpt_pending <= 0)
+            r->phase = PH_WAIT;
+        break;
+    }
+}
+
+static int s_loop(router_t *r)
+{
+    char err[512];
+    while (!s_stop && !(r->done && r->phase == PH_WAIT)) {
+        net_peer_t who;
+        net_msg_t *m = NULL;
+        int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
+        if (rc == 0) {
+            s_on_message(r, &who, m);
+            net_msg_destroy(&m);
+        } else if (rc == -EPROTO) {
+            fprintf(stderr, "swarm router: bad message from %.8s...: %s\n", who.key, err);
+        } else if (rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN) {
+            fprintf(stderr, "swarm router: receive failed: %s\n", strerror(-rc));
+            return rc;
+        }
+        s_reap(r);
+        s_turn(r);
+    }
+    return s_stop ? -EINTR : 0;
+}
+
+// ---- set-up ----------------------------------------------------------------
+
+static void s_help(FILE *out)
+{
+    fprintf(out,
+        "usage: swarm router --stages S [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
+        "                    [--min-nodes N] [--window W] [training flags of swarm train]\n"
+        "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
+        "  --listen EP     where nodes connect (default tcp://*:7070; port 0 picks a free one)\n"
+        "  --key NAME      router key pair NAME.key/NAME.pub (default: created under\n"
+        "                  $XDG_CONFIG_HOME/swarm/router)\n"
+        "  --allow FILE    private swarm: only these public keys (one per line) may join\n"
+        "  --open          open swarm: any key may join (the default)\n"
+        "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
+        "  --window W      micro-batches in flight (default: all of a step)\n"
+        "training flags (as swarm train):\n");
+    node_train_help(out);
+}
+
+// Take the router's own flags out of argv; the rest are training flags.
+static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t n)
+{
+    int out = 1;
+    r->listen = "tcp://*:7070";
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
+                 || !strcmp(a, "--min-nodes") || !strcmp(a, "--window");
+        if (takes && !v) {
+            snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
+            return -EINVAL;
+        }
+        if (!strcmp(a, "--listen")) {
+            r->listen = v;
+        } else if (!strcmp(a, "--key")) {
+            r->key_name = v;
+        } else if (!strcmp(a, "--allow")) {
+            r->allow_path = v;
+        } else if (!strcmp(a, "--min-nodes") || !strcmp(a, "--window")) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*v == '\0' || *end || x < 0 || x > MAX_PEERS) {
+                snprintf(err, n, "%s %s: expected a whole number 0..%d", a, v, MAX_PEERS);
+                return -EINVAL;
+            }
+            *(!strcmp(a, "--window") ? &r->window : &r->min_nodes) = (int) x;
+        } else if (!strcmp(a, "--open")) {
+            r->allow_path = NULL;
+            continue;
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        i++;
+    }
+    *argc = out;
+    return 0;
+}
+
+// The router's key pair: --key NAME, or one kept in the user's config folder.
+static int s_load_key(router_t *r, char *err, size_t n)
+{
+    char path[PATH_MAX];
+    if (r->key_name)
+        return net_key_load(r->key_name, &r->key, err, n);
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    snprintf(path, sizeof path, "%s%s/swarm", xdg ? xdg : home ? home : ".", xdg ? "" : "/.config");
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", path);
+    *strrchr(parent, '/') = '\0';
+    mkdir(parent, 0700);
+    mkdir(path, 0700);
+    strncat(path, "/router", sizeof path - strlen(path) - 1);
+    if (net_key_load(path, &r->key, err, n) == 0)
+        return 0;
+    int rc = net_key_generate(&r->key);
+    if (rc == 0)
+        rc = net_key_save(r->key, path, 0, err, n);
+    if (rc == 0)
+        printf("swarm router: created a key pair in %s.key / %s.pub\n", path, path);
+    return rc;
+}
+
+static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
+{
+    int rc = s_router_flags(r, &argc, argv, err, n);
+    if (rc == 0)
+        rc = node_train_parse(argc, argv, &r->o, err, n);
+    if (rc != 0)
+        return rc;
+    if (r->o.data) {
+        rc = swarm_data_load(r->o.data, &r->data, err, n);
+    } else {
+        size_t len;
+        const uint8_t *bytes = node_corpus(&len);
+        r->data = swarm_data_wrap(bytes, len, "(built-in corpus)");
+    }
+    if (rc == 0)
+        rc = node_train_weights(&r->o, &r->params, &r->m, &r->v, &r->step, err, n);
+    if (rc != 0)
+        return rc;
+    r->first = r->step;
+    r->hp = node_train_hparams(&r->o);
+    if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
+        snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
+        return -EINVAL;
+    }
+    rc = node_config_check(&r->hp.cfg, err, n);
+    if (rc == 0)
+        rc = node_plan_make(&r->hp.cfg, r->o.stages, &r->plan, err, n);
+    if (rc == 0)
+        rc = swarm_data_check(r->data, r->hp.cfg.T, err, n);
+    return rc;
+}
+
+// Parameters per stage, and the state arrays every stage's slice lives in.
+static int s_layout(router_t *r, char *err, size_t n)
+{
+    size_t total = node_config_params(&r->hp.cfg);
+    for (int s = 0; s < r->plan.stages; s++) {
+        // a stage object on no backend would allocate; compute from tensors
+        size_t lo = SIZE_MAX, hi = 0;
+        for (int i = 0; i < node_tensor_count(&r->hp.cfg); i++) {
+            node_tensor_t t = node_tensor_at(&r->hp.cfg, i);
+            int layer = i >= 2 && i < 2 + NODE_LAYER_TENSORS * r->hp.cfg.L ? (i - 2) / NODE_LAYER_TENSORS : -1;
+            int owner = i < 2 ? 0 : layer < 0 ? r->plan.stages - 1 : -1;
+            for (int k = 0; owner < 0 && k < r->plan.stages; k++)
+                if (layer >= r->plan.first[k] && layer < r->plan.first[k + 1])
+                    owner = k;
+            if (owner != s)
+                continue;
+            lo = t.offset < lo ? t.offset : lo;
+            hi = t.offset + t.size > hi ? t.offset + t.size : hi;
+        }
+        r->stage_off[s] = lo;
+        r->stage_n[s] = hi - lo;
+    }
+    if (!r->m)
+        r->m = calloc(total, sizeof(float));
+    if (!r->v)
+        r->v = calloc(total, sizeof(float));
+    r->grad_sum = calloc(total, sizeof(float));
+    r->G = r->hp.batch / r->hp.micro;
+    r->mbs = calloc((size_t) r->G, sizeof(mb_t));
+    r->curve = calloc((size_t) r->hp.iters + 1, sizeof(float));
+    if (!r->m || !r->v || !r->grad_sum || !r->mbs || !r->curve) {
+        snprintf(err, n, "out of memory for the model's state (%zu parameters)", total);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < r->G; i++)
+        r->mbs[i].stage = -1;
+    if (r->window <= 0 || r->window > r->G)
+        r->window = r->G;
+    r->x_bytes = (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C * sizeof(float);
+    r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
+    return 0;
+}
+
+static int s_listen(router_t *r, char *err, size_t n)
+{
+    int rc = s_load_key(r, err, n);
+    if (rc != 0)
+        return rc;
+    if (r->allow_path) {
+        r->allow = net_allow_new();
+        rc = net_allow_load(r->allow, r->allow_path, err, n);
+        if (rc != 0)
+            return rc;
+    }
+    size_t state_bytes = 3 * node_config_params(&r->hp.cfg) * sizeof(float);
+    net_server_config_t cfg = {
+        .endpoint = r->listen, .key = r->key, .allow = r->allow,
+        .limits = {
+            .max_tensors = 3, .max_dims = 3, .max_dim = 1u << 30,
+            .max_payload = state_bytes + 4096 < NET_PAYLOAD_MAX ? state_bytes + 4096 : NET_PAYLOAD_MAX,
+            .max_meta = 4096,
+        },
+        .timing = { .dead_ms = 10000 },
+    };
+    rc = net_server_new(&cfg, &r->srv, err, n);
+    if (rc != 0)
+        return rc;
+    const char *ep = net_server_endpoint(r->srv);
+    printf("swarm router: listening on %s\n", ep);
+    printf("swarm router: public key %s\n", net_key_public(r->key));
+    printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d\n",
+           r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
+           r->hp.cfg.T, r->hp.batch, r->hp.micro);
+    printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));
+    fflush(stdout);
+    return 0;
+}
+
+static int s_open_logs(router_t *r, char *err, size_t n)
+{
+    const char *mode = r->o.resume ? "a" : "w";
+    if (r->o.loss_log && !(r->loss_log = fopen(r->o.loss_log, mode))) {
+        snprintf(err, n, "--loss-log %s: %s", r->o.loss_log, strerror(errno));
+        return -EIO;
+    }
+    if (r->o.save) {
+        char path[PATH_MAX];
+        mkdir(r->o.save, 0755);
+        snprintf(path, sizeof path, "%s/loss.csv", r->o.save);
+        int fresh = !r->o.resume || access(path, F_OK) != 0;
+        if (!(r->csv = fopen(path, fresh ? "w" : "a"))) {
+            snprintf(err, n, "--save %s: cannot write %s: %s", r->o.save, path, strerror(errno));
+            return -EIO;
+        }
+        if (fresh)
+            fprintf(r->csv, "step,loss,lr\n");
+    }
+    return 0;
+}
+
+// The loss curve of this run as an SVG line plot in DIR/loss.svg.
+static void s_plot(router_t *r)
+{
+    if (!r->o.save || r->step <= r->first)
+        return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/loss.svg", r->o.save);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    float lo = r->curve[r->first], hi = lo;
+    for (long k = r->first; k < r->step; k++) {
+        lo = r->curve[k] < lo ? r->curve[k] : lo;
+        hi = r->curve[k] > hi ? r->curve[k] : hi;
+    }
+    double span = hi > lo ? hi - lo : 1.0, steps = (double) (r->step - r->first);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"400\">\n"
+               "<rect width=\"640\" height=\"400\" fill=\"white\"/>\n"
+               "<text x=\"320\" y=\"20\" text-anchor=\"middle\" font-family=\"sans-serif\">"
+               "training loss, steps %ld-%ld (%.3f to %.3f)</text>\n<polyline fill=\"none\" "
+               "stroke=\"steelblue\" stroke-width=\"1.5\" points=\"", r->first, r->step - 1, hi, lo);
+    for (long k = r->first; k < r->step; k++)
+        fprintf(f, "%.1f,%.1f ", 40 + 580 * (k - r->first) / (steps > 1 ? steps - 1 : 1),
+                370 - 330 * (r->curve[k] - lo) / span);
+    fprintf(f, "\"/>\n</svg>\n");
+    fclose(f);
+    printf("swarm router: loss curve plotted in %s\n", path);
+}
+
+static void s_teardown(router_t *r)
+{
+    // tell the nodes the run is over
+    for (int p = 0; r->srv && p < r->npeers; p++) {
+        if (r->peers[p].state == P_DEAD)
+            continue;
+        net_msg_t *bye = net_msg_new(NET_MSG_BYE);
+        s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
+    }
+    for (int p = 0; p < MAX_PEERS; p++)
+        free(r->peer_grad[p]);
+    for (int i = 0; r->mbs && i < r->G; i++)
+        s_mb_clear(r, &r->mbs[i]);
+    free(r->mbs);
+    free(r->params);
+    free(r->m);
+    free(r->v);
+    free(r->grad_sum);
+    free(r->curve);
+    if (r->loss_log)
+        fclose(r->loss_log);
+    if (r->csv)
+        fclose(r->csv);
+    net_server_destroy(&r->srv);
+    net_allow_destroy(&r->allow);
+    net_key_destroy(&r->key);
+    swarm_data_destroy(&r->data);
+}
+
+int cmd_router(int argc, char **argv)
+{
+    router_t *r = calloc(1, sizeof *r);
+    char err[1024] = "";
+    if (!r)
+        abort();
+    int rc = s_setup(r, argc, argv, err, sizeof err);
+    if (rc == 1) {
+        s_help(stdout);
+        free(r);
+        return 0;
+    }
+    if (rc == 0)
+        rc = s_layout(r, err, sizeof err);
+    if (rc == 0)
+        rc = s_open_logs(r, err, sizeof err);
+    if (rc == 0)
+        rc = s_listen(r, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "swarm router: %s\n", err);
+        s_teardown(r);
+        free(r);
+        return 1;
+    }
+    struct sigaction sa = { .sa_handler = s_on_signal };
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    r->t_start = s_secs();
+    rc = s_loop(r);
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\n");
+    long steps = r->step - r->first;
+    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
+           "checksum mismatches %d\n", steps, s_secs() - r->t_start, r->train_time, tps,
+           s_ready_count(r, -1), r->checksum_mismatches);
+    s_plot(r);
+    int bad = r->checksum_mismatches > 0;
+    s_teardown(r);
+    free(r);
+    if (rc == -EINTR)
+        fprintf(stderr, "swarm router: stopped\n");
+    return rc == 0 && !bad ? 0 : 1;
+}

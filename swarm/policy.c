@@ -1,0 +1,61 @@
+/* policy.c - where the router sends work: pure functions of the peer table
+ * (no I/O, no clock: time is an argument), so they can be tested exactly.
+ *
+ * Routing picks the replica with the earliest projected finish; assignment
+ * puts a joining node on the stage with the least total throughput.
+ */
+#include "swarm.h"
+
+#include <stddef.h>
+
+// Projected seconds until a new request of `tokens` would finish on p.
+static double s_finish(const swarm_peer_view_t *p, double tokens)
+{
+    double rate = p->tok_s > 1.0 ? p->tok_s : 1.0;
+    return (double) (p->inflight + p->queue + 1) * tokens / rate;
+}
+
+int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double tokens)
+{
+    int best = -1;
+    double best_t = 0.0;
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &peers[i];
+        if (!p->ready || p->stage != stage)
+            continue;
+        double t = s_finish(p, tokens);
+        // the peer that ran the forward keeps its activations: it wins ties
+        // and anything up to one extra request of delay
+        if (i == prefer)
+            t -= tokens / (p->tok_s > 1.0 ? p->tok_s : 1.0);
+        if (best < 0 || t < best_t) {
+            best = i;
+            best_t = t;
+        }
+    }
+    return best;
+}
+
+int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
+{
+    int best = 0;
+    double best_tok = -1.0;
+    int best_count = 0;
+    for (int s = 0; s < stages; s++) {
+        double tok = 0.0;
+        int count = 0;
+        for (int i = 0; i < n; i++) {
+            if (peers[i].stage == s && (peers[i].ready || peers[i].joining)) {
+                tok += peers[i].tok_s;
+                count++;
+            }
+        }
+        // least throughput; on a tie the fewest replicas, then the first stage
+        if (best_tok < 0.0 || tok < best_tok || (tok == best_tok && count < best_count)) {
+            best = s;
+            best_tok = tok;
+            best_count = count;
+        }
+    }
+    return best;
+}

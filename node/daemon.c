@@ -1,0 +1,1347 @@
+/* daemon.c - `swarm node`: the volunteer daemon. It says HELLO to a router
+ * until it is assigned a stage, loads that stage's state, then serves the
+ * router's FWD and BWD micro-batches, STEP (its gradient), UPDATE (AdamW)
+ * and STATE_GET until Ctrl-C, message by message as docs/swarm.md says.
+ *
+ * It decides nothing about the schedule: what runs when is the router's.
+ * Everything from the network is checked before use; a bad request gets an
+ * ERROR reply and the node keeps running.
+ */
+#include "net.h"
+#include "node.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DAEMON_HELLO_MS 2000        // HELLO resend interval until ASSIGN, ms
+#define DAEMON_HEARTBEAT_MS 1000    // HEARTBEAT interval, ms
+#define DAEMON_SILENCE_MS 10000     // router silent this long: say HELLO again, ms
+#define DAEMON_BYE_MS 300           // time BYE gets to leave (the socket lingers 0), ms
+#define DAEMON_QUEUE_MAX 4096       // requests held in the local FIFO
+#define DAEMON_SLOTS_MAX 256        // micro-batches of cached activations at most
+#define DAEMON_HELLO_IDS 8          // recent HELLO ids (an ERROR to one is fatal)
+#define DAEMON_BENCH_S 0.3          // seconds spent measuring tokens/s at start
+
+// ---- state -----------------------------------------------------------------
+
+typedef struct {
+    const char *join;         // router endpoint, tcp://HOST:PORT
+    const char *router_key;   // the router's .pub file, or its Z85 key
+    const char *key;          // our key pair NAME (NAME.key, NAME.pub); NULL = default
+    const char *device;       // backend: auto, cpu, cuda[:N]
+    int threads;              // CPU threads, 0 = all cores
+    char name[65];            // shown in the router's table
+    long cache_mb;            // MiB of cached activations at most
+} daemon_opts_t;
+
+typedef struct {
+    node_acts_t *acts;        // activations of one micro-batch (micro windows)
+    uint64_t step;            // key: step of the FWD that filled it
+    uint32_t mb;              // key: micro-batch of that FWD
+    uint64_t seq;             // fill order (larger = newer); 0 = free
+} daemon_slot_t;
+
+typedef struct {
+    node_config_t cfg;        // model shape
+    int stages;               // S
+    int stage;                // s
+    int micro;                // windows per micro-batch
+    long peer;                // the router's id for us (logs), -1 unknown
+    long step;                // the swarm's step
+} daemon_assign_t;
+
+typedef struct {
+    daemon_opts_t o;                       // flags
+    blas_backend_t *be;                    // compute (never closed)
+    net_key_t *router_key;                 // the router's public key
+    net_key_t *key;                        // our key pair
+    net_client_t *client;                  // DEALER to the router
+    daemon_assign_t as;                    // what we were assigned
+    node_plan_t plan;                      // stages of as.cfg
+    node_stage_t *stage;                   // NULL until ASSIGN
+    int ready;                             // 1 once STATE loaded the stage
+    long step;                             // updates applied
+    long samples;                          // micro-batches accumulated since UPDATE
+    int32_t *tokens, *targets;             // (micro, T)
+    float *x, *dy, *out;                   // (micro, T, C)
+    daemon_slot_t slots[DAEMON_SLOTS_MAX]; // activation cache, nslots used
+    int nslots;                            // slots with acts allocated
+    uint64_t seq;                          // last slot fill number
+    net_msg_t *queue[DAEMON_QUEUE_MAX];    // FIFO of received messages
+    size_t queued;                         // messages in the FIFO
+    int64_t hello_at;                      // next HELLO due, net_clock_ms
+    int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
+    int silent;                            // 1 while the router's silence is logged
+    uint64_t next_id;                      // id of our next request
+    uint64_t hello_ids[DAEMON_HELLO_IDS];  // ids of recent HELLOs
+    int hello_next;                        // ring index into hello_ids
+    double tok_s_bench;                    // tokens/s measured at start
+    double tok_s;                          // tokens/s of FWD/BWD work, EMA (0 = none yet)
+    int exit_code;                         // >= 0: leave the loop with this code
+} daemon_t;
+
+static volatile sig_atomic_t s_stop;       // set by SIGINT/SIGTERM
+
+// ---- logs ------------------------------------------------------------------
+
+static void s_vsay(FILE *out, const char *fmt, va_list ap)
+{
+    char when[16];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(when, sizeof when, "%H:%M:%S", &tm);
+    fprintf(out, "%s ", when);
+    vfprintf(out, fmt, ap);
+    fputc('\n', out);
+    fflush(out);
+}
+
+// One line on stdout: a notable event.
+__attribute__((format(printf, 1, 2)))
+static void s_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_vsay(stdout, fmt, ap);
+    va_end(ap);
+}
+
+// One line on stderr: something went wrong.
+__attribute__((format(printf, 1, 2)))
+static void s_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_vsay(stderr, fmt, ap);
+    va_end(ap);
+}
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ---- flags -----------------------------------------------------------------
+
+enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP };
+
+static const struct option s_long[] = {
+    {"join", 1, 0, O_JOIN}, {"router-key", 1, 0, O_ROUTER_KEY}, {"key", 1, 0, O_KEY},
+    {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS}, {"name", 1, 0, O_NAME},
+    {"cache-mb", 1, 0, O_CACHE}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+};
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+        "usage: swarm node --join tcp://HOST:PORT --router-key KEY [flags]\n"
+        "Join a swarm as a volunteer: hold one pipeline stage of the model, run its\n"
+        "forward and backward passes for the router and apply its updates.\n"
+        "\n"
+        "  --join tcp://HOST:PORT  the router (required)\n"
+        "  --router-key KEY        the router's public key: its .pub file or the\n"
+        "                          40-character Z85 key itself (required)\n"
+        "  --key NAME              this node's key pair NAME.key / NAME.pub (default:\n"
+        "                          $XDG_CONFIG_HOME/swarm/node, made on first use)\n"
+        "  --name NAME             shown in the router's table (default: the host name)\n"
+        "  --device auto|cpu       compute backend (default auto)\n"
+        "  --threads N             CPU threads (default: all cores)\n"
+        "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
+        "                          0 recomputes the forward for every backward)\n"
+        "Ctrl-C says BYE to the router and leaves.\n");
+}
+
+static int s_parse_long(const char *flag, const char *s, long lo, long hi, long *out,
+                        char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi) {
+        snprintf(err, n, "--%s %s: expected a whole number in %ld..%ld", flag, s, lo, hi);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int s_parse_name(daemon_opts_t *o, const char *arg, char *err, size_t n)
+{
+    size_t len = strlen(arg);
+    int bad = len == 0 || len >= sizeof o->name;
+    for (size_t i = 0; i < len && !bad; i++)
+        bad = (unsigned char) arg[i] < 0x20 || arg[i] == 0x7f;
+    if (bad) {
+        snprintf(err, n, "--name '%s': expected 1..%zu printable characters", arg,
+                 sizeof o->name - 1);
+        return -EINVAL;
+    }
+    memcpy(o->name, arg, len + 1);
+    return 0;
+}
+
+static int s_parse_join(daemon_opts_t *o, const char *arg, char *err, size_t n)
+{
+    const char *colon = strncmp(arg, "tcp://", 6) == 0 ? strrchr(arg + 6, ':') : NULL;
+    if (!colon || colon == arg + 6 || colon[1] == '\0') {
+        snprintf(err, n, "--join %s: expected tcp://HOST:PORT", arg);
+        return -EINVAL;
+    }
+    o->join = arg;
+    return 0;
+}
+
+// 0, 1 for --help, or -EINVAL with a reason.
+static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *flag, char *err,
+                       size_t n)
+{
+    long v = 0;
+    int rc = 0;
+    switch (id) {
+    case O_JOIN: rc = s_parse_join(o, arg, err, n); break;
+    case O_ROUTER_KEY: o->router_key = arg; break;
+    case O_KEY: o->key = arg; break;
+    case O_DEVICE: o->device = arg; break;
+    case O_THREADS: rc = s_parse_long("threads", arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
+    case O_NAME: rc = s_parse_name(o, arg, err, n); break;
+    case O_CACHE: rc = s_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
+    case O_HELP: rc = 1; break;
+    case ':': snprintf(err, n, "%s: needs a value", flag); rc = -EINVAL; break;
+    default: snprintf(err, n, "%s: unknown flag; see swarm node --help", flag); rc = -EINVAL; break;
+    }
+    return rc;
+}
+
+// 0, 1 for --help, or -EINVAL with a reason naming the flag.
+static int s_parse(int argc, char **argv, daemon_opts_t *o, char *err, size_t n)
+{
+    *o = (daemon_opts_t) { .device = "auto", .cache_mb = 512 };
+    if (gethostname(o->name, sizeof o->name - 1) != 0 || !o->name[0])
+        snprintf(o->name, sizeof o->name, "node");
+    opterr = 0;
+    optind = 1;
+    int id, rc = 0;
+    while (rc == 0 && (id = getopt_long(argc, argv, ":h", s_long, NULL)) != -1) {
+        char flag[64];
+        if (id == '?' && optopt)
+            snprintf(flag, sizeof flag, "-%c", optopt);
+        else
+            snprintf(flag, sizeof flag, "%s", argv[optind - 1]);
+        rc = s_parse_one(o, id == 'h' ? O_HELP : id, optarg, flag, err, n);
+    }
+    if (rc == 0 && optind < argc) {
+        snprintf(err, n, "%s: unexpected argument", argv[optind]);
+        rc = -EINVAL;
+    } else if (rc == 0 && !o->join) {
+        snprintf(err, n, "--join tcp://HOST:PORT is required: the router to join");
+        rc = -EINVAL;
+    } else if (rc == 0 && !o->router_key) {
+        snprintf(err, n, "--router-key is required: the router's .pub file or its Z85 key");
+        rc = -EINVAL;
+    }
+    return rc;
+}
+
+// ---- keys ------------------------------------------------------------------
+
+static int s_router_key_load(const char *arg, net_key_t **out, char *err, size_t n)
+{
+    char why[512] = "";
+    if (access(arg, F_OK) != 0 && strlen(arg) == NET_KEY_Z85_LEN) {
+        if (net_key_from_z85(arg, out) == 0)
+            return 0;
+        snprintf(err, n, "--router-key %s: neither a file nor a valid Z85 key", arg);
+        return -EINVAL;
+    }
+    int rc = net_key_load_public(arg, out, why, sizeof why);
+    if (rc != 0)
+        snprintf(err, n, "--router-key %s (give the router's .pub file or its 40-character "
+                 "Z85 key)", why);
+    return rc;
+}
+
+// mkdir -p for the folders of path (not its last component), mode 0700.
+static int s_mkdirs(const char *path, char *err, size_t n)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+            snprintf(err, n, "cannot create %s: %s; give a key with --key NAME", dir,
+                     strerror(errno));
+            return -errno;
+        }
+        *p = '/';
+    }
+    return 0;
+}
+
+// The default key pair: $XDG_CONFIG_HOME/swarm/node, made when missing.
+static int s_default_key(net_key_t **out, char *name, size_t cap, char *err, size_t n)
+{
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    char path[PATH_MAX];
+    if (xdg && *xdg)
+        snprintf(name, cap, "%s/swarm/node", xdg);
+    else if (home && *home)
+        snprintf(name, cap, "%s/.config/swarm/node", home);
+    else {
+        snprintf(err, n, "neither XDG_CONFIG_HOME nor HOME is set: give a key with --key NAME");
+        return -ENOENT;
+    }
+    snprintf(path, sizeof path, "%s.key", name);
+    if (access(path, F_OK) == 0)
+        return net_key_load(name, out, err, n);
+    int rc = s_mkdirs(name, err, n);
+    if (rc == 0 && (rc = net_key_generate(out)) != 0)
+        snprintf(err, n, "cannot generate a key pair: %s", strerror(-rc));
+    if (rc == 0)
+        rc = net_key_save(*out, name, 0, err, n);
+    return rc;
+}
+
+static int s_keys_load(daemon_t *d, char *err, size_t n)
+{
+    char name[PATH_MAX];
+    int rc = s_router_key_load(d->o.router_key, &d->router_key, err, n);
+    if (rc != 0)
+        return rc;
+    if (d->o.key) {
+        char why[512] = "";
+        snprintf(name, sizeof name, "%s", d->o.key);
+        rc = net_key_load(name, &d->key, why, sizeof why);
+        if (rc != 0)
+            snprintf(err, n, "--key %s: %s", d->o.key, why);
+    } else {
+        rc = s_default_key(&d->key, name, sizeof name, err, n);
+    }
+    if (rc == 0)
+        s_log("node key %s.key, public key %s", name, net_key_public(d->key));
+    return rc;
+}
+
+// ---- start: measure, connect ------------------------------------------------
+
+// Small deterministic parameters for the measurement.
+static void s_bench_fill(float *p, size_t n)
+{
+    uint32_t state = 12345;
+    for (size_t i = 0; i < n; i++) {
+        state = state * 1664525u + 1013904223u;
+        p[i] = ((float) (state >> 8) / 16777216.0f - 0.5f) * 0.04f;
+    }
+}
+
+// Tokens/s of forward + backward of a block of the default shape; 0 when
+// the measurement cannot run.
+static double s_bench(blas_backend_t *be)
+{
+    enum { B = 4, T = 64 };
+    node_config_t cfg = { .V = NODE_VOCAB, .T = T, .C = 128, .L = 1, .H = 4 };
+    node_plan_t plan;
+    node_stage_t *st = NULL;
+    node_acts_t *acts = NULL;
+    int32_t tokens[B * T];
+    char err[256];
+    double rate = 0.0, elapsed = 0.0, t0;
+    float loss;
+    if (node_plan_make(&cfg, 1, &plan, err, sizeof err) != 0)
+        goto out;
+    st = node_stage_new(&cfg, &plan, 0, be, err, sizeof err);
+    acts = st ? node_acts_new(st, B, err, sizeof err) : NULL;
+    if (!acts)
+        goto out;
+    s_bench_fill(node_stage_params(st), node_stage_param_count(st));
+    for (int i = 0; i < B * T; i++)
+        tokens[i] = (i * 37 + 11) % NODE_VOCAB;
+    node_stage_in_t in = { .tokens = tokens, .targets = tokens,
+                           .loss_scale = 1.0f / (B * T), .want_backward = 1 };
+    if (node_stage_params_changed(st) != 0 || node_stage_forward(st, acts, &in, NULL, &loss, NULL))
+        goto out; // the first run warms up threads and caches
+    long runs = 0;
+    for (t0 = s_now(); elapsed < DAEMON_BENCH_S; runs++, elapsed = s_now() - t0)
+        if (node_stage_forward(st, acts, &in, NULL, &loss, NULL) != 0)
+            goto out;
+    rate = (double) runs * B * T / elapsed;
+out:
+    node_acts_destroy(&acts);
+    node_stage_destroy(&st);
+    return rate;
+}
+
+static int s_client_open(daemon_t *d, char *err, size_t n)
+{
+    net_client_config_t c = {
+        .endpoint = d->o.join, .server = d->router_key, .key = d->key,
+        .limits = { .max_tensors = NET_TENSORS_MAX, .max_dims = NET_DIMS_MAX,
+                    .max_dim = 1u << 30, .max_payload = NET_PAYLOAD_MAX, .max_meta = 1u << 16 },
+    };
+    char why[512] = "";
+    int rc = net_client_new(&c, &d->client, why, sizeof why);
+    if (rc != 0)
+        snprintf(err, n, "--join %s: %s", d->o.join, why);
+    return rc;
+}
+
+static int s_setup(daemon_t *d, char *err, size_t n)
+{
+    char why[512] = "";
+    int rc = s_keys_load(d, err, n);
+    if (rc != 0)
+        return rc;
+    d->be = blas_backend_open(d->o.device, d->o.threads, why, sizeof why);
+    if (!d->be) {
+        snprintf(err, n, "--device %s: %s", d->o.device, why);
+        return -ENODEV;
+    }
+    d->tok_s_bench = s_bench(d->be);
+    s_log("%s, %d threads: %.0f tokens/s (forward + backward of a block of the default "
+          "shape)", d->be->device, d->be->threads, d->tok_s_bench);
+    rc = s_client_open(d, err, n);
+    if (rc == 0)
+        s_log("joining %s as '%s'", d->o.join, d->o.name);
+    d->next_id = ((uint64_t) randombytes_random() << 32) | 1;
+    return rc;
+}
+
+// ---- sending ---------------------------------------------------------------
+
+// Send msg (taken). Requests get a fresh id. Failures are logged when loud.
+static int s_send(daemon_t *d, net_msg_t **msg, int loud)
+{
+    net_head_t *head = net_msg_head(*msg);
+    int type = head->type;
+    if (!(head->flags & NET_FLAG_REPLY))
+        head->id = d->next_id++;
+    int rc = net_client_send(d->client, msg);
+    if (rc != 0 && loud)
+        s_warn("cannot send %s to the router: %s", net_msg_type_name(type), strerror(-rc));
+    return rc;
+}
+
+static net_msg_t *s_msg_new(int type)
+{
+    net_msg_t *msg = net_msg_new(type);
+    if (!msg)
+        abort(); // a bookkeeping allocation
+    return msg;
+}
+
+static net_msg_t *s_msg_reply(const net_msg_t *req, int type)
+{
+    net_msg_t *msg = net_msg_reply(req, type);
+    if (!msg)
+        abort();
+    return msg;
+}
+
+static void s_meta_set(net_msg_t *msg, const char *text)
+{
+    if (net_msg_set_meta(msg, text) != 0)
+        abort(); // our own meta is short
+}
+
+static void s_hello_send(daemon_t *d)
+{
+    char meta[512];
+    double tok_s = d->tok_s > 0 ? d->tok_s : d->tok_s_bench;
+    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
+             d->o.name, d->be->device, d->be->threads, d->be->memory, tok_s);
+    net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
+    s_meta_set(msg, meta);
+    uint64_t id = d->next_id;
+    if (s_send(d, &msg, 0) == 0) {
+        d->hello_ids[d->hello_next] = id;
+        d->hello_next = (d->hello_next + 1) % DAEMON_HELLO_IDS;
+    }
+}
+
+static void s_heartbeat_send(daemon_t *d)
+{
+    char meta[256];
+    double tok_s = d->tok_s > 0 ? d->tok_s : d->tok_s_bench;
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld",
+             node_stage_index(d->stage), d->queued, tok_s, d->step);
+    net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
+    s_meta_set(msg, meta);
+    (void) s_send(d, &msg, 0);
+}
+
+// Answer req with ERROR reason=TEXT (one line).
+static void s_reply_error(daemon_t *d, const net_msg_t *req, const char *reason)
+{
+    char meta[600];
+    snprintf(meta, sizeof meta, "reason=%s", reason);
+    for (char *p = meta; *p; p++)
+        if (*p == '\n')
+            *p = ' ';
+    net_msg_t *msg = s_msg_reply(req, NET_MSG_ERROR);
+    s_meta_set(msg, meta);
+    (void) s_send(d, &msg, 1);
+}
+
+// A RESULT to req with meta checksum=HEX of our parameters.
+static net_msg_t *s_checksum_reply(daemon_t *d, const net_msg_t *req, char hex[65])
+{
+    char meta[80];
+    node_stage_checksum(d->stage, hex);
+    snprintf(meta, sizeof meta, "checksum=%s", hex);
+    net_msg_t *msg = s_msg_reply(req, NET_MSG_RESULT);
+    s_meta_set(msg, meta);
+    return msg;
+}
+
+// ---- reading requests ------------------------------------------------------
+
+static int s_meta_long(const net_msg_t *msg, const char *key, long lo, long hi, long *out,
+                       char *err, size_t n)
+{
+    char text[64], *end;
+    int rc = net_msg_meta_get(msg, key, text, sizeof text);
+    if (rc != 0) {
+        snprintf(err, n, "meta %s: %s", key, rc == -ENOENT ? "missing" : "value too long");
+        return -EPROTO;
+    }
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        snprintf(err, n, "meta %s=%s: expected a whole number in %ld..%ld", key, text, lo, hi);
+        return -EPROTO;
+    }
+    *out = v;
+    return 0;
+}
+
+// A number written with %a (or plainly), finite, in lo..hi.
+static int s_meta_double(const net_msg_t *msg, const char *key, double lo, double hi,
+                         double *out, char *err, size_t n)
+{
+    char text[64], *end;
+    int rc = net_msg_meta_get(msg, key, text, sizeof text);
+    if (rc != 0) {
+        snprintf(err, n, "meta %s: %s", key, rc == -ENOENT ? "missing" : "value too long");
+        return rc == -ENOENT ? -ENOENT : -EPROTO;
+    }
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v) || v < lo || v > hi) {
+        snprintf(err, n, "meta %s=%s: expected a number in %g..%g", key, text, lo, hi);
+        return -EPROTO;
+    }
+    *out = v;
+    return 0;
+}
+
+static void s_dims_text(const uint32_t *dims, int ndims, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < ndims && used < cap; i++)
+        used += (size_t) snprintf(out + used, cap - used, i ? "x%u" : "%u", dims[i]);
+}
+
+static int s_count_check(const net_msg_t *req, int want, char *err, size_t n)
+{
+    int have = net_msg_head_const(req)->ntensors;
+    if (have == want)
+        return 0;
+    snprintf(err, n, "%d tensors, expected %d", have, want);
+    return -EPROTO;
+}
+
+enum { KIND_I32, KIND_FLOAT, KIND_F32 }; // raw int32; any float codec; exact float32
+
+// Tensor i of req has the dtype kind and exactly dims.
+static int s_tensor_check(const net_msg_t *req, int i, int kind, const uint32_t *dims, int ndims,
+                          const char *what, char *err, size_t n)
+{
+    const net_shape_t *t = &net_msg_head_const(req)->tensors[i];
+    int ok = kind == KIND_I32 ? t->dtype == NET_DTYPE_I32
+           : kind == KIND_F32 ? t->dtype == NET_DTYPE_F32
+           : t->dtype == NET_DTYPE_F32 || t->dtype == NET_DTYPE_F16 || t->dtype == NET_DTYPE_I8;
+    if (!ok) {
+        snprintf(err, n, "tensor %d (%s): dtype %d, expected %s", i, what, t->dtype,
+                 kind == KIND_I32 ? "i32" : kind == KIND_F32 ? "f32" : "f32, f16 or i8");
+        return -EPROTO;
+    }
+    ok = t->ndims == ndims;
+    for (int k = 0; k < ndims && ok; k++)
+        ok = t->dims[k] == dims[k];
+    if (!ok) {
+        char have[64], want[64];
+        s_dims_text(t->dims, t->ndims, have, sizeof have);
+        s_dims_text(dims, ndims, want, sizeof want);
+        snprintf(err, n, "tensor %d (%s): dims %s, expected %s", i, what, have, want);
+        return -EPROTO;
+    }
+    return 0;
+}
+
+// Tokens or targets: i32 (micro, T), each a byte value.
+static int s_tokens_get(daemon_t *d, const net_msg_t *req, int i, int32_t *dst, const char *what,
+                        char *err, size_t n)
+{
+    uint32_t dims[2] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T };
+    size_t count = (size_t) dims[0] * dims[1], bytes = 0;
+    int rc = s_tensor_check(req, i, KIND_I32, dims, 2, what, err, n);
+    const uint8_t *raw = rc == 0 ? net_msg_raw(req, i, &bytes) : NULL;
+    if (rc == 0 && (!raw || bytes != count * 4)) {
+        snprintf(err, n, "tensor %d (%s): %zu bytes, expected %zu", i, what, bytes, count * 4);
+        rc = -EPROTO;
+    }
+    for (size_t k = 0; k < count && rc == 0; k++) {
+        const uint8_t *b = raw + 4 * k; // little-endian on the wire, unaligned
+        dst[k] = (int32_t) ((uint32_t) b[0] | (uint32_t) b[1] << 8 | (uint32_t) b[2] << 16
+                            | (uint32_t) b[3] << 24);
+        if (dst[k] < 0 || dst[k] >= d->as.cfg.V) {
+            snprintf(err, n, "tensor %d (%s): value %d at %zu is outside 0..%d", i, what, dst[k],
+                     k, d->as.cfg.V - 1);
+            rc = -EPROTO;
+        }
+    }
+    return rc;
+}
+
+// Activations: floats (micro, T, C).
+static int s_acts_get(daemon_t *d, const net_msg_t *req, int i, float *dst, const char *what,
+                      char *err, size_t n)
+{
+    uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
+    int rc = s_tensor_check(req, i, KIND_FLOAT, dims, 3, what, err, n);
+    if (rc == 0 && (rc = net_msg_tensor(req, i, dst, (size_t) dims[0] * dims[1] * dims[2])) != 0)
+        snprintf(err, n, "tensor %d (%s): cannot decode (%s)", i, what, strerror(-rc));
+    return rc;
+}
+
+// A stage-sized vector: f32 [n], exact.
+static int s_vector_get(daemon_t *d, const net_msg_t *req, int i, float *dst, const char *what,
+                        char *err, size_t n)
+{
+    size_t count = node_stage_param_count(d->stage);
+    uint32_t dims[1] = { count > UINT32_MAX ? 0 : (uint32_t) count };
+    int rc = s_tensor_check(req, i, KIND_F32, dims, 1, what, err, n);
+    if (rc == 0 && (rc = net_msg_tensor(req, i, dst, count)) != 0)
+        snprintf(err, n, "tensor %d (%s): cannot decode (%s)", i, what, strerror(-rc));
+    return rc;
+}
+
+// The stage input: tokens on stage 0, else x; tensor 0.
+static int s_input_get(daemon_t *d, const net_msg_t *req, char *err, size_t n)
+{
+    if (node_stage_is_first(d->stage))
+        return s_tokens_get(d, req, 0, d->tokens, "tokens", err, n);
+    return s_acts_get(d, req, 0, d->x, "x", err, n);
+}
+
+// A request for our stage (and, need_step, our step) with a state loaded.
+static int s_check_request(daemon_t *d, const net_msg_t *req, int need_step, char *err, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    int rc = -EPROTO;
+    if (!d->stage)
+        snprintf(err, n, "no stage assigned yet");
+    else if (h->stage != (uint32_t) node_stage_index(d->stage))
+        snprintf(err, n, "stage %" PRIu32 ", this node holds stage %d", h->stage,
+                 node_stage_index(d->stage));
+    else if (!d->ready)
+        snprintf(err, n, "stage %d has no state loaded yet (STATE first)",
+                 node_stage_index(d->stage));
+    else if (need_step && h->step != (uint64_t) d->step)
+        snprintf(err, n, "step %" PRIu64 ", this node is at step %ld", h->step, d->step);
+    else
+        rc = 0;
+    return rc;
+}
+
+// Append an activation-shaped f32 tensor (micro, T, C) to msg.
+static int s_acts_add(daemon_t *d, net_msg_t *msg, const float *src, const char *what, char *err,
+                      size_t n)
+{
+    uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
+    int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 3, src);
+    if (rc != 0)
+        snprintf(err, n, "cannot send %s: %s", what,
+                 rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
+    return rc;
+}
+
+// ---- activation cache --------------------------------------------------------
+
+static daemon_slot_t *s_slot_find(daemon_t *d, uint64_t step, uint32_t mb)
+{
+    for (int i = 0; i < d->nslots; i++)
+        if (d->slots[i].seq && d->slots[i].step == step && d->slots[i].mb == mb)
+            return &d->slots[i];
+    return NULL;
+}
+
+// Room for one more micro-batch of activations within --cache-mb (the first
+// one is always allowed: nothing runs without it).
+static int s_slot_room(const daemon_t *d)
+{
+    if (d->nslots == 0)
+        return 1;
+    if (d->nslots == DAEMON_SLOTS_MAX)
+        return 0;
+    size_t bytes = node_acts_bytes(d->slots[0].acts);
+    return (size_t) (d->nslots + 1) * bytes <= (size_t) d->o.cache_mb << 20;
+}
+
+static daemon_slot_t *s_slot_oldest(daemon_t *d)
+{
+    daemon_slot_t *old = &d->slots[0];
+    for (int i = 1; i < d->nslots; i++)
+        if (d->slots[i].seq < old->seq)
+            old = &d->slots[i];
+    return old;
+}
+
+// A slot for (step, mb): its own, a free one, a new one within --cache-mb,
+// or the oldest one, evicted. -ENOMEM when not even one can be allocated.
+static int s_slot_take(daemon_t *d, uint64_t step, uint32_t mb, daemon_slot_t **out, char *err,
+                       size_t n)
+{
+    daemon_slot_t *slot = s_slot_find(d, step, mb);
+    for (int i = 0; i < d->nslots && !slot; i++)
+        if (!d->slots[i].seq)
+            slot = &d->slots[i];
+    if (!slot && s_slot_room(d)) {
+        node_acts_t *acts = node_acts_new(d->stage, d->as.micro, err, n);
+        if (acts) {
+            slot = &d->slots[d->nslots++];
+            slot->acts = acts;
+        } else if (d->nslots == 0) {
+            return -ENOMEM;
+        }
+    }
+    if (!slot)
+        slot = s_slot_oldest(d);
+    slot->step = step;
+    slot->mb = mb;
+    slot->seq = ++d->seq;
+    *out = slot;
+    return 0;
+}
+
+// Forget every cached forward (after an update the parameters changed).
+static void s_slots_drop(daemon_t *d)
+{
+    for (int i = 0; i < d->nslots; i++)
+        d->slots[i].seq = 0;
+}
+
+static void s_slots_free(daemon_t *d)
+{
+    for (int i = 0; i < d->nslots; i++)
+        node_acts_destroy(&d->slots[i].acts);
+    memset(d->slots, 0, sizeof d->slots);
+    d->nslots = 0;
+}
+
+// ---- FWD, BWD -------------------------------------------------------------
+
+static void s_tok_s_note(daemon_t *d, double seconds)
+{
+    if (seconds <= 0.0)
+        return;
+    double rate = (double) d->as.micro * d->as.cfg.T / seconds;
+    d->tok_s = d->tok_s > 0.0 ? 0.9 * d->tok_s + 0.1 * rate : rate;
+}
+
+// Forward of the inputs in d's buffers into slot; the last stage runs its
+// backward too (scale > 0). y or dx land in d->out.
+static int s_forward(daemon_t *d, daemon_slot_t *slot, float scale, float *loss, char *err,
+                     size_t n)
+{
+    node_stage_in_t in = {
+        .tokens = d->tokens, .x = d->x, .targets = d->targets, .loss_scale = scale,
+        .want_backward = node_stage_is_last(d->stage),
+    };
+    int rc = node_stage_forward(d->stage, slot->acts, &in, d->out, loss, d->out);
+    if (rc != 0)
+        snprintf(err, n, "forward failed on %s: %s", d->be->device, strerror(-rc));
+    return rc;
+}
+
+// Read FWD's tensors (and the last stage's scale) into d's buffers.
+static int s_fwd_inputs(daemon_t *d, const net_msg_t *req, float *scale, char *err, size_t n)
+{
+    int last = node_stage_is_last(d->stage), want = 1 + last;
+    double v = 0.0;
+    int rc = s_count_check(req, want, err, n);
+    if (rc == 0)
+        rc = s_input_get(d, req, err, n);
+    if (rc == 0 && last)
+        rc = s_tokens_get(d, req, want - 1, d->targets, "targets", err, n);
+    if (rc == 0 && last)
+        rc = s_meta_double(req, "scale", 1e-30, 1.0, &v, err, n);
+    *scale = (float) v;
+    return rc;
+}
+
+static int s_on_fwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    daemon_slot_t *slot = NULL;
+    float scale = 0.0f, loss = 0.0f;
+    double t0 = s_now();
+    int rc = s_check_request(d, req, 1, err, n);
+    if (rc == 0)
+        rc = s_fwd_inputs(d, req, &scale, err, n);
+    if (rc == 0)
+        rc = s_slot_take(d, h->step, h->mb, &slot, err, n);
+    if (rc == 0)
+        rc = s_forward(d, slot, scale, &loss, err, n);
+    if (rc != 0)
+        goto out;
+    int last = node_stage_is_last(d->stage), first = node_stage_is_first(d->stage);
+    *reply = s_msg_reply(req, NET_MSG_RESULT);
+    if (last) {
+        char meta[64];
+        snprintf(meta, sizeof meta, "loss=%.9g", loss);
+        s_meta_set(*reply, meta);
+        d->samples++;
+        slot->seq = 0; // nothing to keep: its backward already ran
+    }
+    if (!(last && first))
+        rc = s_acts_add(d, *reply, d->out, last ? "dx" : "y", err, n);
+    s_tok_s_note(d, s_now() - t0);
+out:
+    if (rc != 0 && slot)
+        slot->seq = 0;
+    return rc;
+}
+
+static int s_bwd_inputs(daemon_t *d, const net_msg_t *req, char *err, size_t n)
+{
+    int rc = s_check_request(d, req, 1, err, n);
+    if (rc == 0 && node_stage_is_last(d->stage)) {
+        snprintf(err, n, "BWD to the last stage (it runs its backward in FWD)");
+        rc = -EPROTO;
+    }
+    if (rc == 0)
+        rc = s_count_check(req, 2, err, n);
+    if (rc == 0)
+        rc = s_input_get(d, req, err, n);
+    if (rc == 0)
+        rc = s_acts_get(d, req, 1, d->dy, "dy", err, n);
+    return rc;
+}
+
+static int s_on_bwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    double t0 = s_now();
+    float loss;
+    int rc = s_bwd_inputs(d, req, err, n);
+    if (rc != 0)
+        return rc;
+    daemon_slot_t *slot = s_slot_find(d, h->step, h->mb);
+    if (!slot) { // evicted or never seen: recompute the forward from the input
+        rc = s_slot_take(d, h->step, h->mb, &slot, err, n);
+        if (rc == 0)
+            rc = s_forward(d, slot, 0.0f, &loss, err, n);
+    }
+    if (rc == 0 && (rc = node_stage_backward(d->stage, slot->acts, d->dy, d->out)) != 0)
+        snprintf(err, n, "backward failed on %s: %s", d->be->device, strerror(-rc));
+    if (slot)
+        slot->seq = 0; // its backward ran (or failed): the activations are spent
+    if (rc != 0)
+        return rc;
+    d->samples++;
+    *reply = s_msg_reply(req, NET_MSG_RESULT);
+    if (!node_stage_is_first(d->stage))
+        rc = s_acts_add(d, *reply, d->out, "dx", err, n);
+    s_tok_s_note(d, s_now() - t0);
+    return rc;
+}
+
+// ---- STEP, UPDATE, STATE, STATE_GET ----------------------------------------
+
+static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
+{
+    int rc = s_check_request(d, req, 1, err, n);
+    if (rc == 0 && (rc = node_stage_grads_fetch(d->stage)) != 0)
+        snprintf(err, n, "cannot read the gradients from %s: %s", d->be->device, strerror(-rc));
+    if (rc != 0)
+        return rc;
+    uint32_t dims[1] = { (uint32_t) node_stage_param_count(d->stage) };
+    char meta[64];
+    snprintf(meta, sizeof meta, "samples=%ld", d->samples);
+    *reply = s_msg_reply(req, NET_MSG_GRAD);
+    s_meta_set(*reply, meta);
+    rc = net_msg_add_tensor(*reply, NET_DTYPE_F32, dims, 1, node_stage_grads(d->stage));
+    if (rc != 0)
+        snprintf(err, n, "cannot send the gradient: %s",
+                 rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
+    return rc;
+}
+
+// UPDATE's meta: lr, scale (clip factor), t = step + 1, wd (0.1 if absent).
+static int s_update_opts(daemon_t *d, const net_msg_t *req, node_adamw_t *opt, char *err,
+                         size_t n)
+{
+    double lr = 0.0, scale = 0.0, wd = 0.1;
+    long t = 0;
+    int rc = s_meta_double(req, "lr", 0.0, 1e3, &lr, err, n);
+    if (rc == 0)
+        rc = s_meta_double(req, "scale", 0.0, 1e30, &scale, err, n);
+    if (rc == 0)
+        rc = s_meta_long(req, "t", 1, LONG_MAX, &t, err, n);
+    if (rc == 0 && t != d->step + 1) {
+        snprintf(err, n, "meta t=%ld, expected %ld (this node is at step %ld)", t, d->step + 1,
+                 d->step);
+        rc = -EPROTO;
+    }
+    if (rc == 0 && (rc = s_meta_double(req, "wd", 0.0, 1e3, &wd, err, n)) == -ENOENT)
+        rc = 0;
+    *opt = (node_adamw_t) {
+        .lr = lr, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = (float) wd,
+        .grad_scale = (float) scale, .t = t,
+    };
+    return rc;
+}
+
+static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
+{
+    node_adamw_t opt;
+    char hex[65];
+    int rc = s_check_request(d, req, 1, err, n);
+    if (rc == 0)
+        rc = s_count_check(req, 1, err, n);
+    if (rc == 0)
+        rc = s_update_opts(d, req, &opt, err, n);
+    if (rc == 0 && (rc = s_vector_get(d, req, 0, node_stage_grads(d->stage), "gradient", err, n)))
+        node_stage_grads_zero(d->stage); // a half-copied sum must not mix with new work
+    if (rc != 0)
+        return rc;
+    node_stage_adamw(d->stage, &opt);
+    rc = node_stage_params_changed(d->stage);
+    node_stage_grads_zero(d->stage);
+    s_slots_drop(d);
+    d->samples = 0;
+    d->step = opt.t;
+    if (rc != 0) {
+        d->ready = 0; // the device copy is stale: wait for STATE
+        snprintf(err, n, "cannot upload the parameters to %s: %s", d->be->device, strerror(-rc));
+        return rc;
+    }
+    *reply = s_checksum_reply(d, req, hex);
+    if (d->step % 10 == 0)
+        s_log("step %ld: updated, checksum %.16s", d->step, hex);
+    return 0;
+}
+
+static int s_state_load(daemon_t *d, const net_msg_t *req, char *err, size_t n)
+{
+    int rc = s_count_check(req, 3, err, n);
+    if (rc == 0)
+        rc = s_vector_get(d, req, 0, node_stage_params(d->stage), "parameters", err, n);
+    if (rc == 0)
+        rc = s_vector_get(d, req, 1, node_stage_moment1(d->stage), "first moments", err, n);
+    if (rc == 0)
+        rc = s_vector_get(d, req, 2, node_stage_moment2(d->stage), "second moments", err, n);
+    if (rc == 0 && (rc = node_stage_params_changed(d->stage)) != 0)
+        snprintf(err, n, "cannot upload the parameters to %s: %s", d->be->device, strerror(-rc));
+    return rc;
+}
+
+static int s_on_state(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    char hex[65];
+    int rc = -EPROTO;
+    if (!d->stage)
+        snprintf(err, n, "no stage assigned yet");
+    else if (h->stage != (uint32_t) node_stage_index(d->stage))
+        snprintf(err, n, "stage %" PRIu32 ", this node holds stage %d", h->stage,
+                 node_stage_index(d->stage));
+    else if (h->step > LONG_MAX)
+        snprintf(err, n, "step %" PRIu64 " is out of range", h->step);
+    else if ((rc = s_state_load(d, req, err, n)) != 0)
+        d->ready = 0; // a half-loaded stage is not ready
+    if (rc != 0)
+        return rc;
+    node_stage_grads_zero(d->stage);
+    s_slots_drop(d);
+    d->samples = 0;
+    d->step = (long) h->step;
+    d->ready = 1;
+    *reply = s_checksum_reply(d, req, hex);
+    s_log("stage %d: state loaded at step %ld, checksum %.16s", node_stage_index(d->stage),
+          d->step, hex);
+    return 0;
+}
+
+static int s_on_state_get(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err,
+                          size_t n)
+{
+    int rc = s_check_request(d, req, 0, err, n);
+    if (rc != 0)
+        return rc;
+    uint32_t dims[1] = { (uint32_t) node_stage_param_count(d->stage) };
+    const float *parts[3] = { node_stage_params(d->stage), node_stage_moment1(d->stage),
+                              node_stage_moment2(d->stage) };
+    *reply = s_msg_reply(req, NET_MSG_STATE);
+    net_msg_head(*reply)->step = (uint64_t) d->step;
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = net_msg_add_tensor(*reply, NET_DTYPE_F32, dims, 1, parts[i]);
+    if (rc != 0)
+        snprintf(err, n, "cannot send the state: %s",
+                 rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
+    return rc;
+}
+
+// ---- ASSIGN ----------------------------------------------------------------
+
+static int s_assign_parse(const net_msg_t *msg, daemon_assign_t *a, char *err, size_t n)
+{
+    static const char *const keys[8] = { "V", "T", "C", "L", "H", "S", "stage", "micro" };
+    static const long lo[8] = { 1, 1, 1, 1, 1, 1, 0, 1 };
+    static const long hi[8] = { NODE_VOCAB, 1 << 20, 1 << 20, NODE_MAX_LAYERS, 1024,
+                                NODE_MAX_LAYERS, NODE_MAX_LAYERS - 1, 1 << 20 };
+    const net_head_t *h = net_msg_head_const(msg);
+    long v[8];
+    int rc = 0;
+    for (int i = 0; i < 8 && rc == 0; i++)
+        rc = s_meta_long(msg, keys[i], lo[i], hi[i], &v[i], err, n);
+    if (rc != 0)
+        return rc;
+    *a = (daemon_assign_t) { .cfg = { (int) v[0], (int) v[1], (int) v[2], (int) v[3], (int) v[4] },
+                             .stages = (int) v[5], .stage = (int) v[6], .micro = (int) v[7],
+                             .peer = -1, .step = h->step > LONG_MAX ? -1 : (long) h->step };
+    if (s_meta_long(msg, "peer", 0, LONG_MAX, &a->peer, err, n) != 0)
+        a->peer = -1; // for logs only
+    rc = -EPROTO;
+    if (a->stage >= a->stages)
+        snprintf(err, n, "meta stage=%d, but S=%d", a->stage, a->stages);
+    else if (h->stage != (uint32_t) a->stage)
+        snprintf(err, n, "header stage %" PRIu32 ", meta stage=%d", h->stage, a->stage);
+    else if (a->step < 0)
+        snprintf(err, n, "step %" PRIu64 " is out of range", h->step);
+    else if ((uint64_t) a->micro * a->cfg.T * a->cfg.C * 4 > NET_PAYLOAD_MAX / 2)
+        snprintf(err, n, "micro=%d: a micro-batch of %dx%dx%d floats is too big to send",
+                 a->micro, a->micro, a->cfg.T, a->cfg.C);
+    else
+        rc = node_config_check(&a->cfg, err, n);
+    return rc;
+}
+
+static int s_assign_same(const daemon_t *d, const daemon_assign_t *a)
+{
+    const node_config_t *x = &d->as.cfg, *y = &a->cfg;
+    return d->stage && x->V == y->V && x->T == y->T && x->C == y->C && x->L == y->L
+        && x->H == y->H && d->as.stages == a->stages && d->as.stage == a->stage
+        && d->as.micro == a->micro;
+}
+
+static void s_unassign(daemon_t *d)
+{
+    s_slots_free(d);
+    node_stage_destroy(&d->stage);
+    free(d->tokens);
+    free(d->targets);
+    free(d->x);
+    free(d->dy);
+    free(d->out);
+    d->tokens = d->targets = NULL;
+    d->x = d->dy = d->out = NULL;
+    d->ready = 0;
+    d->samples = 0;
+}
+
+static int s_assign_build(daemon_t *d, const daemon_assign_t *a, char *err, size_t n)
+{
+    s_unassign(d);
+    int rc = node_plan_make(&a->cfg, a->stages, &d->plan, err, n);
+    if (rc != 0)
+        return rc;
+    d->stage = node_stage_new(&a->cfg, &d->plan, a->stage, d->be, err, n);
+    if (!d->stage)
+        return -ENOMEM;
+    size_t tokens = (size_t) a->micro * a->cfg.T, floats = tokens * a->cfg.C;
+    d->tokens = malloc(tokens * sizeof(int32_t));
+    d->targets = malloc(tokens * sizeof(int32_t));
+    d->x = malloc(floats * sizeof(float));
+    d->dy = malloc(floats * sizeof(float));
+    d->out = malloc(floats * sizeof(float));
+    if (!d->tokens || !d->targets || !d->x || !d->dy || !d->out) {
+        snprintf(err, n, "out of memory for micro-batches of %d windows", a->micro);
+        s_unassign(d);
+        return -ENOMEM;
+    }
+    d->as = *a;
+    d->step = a->step;
+    d->tok_s = 0.0;
+    return 0;
+}
+
+static void s_on_assign(daemon_t *d, const net_msg_t *msg)
+{
+    daemon_assign_t a;
+    char err[512] = "";
+    int rc = s_assign_parse(msg, &a, err, sizeof err);
+    if (rc == 0 && s_assign_same(d, &a)) {
+        s_log("assigned stage %d of %d again (peer %ld): keeping it", a.stage, a.stages, a.peer);
+        return;
+    }
+    if (rc == 0)
+        rc = s_assign_build(d, &a, err, sizeof err);
+    if (rc != 0) {
+        s_warn("ASSIGN refused: %s", err);
+        s_reply_error(d, msg, err);
+        return;
+    }
+    s_log("assigned stage %d of %d (peer %ld): blocks %d..%d of L %d, C %d T %d H %d, "
+          "micro %d, %zu parameters, step %ld", a.stage, a.stages, a.peer,
+          d->plan.first[a.stage], d->plan.first[a.stage + 1] - 1, a.cfg.L, a.cfg.C, a.cfg.T,
+          a.cfg.H, a.micro, node_stage_param_count(d->stage), a.step);
+}
+
+// ---- dispatch --------------------------------------------------------------
+
+static int s_is_hello_id(const daemon_t *d, uint64_t id)
+{
+    for (int i = 0; i < DAEMON_HELLO_IDS; i++)
+        if (d->hello_ids[i] == id && id != 0)
+            return 1;
+    return 0;
+}
+
+static void s_on_error(daemon_t *d, const net_msg_t *msg)
+{
+    char reason[512];
+    if (net_msg_meta_get(msg, "reason", reason, sizeof reason) != 0)
+        snprintf(reason, sizeof reason, "(no reason given)");
+    if ((net_msg_head_const(msg)->flags & NET_FLAG_REPLY)
+        && s_is_hello_id(d, net_msg_head_const(msg)->id)) {
+        s_warn("swarm node: the router refused us: %s", reason);
+        d->exit_code = 1;
+    } else {
+        s_warn("router error: %s", reason);
+    }
+}
+
+// A request of the router: 0 and maybe *reply, or an error with a reason.
+static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, char *err,
+                        size_t n)
+{
+    switch (net_msg_head_const(msg)->type) {
+    case NET_MSG_FWD: return s_on_fwd(d, msg, reply, err, n);
+    case NET_MSG_BWD: return s_on_bwd(d, msg, reply, err, n);
+    case NET_MSG_STEP: return s_on_step(d, msg, reply, err, n);
+    case NET_MSG_UPDATE: return s_on_update(d, msg, reply, err, n);
+    case NET_MSG_STATE: return s_on_state(d, msg, reply, err, n);
+    case NET_MSG_STATE_GET: return s_on_state_get(d, msg, reply, err, n);
+    case NET_MSG_HEARTBEAT: return 0;
+    case NET_MSG_BYE:
+        s_log("the router said BYE; saying HELLO again once it has been silent %d s",
+              DAEMON_SILENCE_MS / 1000);
+        return 0;
+    default:
+        snprintf(err, n, "a node does not serve %s", net_msg_type_name(net_msg_head_const(msg)->type));
+        return -EPROTO;
+    }
+}
+
+// Serve one message (taken).
+static void s_serve(daemon_t *d, net_msg_t **msg_p)
+{
+    const net_head_t *h = net_msg_head_const(*msg_p);
+    net_msg_t *reply = NULL;
+    char err[512] = "";
+    if (h->type == NET_MSG_ASSIGN)
+        s_on_assign(d, *msg_p);
+    else if (h->type == NET_MSG_ERROR)
+        s_on_error(d, *msg_p);
+    else if (!(h->flags & NET_FLAG_REPLY)
+             && s_on_request(d, *msg_p, &reply, err, sizeof err) != 0) {
+        s_warn("%s step %" PRIu64 " stage %" PRIu32 " mb %" PRIu32 ": %s",
+               net_msg_type_name(h->type), h->step, h->stage, h->mb, err);
+        net_msg_destroy(&reply);
+        s_reply_error(d, *msg_p, err);
+    }
+    if (reply)
+        (void) s_send(d, &reply, 1);
+    net_msg_destroy(msg_p); // other replies are stale or unasked for
+}
+
+// The next message to serve: a BWD before the FWDs ahead of it, but nothing
+// overtakes a control message (ASSIGN, STATE, STEP, UPDATE, ...).
+static net_msg_t *s_queue_pick(daemon_t *d)
+{
+    size_t pick = 0;
+    for (size_t i = 0; i < d->queued; i++) {
+        int type = net_msg_head_const(d->queue[i])->type;
+        if (type == NET_MSG_BWD)
+            pick = i;
+        if (type != NET_MSG_FWD)
+            break;
+    }
+    net_msg_t *msg = d->queue[pick];
+    memmove(&d->queue[pick], &d->queue[pick + 1], (d->queued - pick - 1) * sizeof *d->queue);
+    d->queued--;
+    return msg;
+}
+
+// Move every message waiting (the first one waited for until deadline_ms)
+// into the FIFO.
+static void s_drain(daemon_t *d, int64_t deadline_ms)
+{
+    char err[512];
+    while (d->queued < DAEMON_QUEUE_MAX) {
+        net_msg_t *msg = NULL;
+        int rc = net_client_recv(d->client, deadline_ms, &msg, err, sizeof err);
+        if (rc == 0) {
+            d->queue[d->queued++] = msg;
+            deadline_ms = 0; // the rest only if already there
+        } else if (rc == -EPROTO) {
+            s_warn("dropped a malformed message from the router: %s", err);
+        } else {
+            if (rc != -ETIMEDOUT && rc != -EINTR) {
+                s_warn("swarm node: receiving from the router failed: %s", strerror(-rc));
+                d->exit_code = 1;
+            }
+            break;
+        }
+    }
+}
+
+// ---- the loop --------------------------------------------------------------
+
+// HELLO until assigned (or while the router is silent), HEARTBEAT when assigned.
+static void s_timers(daemon_t *d, int64_t now)
+{
+    int64_t quiet = net_client_silence_ms(d->client, now);
+    if (d->stage && quiet > DAEMON_SILENCE_MS && !d->silent) {
+        s_log("the router has been silent for %lld s; saying HELLO again (it may have "
+              "restarted)", (long long) quiet / 1000);
+        d->silent = 1;
+        d->hello_at = now;
+    } else if (quiet <= DAEMON_SILENCE_MS && d->silent) {
+        s_log("the router is back");
+        d->silent = 0;
+    }
+    if ((!d->stage || d->silent) && now >= d->hello_at) {
+        s_hello_send(d);
+        d->hello_at = now + DAEMON_HELLO_MS;
+    }
+    if (d->stage && now >= d->heartbeat_at) {
+        s_heartbeat_send(d);
+        d->heartbeat_at = now + DAEMON_HEARTBEAT_MS;
+    }
+}
+
+static int64_t s_next_due(const daemon_t *d, int64_t now)
+{
+    int64_t due = now + DAEMON_HEARTBEAT_MS;
+    if (d->stage && d->heartbeat_at < due)
+        due = d->heartbeat_at;
+    if ((!d->stage || d->silent) && d->hello_at < due)
+        due = d->hello_at;
+    return due;
+}
+
+static void s_run(daemon_t *d)
+{
+    d->exit_code = -1;
+    while (!s_stop && d->exit_code < 0) {
+        int64_t now = net_clock_ms();
+        s_timers(d, now);
+        s_drain(d, d->queued ? 0 : s_next_due(d, now));
+        if (d->queued && !s_stop && d->exit_code < 0) {
+            net_msg_t *msg = s_queue_pick(d);
+            s_serve(d, &msg);
+        }
+    }
+}
+
+// Say BYE and give it a moment to leave before the socket closes.
+static void s_leave(daemon_t *d)
+{
+    net_msg_t *bye = s_msg_new(NET_MSG_BYE);
+    if (s_send(d, &bye, 1) == 0) {
+        int64_t until = net_clock_ms() + DAEMON_BYE_MS;
+        while (net_clock_ms() < until) {
+            net_msg_t *msg = NULL;
+            char err[256];
+            if (net_client_recv(d->client, until, &msg, err, sizeof err) == 0)
+                net_msg_destroy(&msg);
+        }
+    }
+    s_log("left the swarm");
+}
+
+static void s_on_signal(int sig)
+{
+    (void) sig;
+    s_stop = 1;
+}
+
+static void s_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal; // no SA_RESTART: a blocking wait returns EINTR
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static void s_teardown(daemon_t *d)
+{
+    s_unassign(d);
+    while (d->queued)
+        net_msg_destroy(&d->queue[--d->queued]);
+    net_client_destroy(&d->client);
+    net_key_destroy(&d->key);
+    net_key_destroy(&d->router_key);
+    free(d);
+}
+
+int cmd_node(int argc, char **argv)
+{
+    daemon_t *d = calloc(1, sizeof *d);
+    char err[1024] = "";
+    if (!d)
+        abort();
+    int rc = s_parse(argc, argv, &d->o, err, sizeof err);
+    if (rc == 1) {
+        s_usage(stdout);
+        rc = 0;
+        goto out;
+    }
+    s_signals();
+    if (rc == 0)
+        rc = s_setup(d, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "swarm node: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    s_run(d);
+    rc = d->exit_code > 0 ? d->exit_code : 0;
+    if (s_stop)
+        s_leave(d);
+out:
+    s_teardown(d);
+    return rc;
+}

@@ -67,6 +67,7 @@ typedef struct {
     blas_backend_t *be;                    // compute (never closed)
     net_key_t *router_key;                 // the router's public key
     net_key_t *key;                        // our key pair
+    char key_name[PATH_MAX];               // its files: NAME.key, NAME.pub
     net_client_t *client;                  // DEALER to the router
     daemon_assign_t as;                    // what we were assigned
     node_plan_t plan;                      // stages of as.cfg
@@ -269,9 +270,11 @@ static int s_router_key_load(const char *arg, net_key_t **out, char *err, size_t
         return -EINVAL;
     }
     int rc = net_key_load_public(arg, out, why, sizeof why);
-    if (rc != 0)
+    if (rc == -ENOENT)
         snprintf(err, n, "--router-key %s (give the router's .pub file or its 40-character "
                  "Z85 key)", why);
+    else if (rc != 0)
+        snprintf(err, n, "--router-key %s", why);
     return rc;
 }
 
@@ -321,6 +324,12 @@ static int s_default_key(net_key_t **out, char *name, size_t cap, char *err, siz
 static int s_keys_load(daemon_t *d, char *err, size_t n)
 {
     char name[PATH_MAX];
+    // net_key_load* read files into sodium memory before net calls
+    // sodium_init (sodium_malloc aborts otherwise)
+    if (sodium_init() < 0) {
+        snprintf(err, n, "libsodium failed to initialise");
+        return -ENOSYS;
+    }
     int rc = s_router_key_load(d->o.router_key, &d->router_key, err, n);
     if (rc != 0)
         return rc;
@@ -334,7 +343,7 @@ static int s_keys_load(daemon_t *d, char *err, size_t n)
         rc = s_default_key(&d->key, name, sizeof name, err, n);
     }
     if (rc == 0)
-        s_log("node key %s.key, public key %s", name, net_key_public(d->key));
+        snprintf(d->key_name, sizeof d->key_name, "%s", name);
     return rc;
 }
 
@@ -409,12 +418,13 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         return rc;
     d->be = blas_backend_open(d->o.device, d->o.threads, why, sizeof why);
     if (!d->be) {
-        snprintf(err, n, "--device %s: %s", d->o.device, why);
+        snprintf(err, n, "%s", why); // names --device already
         return -ENODEV;
     }
+    s_log("node key %s.key, public key %s", d->key_name, net_key_public(d->key));
     d->tok_s_bench = s_bench(d->be);
-    s_log("%s, %d threads: %.0f tokens/s (forward + backward of a block of the default "
-          "shape)", d->be->device, d->be->threads, d->tok_s_bench);
+    s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape)",
+          d->be->device, d->tok_s_bench);
     rc = s_client_open(d, err, n);
     if (rc == 0)
         s_log("joining %s as '%s'", d->o.join, d->o.name);

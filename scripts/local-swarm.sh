@@ -1,0 +1,199 @@
+#!/bin/sh
+# local-swarm.sh -n NODES -s STAGES [--steps N] [--build DIR] [router flags...]
+# A whole swarm on this machine: a router on a free loopback port and NODES
+# `swarm node` processes (--threads 1 each), with fresh keys in a temporary
+# folder. Streams the router's log, waits for it to finish, stops every
+# process it started (also on Ctrl-C, TERM or an error), prints the router's
+# last lines and exits with the router's status. Flags it does not know go
+# to `swarm router` (e.g. --layers 2 --embd 32 --batch 8).
+# Environment: BUILD (default build), SWARM (default $BUILD/swarm), KEEP=1
+# keeps the folder of keys and logs, TIMEOUT (s, default 3600) bounds the run.
+# It does not pick a port: the router binds port 0 and says which it got.
+
+me=local-swarm.sh
+usage() {
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+}
+die() {
+    echo "$me: $*" >&2
+    exit 1
+}
+is_count() {
+    case $1 in '' | *[!0-9]*) return 1 ;; esac
+    [ "$1" -ge 1 ] 2>/dev/null
+}
+
+# ---- flags: ours are taken out, the rest stay in "$@" for the router ----
+nodes=""
+stages=""
+steps=50
+build=${BUILD:-build}
+build_flag=""
+left=$#
+while [ "$left" -gt 0 ]; do
+    a=$1
+    shift
+    left=$((left - 1))
+    case $a in
+    -n | --nodes | -s | --stages | --steps | --build)
+        [ "$left" -gt 0 ] || die "$a needs a value (see $me --help)"
+        v=$1
+        shift
+        left=$((left - 1))
+        case $a in
+        -n | --nodes) nodes=$v ;;
+        -s | --stages) stages=$v ;;
+        --steps) steps=$v ;;
+        --build) build=$v build_flag=1 ;;
+        esac
+        ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *) set -- "$@" "$a" ;;
+    esac
+done
+is_count "$nodes" || die "-n NODES: expected a whole number >= 1, got '$nodes'"
+is_count "$stages" || die "-s STAGES: expected a whole number >= 1, got '$stages'"
+is_count "$steps" || die "--steps N: expected a whole number >= 1, got '$steps'"
+[ "$nodes" -ge "$stages" ] || die "-n $nodes nodes cannot serve -s $stages stages (one node per stage at least)"
+timeout=${TIMEOUT:-3600}
+is_count "$timeout" || die "TIMEOUT: expected whole seconds >= 1, got '$timeout'"
+[ -n "$build_flag" ] && SWARM=""
+SWARM=${SWARM:-$build/swarm}
+[ -x "$SWARM" ] || die "$SWARM is not an executable; run make (or give --build DIR)"
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/local-swarm.XXXXXX") || die "cannot create a temporary folder"
+
+# ---- processes: every pid we start, stopped by pid on any exit ----
+router=""
+tailer=""
+node_pids=""
+alive() {
+    kill -0 "$1" 2>/dev/null
+}
+# stop PIDS...: TERM, up to 5 s to leave, then KILL; reaps them all
+stop() {
+    for p in "$@"; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
+    tries=50
+    while [ "$tries" -gt 0 ]; do
+        busy=""
+        for p in "$@"; do alive "$p" && busy=1; done
+        [ -z "$busy" ] && break
+        sleep 0.1
+        tries=$((tries - 1))
+    done
+    for p in "$@"; do
+        if alive "$p"; then
+            echo "$me: pid $p ignored TERM for 5 s; killing it" >&2
+            kill -KILL "$p" 2>/dev/null
+        fi
+    done
+    for p in "$@"; do wait "$p" 2>/dev/null; done
+}
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+    trap '' INT TERM
+    # shellcheck disable=SC2086 # pid lists split on spaces
+    stop $tailer $node_pids $router
+    if [ "${KEEP:-0}" = 1 ]; then
+        echo "$me: keys and logs kept in $TMP" >&2
+    else
+        rm -rf "$TMP"
+    fi
+}
+trap cleanup EXIT
+trap 'echo "$me: interrupted; stopping the swarm" >&2; exit 130' INT
+trap 'exit 143' TERM
+
+# ---- keys ----
+"$SWARM" keygen "$TMP/router" >/dev/null || die "swarm keygen $TMP/router failed"
+i=1
+while [ "$i" -le "$nodes" ]; do
+    "$SWARM" keygen "$TMP/node$i" >/dev/null || die "swarm keygen $TMP/node$i failed"
+    i=$((i + 1))
+done
+
+# ---- the router, and the port it picked (bounded: 20 s) ----
+"$SWARM" router --listen tcp://127.0.0.1:0 --key "$TMP/router" --stages "$stages" \
+    --iters "$steps" --min-nodes "$nodes" "$@" >"$TMP/router.log" 2>&1 &
+router=$!
+endpoint=""
+tries=200
+while [ "$tries" -gt 0 ] && [ -z "$endpoint" ]; do
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
+        "$TMP/router.log" | head -n 1)
+    [ -n "$endpoint" ] && break
+    if ! alive "$router"; then
+        wait "$router"
+        rc=$?
+        router=""
+        echo "$me: the router exited (status $rc) before listening; its log:" >&2
+        sed 's/^/  /' "$TMP/router.log" >&2
+        exit 1
+    fi
+    sleep 0.1
+    tries=$((tries - 1))
+done
+if [ -z "$endpoint" ]; then
+    echo "$me: the router printed no 'listening on' line within 20 s; its log:" >&2
+    sed 's/^/  /' "$TMP/router.log" >&2
+    exit 1
+fi
+tail -n +1 -f "$TMP/router.log" &
+tailer=$!
+
+# ---- the nodes ----
+i=1
+while [ "$i" -le "$nodes" ]; do
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
+        --threads 1 --name "node$i" >"$TMP/node$i.log" 2>&1 &
+    node_pids="$node_pids $!"
+    i=$((i + 1))
+done
+echo "$me: router $endpoint, $nodes nodes, $stages stages, $steps steps; logs in $TMP" >&2
+
+# ---- wait for the router (bounded: TIMEOUT s); give up if every node has
+# been gone for 30 s while it still runs ----
+show_nodes() {
+    i=1
+    while [ "$i" -le "$nodes" ]; do
+        echo "---- node$i: last lines of $TMP/node$i.log" >&2
+        tail -n 5 "$TMP/node$i.log" >&2
+        i=$((i + 1))
+    done
+}
+ticks=$((timeout * 5))
+orphaned=0
+failed=""
+while alive "$router" && [ "$ticks" -gt 0 ]; do
+    any=""
+    for p in $node_pids; do alive "$p" && any=1; done
+    if [ -n "$any" ]; then orphaned=0; else orphaned=$((orphaned + 1)); fi
+    [ "$orphaned" -ge 150 ] && break
+    sleep 0.2
+    ticks=$((ticks - 1))
+done
+if alive "$router"; then
+    if [ "$orphaned" -ge 150 ]; then
+        echo "$me: every node has exited and the router still runs after 30 s; stopping it" >&2
+        show_nodes
+    else
+        echo "$me: the router still runs after TIMEOUT=$timeout s; stopping it" >&2
+    fi
+    stop "$router"
+    router=""
+    rc=1
+else
+    wait "$router"
+    rc=$?
+    router=""
+    [ "$rc" -eq 0 ] || failed="$me: the router exited with status $rc"
+fi
+stop "$tailer"
+tailer=""
+echo "---- router's last lines ($TMP/router.log)"
+tail -n 8 "$TMP/router.log"
+[ -n "$failed" ] && echo "$failed" >&2
+exit "$rc"

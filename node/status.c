@@ -14,6 +14,7 @@
 #include <math.h>
 #include <signal.h>
 #include <sodium.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,15 +169,21 @@ static int s_json_string(s_json_t *j, char *out, size_t cap)
     return 0;
 }
 
-// A number (or null, read as NAN). Only JSON's characters are taken, so
-// strtod never sees "inf", "nan" or hex; the value must be finite.
+// A number (or null, read as NAN). Only JSON's characters go to strtod, so
+// it never sees hex; the value must be finite.
 static int s_json_number(s_json_t *j, double *out)
 {
     s_json_ws(j);
-    if (j->end - j->p >= 4 && memcmp(j->p, "null", 4) == 0) {
-        j->p += 4;
-        *out = NAN;
-        return 0;
+    // null is "not known"; nan and inf are not JSON, but a router that
+    // printed a diverged loss with %f writes them: read them as not known
+    static const char *const words[] = {"null", "-nan", "nan", "-inf", "inf"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        size_t n = strlen(words[i]);
+        if ((size_t) (j->end - j->p) >= n && memcmp(j->p, words[i], n) == 0) {
+            j->p += n;
+            *out = NAN;
+            return 0;
+        }
     }
     char buf[64];
     size_t n = 0;
@@ -437,14 +444,17 @@ static const char *s_eta(char *buf, size_t cap, double s)
     return buf;
 }
 
+// Before the first step the loss is not known, and outside training there
+// is no ETA, whatever the router sent for them.
 static void s_print_head(FILE *out, const char *addr, const status_t *st)
 {
     char a[32], b[32], c[32], d[32], e[32], f[32];
+    int stepped = st->step > 0, training = !strcmp(st->state, "training");
     fprintf(out, "swarm %s: %s | step %s/%s | loss %s (avg %s) | %s tok/s | ETA %s\n", addr,
             st->state[0] ? st->state : "?", s_fmt(a, sizeof a, "%.0f", st->step),
-            s_fmt(b, sizeof b, "%.0f", st->iters), s_fmt(c, sizeof c, "%.4f", st->loss),
-            s_fmt(d, sizeof d, "%.4f", st->loss_avg), s_fmt(e, sizeof e, "%.0f", st->tok_s),
-            s_eta(f, sizeof f, st->eta_s));
+            s_fmt(b, sizeof b, "%.0f", st->iters), s_fmt(c, sizeof c, "%.4f", stepped ? st->loss : NAN),
+            s_fmt(d, sizeof d, "%.4f", stepped ? st->loss_avg : NAN),
+            s_fmt(e, sizeof e, "%.0f", st->tok_s), s_eta(f, sizeof f, training ? st->eta_s : NAN));
 }
 
 static void s_print_stages(FILE *out, const status_t *st)
@@ -463,17 +473,30 @@ static void s_print_stages(FILE *out, const status_t *st)
         fprintf(out, "... and %zu more stages\n", st->stages_dropped);
 }
 
+// The widest of a text column, within [lo, hi].
+static int s_width(const status_t *st, size_t offset, int lo, int hi)
+{
+    int w = lo;
+    for (size_t i = 0; i < st->npeers; i++) {
+        int n = (int) strlen((const char *) &st->peers[i] + offset);
+        w = n > w ? n : w;
+    }
+    return w < hi ? w : hi;
+}
+
 static void s_print_peers(FILE *out, const status_t *st)
 {
     char a[32], b[32], c[32], d[32], e[32];
-    fprintf(out, "\n%5s  %-16s %-20s %5s %10s %8s %9s  %s\n", "id", "name", "device", "stage",
-            "tok/s", "inflight", "heartbeat", "state");
+    int nw = s_width(st, offsetof(status_peer_t, name), 4, 24);
+    int dw = s_width(st, offsetof(status_peer_t, device), 6, 40);
+    fprintf(out, "\n%5s  %-*s %-*s %5s %10s %8s %9s  %s\n", "id", nw, "name", dw, "device",
+            "stage", "tok/s", "inflight", "heartbeat", "state");
     if (!st->npeers)
         fprintf(out, "(no peers)\n");
     for (size_t i = 0; i < st->npeers; i++) {
         const status_peer_t *p = &st->peers[i];
-        fprintf(out, "%5s  %-16.16s %-20.20s %5s %10s %8s %9s  %s\n",
-                s_fmt(a, sizeof a, "%.0f", p->id), p->name[0] ? p->name : "-",
+        fprintf(out, "%5s  %-*.*s %-*.*s %5s %10s %8s %9s  %s\n",
+                s_fmt(a, sizeof a, "%.0f", p->id), nw, nw, p->name[0] ? p->name : "-", dw, dw,
                 p->device[0] ? p->device : "-", s_fmt(b, sizeof b, "%.0f", p->stage),
                 s_fmt(c, sizeof c, "%.0f", p->tok_s), s_fmt(d, sizeof d, "%.0f", p->inflight),
                 s_fmt(e, sizeof e, "%.1fs", p->heartbeat_age_s), p->state[0] ? p->state : "-");
@@ -649,8 +672,32 @@ static int s_ask(net_client_t *client, const char *addr, net_msg_t **reply)
     return -EPROTO;
 }
 
-// Ask once and print: the tables (into a buffer first, so a redraw is one
-// write) or the JSON line. 0 or a negative errno, with one line printed.
+// The tables, built in a buffer first so that a redraw is one write.
+static int s_draw(const status_opts_t *o, const status_t *st)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *out = open_memstream(&buf, &n);
+    if (!out) {
+        fprintf(stderr, "swarm status: out of memory\n");
+        return -ENOMEM;
+    }
+    if (o->watch_s > 0)
+        fputs("\033[H\033[2J", out); // home, clear
+    s_print_head(out, o->addr, st);
+    s_print_stages(out, st);
+    s_print_peers(out, st);
+    if (o->watch_s > 0)
+        fprintf(out, "\nevery %g s; Ctrl-C to stop\n", o->watch_s);
+    fclose(out);
+    fwrite(buf, 1, n, stdout);
+    fflush(stdout);
+    free(buf);
+    return 0;
+}
+
+// Ask once and print the tables or the JSON line. 0 or a negative errno,
+// with one line printed.
 static int s_show(net_client_t *client, const status_opts_t *o, status_t *st)
 {
     net_msg_t *reply = NULL;
@@ -667,25 +714,7 @@ static int s_show(net_client_t *client, const status_opts_t *o, status_t *st)
         s_print_json(stdout, text, len);
         fflush(stdout);
     } else {
-        char *buf = NULL;
-        size_t n = 0;
-        FILE *out = open_memstream(&buf, &n);
-        if (!out) {
-            net_msg_destroy(&reply);
-            fprintf(stderr, "swarm status: out of memory\n");
-            return -ENOMEM;
-        }
-        if (o->watch_s > 0)
-            fputs("\033[H\033[2J", out);
-        s_print_head(out, o->addr, st);
-        s_print_stages(out, st);
-        s_print_peers(out, st);
-        if (o->watch_s > 0)
-            fprintf(out, "\nevery %g s; Ctrl-C to stop\n", o->watch_s);
-        fclose(out);
-        fwrite(buf, 1, n, stdout);
-        fflush(stdout);
-        free(buf);
+        rc = s_draw(o, st);
     }
     net_msg_destroy(&reply);
     return rc;

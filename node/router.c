@@ -909,7 +909,12 @@ static int s_loop(router_t *r)
             return rc;
         }
         s_reap(r);
-        s_turn(r);
+        // advance through every phase that is ready now, not on the next message
+        int before;
+        do {
+            before = r->phase;
+            s_turn(r);
+        } while (r->phase != before && !(r->done && r->phase == PH_WAIT));
     }
     return s_stop ? -EINTR : 0;
 }

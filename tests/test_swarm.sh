@@ -1,0 +1,105 @@
+#!/bin/sh
+# test_swarm.sh BUILD - a real swarm on loopback: a router and 4 node
+# processes (2 stages x 2 replicas) train a tiny model for 20 steps; every
+# step's loss must equal `swarm train`'s with the same flags to 1e-4
+# relative, and the replicas' checksums must agree after every step (the
+# router counts mismatches and fails on any). Then the refusals: a node of
+# another protocol version and a status client with a wrong key.
+# Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+TMP=$(mktemp -d /tmp/swarm-test.XXXXXX)
+pids=""
+cleanup() {
+    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 20 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
+
+# the single-process reference
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1 \
+    || bad "swarm train reference run"
+
+"$SWARM" keygen "$TMP/router" >/dev/null
+# shellcheck disable=SC2086
+"$SWARM" router $TINY --stages 2 --min-nodes 4 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
+    --loss-log "$TMP/swarm.txt" --log-every 5 >"$TMP/router.log" 2>&1 &
+router=$!
+pids="$router"
+endpoint=""
+for _ in $(seq 1 100); do
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router.log")
+    [ -n "$endpoint" ] && break
+    sleep 0.1
+done
+if [ -z "$endpoint" ]; then
+    bad "router did not start:"; cat "$TMP/router.log"
+    echo "$pass passed, $((fail + 1)) failed"; exit 1
+fi
+ok "router listening on $endpoint"
+
+# before the nodes come (the run is over in seconds): a status client with the wrong router key gets
+# no answer and says why
+"$SWARM" keygen "$TMP/stranger" >/dev/null
+if ! "$SWARM" status "$endpoint" --router-key "$TMP/stranger.pub" >"$TMP/status.out" 2>&1 \
+    && grep -q "router-key" "$TMP/status.out"; then
+    ok "status with a wrong router key is refused: $(head -1 "$TMP/status.out")"
+else
+    bad "status with a wrong router key"; cat "$TMP/status.out"
+fi
+if "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>&1 \
+    && grep -q '"state": "waiting"' "$TMP/status.json"; then
+    ok "status --json answers: the router is waiting for its nodes"
+else
+    bad "status --json"; cat "$TMP/status.json"
+fi
+
+for i in 1 2 3 4; do
+    "$SWARM" keygen "$TMP/node$i" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
+        --threads 1 --name "node$i" >"$TMP/node$i.log" 2>&1 &
+    pids="$pids $!"
+done
+
+# wait for the router (bounded: 120 s)
+for _ in $(seq 1 1200); do
+    kill -0 "$router" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$router" 2>/dev/null; then
+    bad "router still running after 120 s"; tail -20 "$TMP/router.log"
+    for i in 1 2 3 4; do tail -5 "$TMP/node$i.log"; done
+    kill -9 "$router"
+fi
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log"; then
+    ok "router finished 20 steps, replicas' checksums agreed after every step"
+else
+    bad "router exit $rc:"; tail -20 "$TMP/router.log"
+fi
+if [ "$(grep -c "joins stage" "$TMP/router.log")" -eq 4 ] \
+    && grep -q "joins stage 0" "$TMP/router.log" && grep -q "joins stage 1" "$TMP/router.log"; then
+    ok "4 nodes joined, both stages served"
+else
+    bad "joins"; grep "joins" "$TMP/router.log"
+fi
+if [ "$(wc -l <"$TMP/swarm.txt")" -eq 20 ] && paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | awk '
+    { d = $2 - $5; if (d < 0) d = -d; if (d > 1e-4 * $5 || $1 != $4) { print "step " $1 ": swarm " $2 " train " $5; bad = 1 } }
+    END { exit bad }'; then
+    ok "every step's loss equals swarm train's to 1e-4 relative"
+else
+    bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

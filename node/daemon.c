@@ -157,8 +157,8 @@ static void s_usage(FILE *out)
         "  --join tcp://HOST:PORT  the router (required)\n"
         "  --router-key KEY        the router's public key: its .pub file or the\n"
         "                          40-character Z85 key itself (required)\n"
-        "  --key NAME              this node's key pair NAME.key / NAME.pub (default:\n"
-        "                          $XDG_CONFIG_HOME/swarm/node, made on first use)\n"
+        "  --key NAME              this node's key pair NAME.key / NAME.pub, made if\n"
+        "                          missing (default: $XDG_CONFIG_HOME/swarm/node)\n"
         "  --name NAME             shown in the router's table (default: the host name)\n"
         "  --device auto|cpu       compute backend (default auto)\n"
         "  --threads N             CPU threads (default: all cores)\n"
@@ -297,23 +297,19 @@ static int s_mkdirs(const char *path, char *err, size_t n)
     return 0;
 }
 
-// The default key pair: $XDG_CONFIG_HOME/swarm/node, made when missing.
-static int s_default_key(net_key_t **out, char *name, size_t cap, char *err, size_t n)
+// Load the pair NAME.key/NAME.pub, or make and save one when neither file
+// exists (*made = 1), creating NAME's folders when mkdirs. A half pair is an
+// error: it is someone's identity.
+static int s_key_open(const char *name, int mkdirs, net_key_t **out, int *made, char *err,
+                      size_t n)
 {
-    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
-    char path[PATH_MAX];
-    if (xdg && *xdg)
-        snprintf(name, cap, "%s/swarm/node", xdg);
-    else if (home && *home)
-        snprintf(name, cap, "%s/.config/swarm/node", home);
-    else {
-        snprintf(err, n, "neither XDG_CONFIG_HOME nor HOME is set: give a key with --key NAME");
-        return -ENOENT;
-    }
-    snprintf(path, sizeof path, "%s.key", name);
-    if (access(path, F_OK) == 0)
+    char key[PATH_MAX], pub[PATH_MAX];
+    snprintf(key, sizeof key, "%s.key", name);
+    snprintf(pub, sizeof pub, "%s.pub", name);
+    *made = access(key, F_OK) != 0 && access(pub, F_OK) != 0;
+    if (!*made)
         return net_key_load(name, out, err, n);
-    int rc = s_mkdirs(name, err, n);
+    int rc = mkdirs ? s_mkdirs(name, err, n) : 0;
     if (rc == 0 && (rc = net_key_generate(out)) != 0)
         snprintf(err, n, "cannot generate a key pair: %s", strerror(-rc));
     if (rc == 0)
@@ -321,9 +317,31 @@ static int s_default_key(net_key_t **out, char *name, size_t cap, char *err, siz
     return rc;
 }
 
-static int s_keys_load(daemon_t *d, char *err, size_t n)
+// Our key pair: --key NAME, else $XDG_CONFIG_HOME/swarm/node (~/.config).
+static int s_node_key(daemon_t *d, int *made, char *err, size_t n)
 {
-    char name[PATH_MAX];
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    char why[512] = "";
+    if (d->o.key)
+        snprintf(d->key_name, sizeof d->key_name, "%s", d->o.key);
+    else if (xdg && *xdg)
+        snprintf(d->key_name, sizeof d->key_name, "%s/swarm/node", xdg);
+    else if (home && *home)
+        snprintf(d->key_name, sizeof d->key_name, "%s/.config/swarm/node", home);
+    else {
+        snprintf(err, n, "neither XDG_CONFIG_HOME nor HOME is set: give a key with --key NAME");
+        return -ENOENT;
+    }
+    int rc = s_key_open(d->key_name, !d->o.key, &d->key, made, why, sizeof why);
+    if (rc != 0 && d->o.key)
+        snprintf(err, n, "--key %s: %s", d->o.key, why);
+    else if (rc != 0)
+        snprintf(err, n, "%s (or give a key with --key NAME)", why);
+    return rc;
+}
+
+static int s_keys_load(daemon_t *d, int *made, char *err, size_t n)
+{
     // net_key_load* read files into sodium memory before net calls
     // sodium_init (sodium_malloc aborts otherwise)
     if (sodium_init() < 0) {
@@ -331,19 +349,8 @@ static int s_keys_load(daemon_t *d, char *err, size_t n)
         return -ENOSYS;
     }
     int rc = s_router_key_load(d->o.router_key, &d->router_key, err, n);
-    if (rc != 0)
-        return rc;
-    if (d->o.key) {
-        char why[512] = "";
-        snprintf(name, sizeof name, "%s", d->o.key);
-        rc = net_key_load(name, &d->key, why, sizeof why);
-        if (rc != 0)
-            snprintf(err, n, "--key %s: %s", d->o.key, why);
-    } else {
-        rc = s_default_key(&d->key, name, sizeof name, err, n);
-    }
     if (rc == 0)
-        snprintf(d->key_name, sizeof d->key_name, "%s", name);
+        rc = s_node_key(d, made, err, n);
     return rc;
 }
 
@@ -413,7 +420,7 @@ static int s_client_open(daemon_t *d, char *err, size_t n)
 static int s_setup(daemon_t *d, char *err, size_t n)
 {
     char why[512] = "";
-    int rc = s_keys_load(d, err, n);
+    int made = 0, rc = s_keys_load(d, &made, err, n);
     if (rc != 0)
         return rc;
     d->be = blas_backend_open(d->o.device, d->o.threads, why, sizeof why);
@@ -421,7 +428,8 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         snprintf(err, n, "%s", why); // names --device already
         return -ENODEV;
     }
-    s_log("node key %s.key, public key %s", d->key_name, net_key_public(d->key));
+    s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
+          net_key_public(d->key));
     d->tok_s_bench = s_bench(d->be);
     s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape)",
           d->be->device, d->tok_s_bench);

@@ -31,7 +31,7 @@
 #define DAEMON_BYE_MS 300           // time BYE gets to leave (the socket lingers 0), ms
 #define DAEMON_QUEUE_MAX 4096       // requests held in the local FIFO
 #define DAEMON_SLOTS_MAX 256        // micro-batches of cached activations at most
-#define DAEMON_HELLO_IDS 8          // recent HELLO ids (an ERROR to one is fatal)
+#define DAEMON_HELLO_IDS 64         // recent HELLO ids (an ERROR to one is fatal)
 #define DAEMON_BENCH_S 0.3          // seconds spent measuring tokens/s at start
 
 // ---- state -----------------------------------------------------------------

@@ -791,7 +791,7 @@ static int s_forward(daemon_t *d, daemon_slot_t *slot, float scale, float *loss,
 {
     node_stage_in_t in = {
         .tokens = d->tokens, .x = d->x, .targets = d->targets, .loss_scale = scale,
-        .want_backward = node_stage_is_last(d->stage),
+        .want_backward = node_stage_is_last(d->stage) && scale != 0.0f,
     };
     int rc = node_stage_forward(d->stage, slot->acts, &in, d->out, loss, d->out);
     if (rc != 0)
@@ -809,7 +809,10 @@ static int s_fwd_inputs(daemon_t *d, const net_msg_t *req, float *scale, char *e
         rc = s_input_get(d, req, err, n);
     if (rc == 0 && last)
         rc = s_tokens_get(d, req, want - 1, d->targets, "targets", err, n);
-    if (rc == 0 && last)
+    // an evaluation batch (eval=1) runs forward only: scale stays 0
+    char eval[8];
+    int evaluating = last && net_msg_meta_get(req, "eval", eval, sizeof eval) == 0 && !strcmp(eval, "1");
+    if (rc == 0 && last && !evaluating)
         rc = s_meta_double(req, "scale", 1e-30, 1.0, &v, err, n);
     *scale = (float) v;
     return rc;
@@ -836,10 +839,10 @@ static int s_on_fwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *
         char meta[64];
         snprintf(meta, sizeof meta, "loss=%.9g", loss);
         s_meta_set(*reply, meta);
-        d->samples++;
-        slot->seq = 0; // nothing to keep: its backward already ran
+        d->samples += scale != 0.0f;
+        slot->seq = 0; // nothing to keep: its backward already ran (or none will)
     }
-    if (!(last && first))
+    if (!(last && first) && !(last && scale == 0.0f))
         rc = s_acts_add(d, *reply, d->out, last ? "dx" : "y", err, n);
     s_tok_s_note(d, s_now() - t0);
 out:

@@ -106,9 +106,18 @@ typedef struct {
     int ckpt_pending;        // STATE replies still to come for a checkpoint
     double step_t0;          // when the current step started (s)
     int done;                // the schedule is finished
+    int want_eval;           // evaluate before the next step
+    int want_ckpt;           // checkpoint before the next step
+    int evaluating;          // micro-batches are evaluation batches
+    int eval_split;          // 0 train, 1 val
+    int eval_iter;           // batches of the split evaluated
+    uint64_t eval_state;     // the split's splitmix64 stream
+    double eval_sum;         // sum of batch losses of the split
+    double eval_loss[2];     // train and val results
 } router_t;
 
-enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT };
+enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL };
+#define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
 static volatile sig_atomic_t s_stop;
 
@@ -349,14 +358,16 @@ static int s_fwd(router_t *r, int i, int s)
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
     h->stage = (uint32_t) s;
-    h->mb = (uint32_t) i;
+    h->mb = (uint32_t) (r->evaluating ? EVAL_MB + i : i);
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
     uint32_t x_dims[3] = { (uint32_t) micro, (uint32_t) T, (uint32_t) C };
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
                     : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
     if (rc == 0 && s == S - 1) {
         rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
-        if (rc == 0)
+        if (rc == 0 && r->evaluating)
+            rc = s_meta(m, "eval=1\n");
+        else if (rc == 0)
             rc = s_meta(m, "scale=%a\n", 1.0f / (float) ((double) r->hp.batch * T));
     }
     if (rc != 0) {
@@ -451,7 +462,7 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         b->loss = strtof(loss, NULL);
         if (!isfinite(b->loss))
             return -EPROTO;
-        if (S == 1) {
+        if (S == 1 || r->evaluating) {
             b->stage = S;
             return 0;
         }
@@ -677,11 +688,79 @@ static void s_step_end(router_t *r)
     long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
                                                                       : r->hp.iters;
     r->done = r->step >= stop;
-    int save = r->o.save && (r->done || (r->o.save_every > 0 && r->step % r->o.save_every == 0));
-    if (save)
-        s_ckpt_begin(r);
-    else
-        r->phase = PH_WAIT;
+    r->want_ckpt = r->o.save && (r->done || (r->o.save_every > 0 && r->step % r->o.save_every == 0));
+    r->want_eval = r->o.eval_every > 0 && (r->step % r->o.eval_every == 0 || r->step == r->hp.iters);
+    r->phase = PH_WAIT;
+}
+
+// ---- evaluation: the fixed batches of swarm train, forward only ------------
+
+static void s_eval_batch(router_t *r)
+{
+    for (int i = 0; i < r->G; i++) {
+        mb_t *b = &r->mbs[i];
+        s_mb_clear(r, b);
+        b->in[0] = malloc(r->tok_bytes);
+        b->targets = malloc(r->tok_bytes);
+        if (!b->in[0] || !b->targets)
+            abort();
+        swarm_data_draw(r->data, r->eval_split, &r->eval_state, r->hp.micro, r->hp.cfg.T,
+                        b->in[0], b->targets);
+        b->stage = 0;
+        if (s_fwd(r, i, 0) != 0)
+            b->stage = -2; // no peer now: s_eval_turn retries it
+    }
+}
+
+static void s_eval_begin(router_t *r)
+{
+    r->want_eval = 0;
+    r->evaluating = 1;
+    r->eval_split = 0;
+    r->eval_iter = 0;
+    r->eval_sum = 0.0;
+    r->eval_state = r->hp.seed + 1000;
+    r->phase = PH_EVAL;
+    s_eval_batch(r);
+}
+
+static void s_eval_turn(router_t *r)
+{
+    int S = r->plan.stages;
+    for (int i = 0; i < r->G; i++) {
+        if (r->mbs[i].stage == -2 && s_fwd(r, i, 0) != 0)
+            r->mbs[i].stage = -2;
+        if (r->mbs[i].stage != S)
+            return;
+    }
+    double batch = 0.0;
+    for (int i = 0; i < r->G; i++)
+        batch += r->mbs[i].loss;
+    r->eval_sum += (float) (batch / r->G);
+    if (++r->eval_iter < r->hp.eval_iters) {
+        s_eval_batch(r);
+        return;
+    }
+    r->eval_loss[r->eval_split] = r->eval_sum / r->hp.eval_iters;
+    if (r->eval_split == 0) {
+        r->eval_split = 1;
+        r->eval_iter = 0;
+        r->eval_sum = 0.0;
+        r->eval_state = r->hp.seed + 2000;
+        s_eval_batch(r);
+        return;
+    }
+    long steps = r->step - r->first;
+    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    if (isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN"))
+        fprintf(stderr, "\r\033[K");
+    printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n", r->step,
+           r->eval_loss[0], r->eval_loss[1], s_secs() - r->t_start, tps);
+    fflush(stdout);
+    r->evaluating = 0;
+    for (int i = 0; i < r->G; i++)
+        s_mb_clear(r, &r->mbs[i]);
+    r->phase = PH_WAIT;
 }
 
 // ---- messages --------------------------------------------------------------
@@ -866,6 +945,15 @@ static void s_turn(router_t *r)
 {
     switch (r->phase) {
     case PH_WAIT:
+        if (r->want_eval && s_all_stages_ready(r)) {
+            s_eval_begin(r);
+            break;
+        }
+        if (r->want_ckpt) {
+            r->want_ckpt = 0;
+            s_ckpt_begin(r);
+            break;
+        }
         s_joins(r);
         if (!r->done && s_all_stages_ready(r)) {
             if (!r->started)
@@ -889,13 +977,16 @@ static void s_turn(router_t *r)
         if (r->ckpt_pending <= 0)
             r->phase = PH_WAIT;
         break;
+    case PH_EVAL:
+        s_eval_turn(r);
+        break;
     }
 }
 
 static int s_loop(router_t *r)
 {
     char err[512];
-    while (!s_stop && !(r->done && r->phase == PH_WAIT)) {
+    while (!s_stop && !(r->done && r->phase == PH_WAIT && !r->want_eval && !r->want_ckpt)) {
         net_peer_t who;
         net_msg_t *m = NULL;
         int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
@@ -914,7 +1005,8 @@ static int s_loop(router_t *r)
         do {
             before = r->phase;
             s_turn(r);
-        } while (r->phase != before && !(r->done && r->phase == PH_WAIT));
+        } while (r->phase != before && !(r->done && r->phase == PH_WAIT && !r->want_eval
+                                          && !r->want_ckpt));
     }
     return s_stop ? -EINTR : 0;
 }
@@ -1023,6 +1115,7 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
         return rc;
     r->first = r->step;
     r->hp = node_train_hparams(&r->o);
+    r->want_eval = r->o.eval_every > 0 && r->step == 0;
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
         snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
         return -EINVAL;

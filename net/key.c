@@ -163,6 +163,11 @@ static int s_file_read(const char *path, int secret, char *z85, char *err, size_
         rc = -EACCES;
         goto out_close_fd;
     }
+    if (sodium_init() < 0) {
+        snprintf(err, errlen, "%s: libsodium failed to initialise", path);
+        rc = -EIO;
+        goto out_close_fd;
+    }
     buf = sodium_malloc(KEY_FILE_MAX + 1); // the secret's text never leaves sodium memory
     if (!buf) {
         rc = -ENOMEM;

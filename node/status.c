@@ -621,7 +621,7 @@ static int s_keys(const status_opts_t *o, net_key_t **server, net_key_t **ours)
     if (rc < 0)
         rc = net_key_load_public(o->router_key, server, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "swarm status: --router-key %s: %s\n", o->router_key, err);
+        fprintf(stderr, "swarm status: --router-key: %s\n", err); // err names the file
         return rc;
     }
     if (o->key)

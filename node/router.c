@@ -956,8 +956,10 @@ static void s_turn(router_t *r)
         }
         s_joins(r);
         if (!r->done && s_all_stages_ready(r)) {
-            if (!r->started)
+            if (!r->started) {
                 printf("swarm router: every stage has a peer; training from step %ld\n", r->step);
+                fflush(stdout);
+            }
             r->started = 1;
             s_step_begin(r);
         }

@@ -1,17 +1,19 @@
 #!/bin/sh
-# demo.sh BUILD - train a small byte-level GPT for about a minute on the
-# corpus built into swarm (its own docs and sources), show the loss falling,
-# then generate a sample from the checkpoint. Needs no data file.
+# demo.sh BUILD - a local swarm on this machine: a router and 2 nodes, each
+# serving one of 2 pipeline stages of a small byte-level GPT (L=4 H=4 C=128
+# T=64), train for about a minute and a half on the corpus built into swarm
+# (its own docs and sources), showing the loss fall; then a sample from the
+# router's checkpoint. Needs no data file and no network beyond loopback.
 set -eu
 BUILD=${1:-build}
-SWARM="$BUILD/swarm"
 DIR="$BUILD/demo"
 rm -rf "$DIR"
-echo "== swarm train: 600 steps of the baby GPT (L=4 H=4 C=128 T=64) on the built-in corpus"
-"$SWARM" train --iters 600 --warmup 50 --lr 2e-3 --eval-every 100 --eval-iters 10 \
-    --save "$DIR" --log-every 50
+echo "== scripts/local-swarm.sh -n 2 -s 2: a router and 2 nodes on loopback, 400 steps"
+sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 400 --warmup 40 --lr 2e-3 \
+    --micro-batch 4 --eval-every 100 --eval-iters 10 --save "$DIR"
 echo
 echo "== swarm sample --ckpt $DIR --prompt 'static int ' --tokens 400"
-"$SWARM" sample --ckpt "$DIR" --prompt "static int " --tokens 400 --temperature 0.7
+"$BUILD/swarm" sample --ckpt "$DIR" --prompt "static int " --tokens 400 --temperature 0.7
 echo
-echo "== the loss curve is in $DIR/loss.csv; the weights in $DIR/model.bgpt (PyTorch-loadable)"
+echo "== the loss curve: $DIR/loss.csv and $DIR/loss.svg; the weights: $DIR/model.bgpt"
+echo "== train the same model in one process: $BUILD/swarm train --save DIR (see README)"

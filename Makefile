@@ -137,7 +137,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check-all
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS)
+check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue
 	@sh tests/run.sh $(BUILD)
 
 asan:
@@ -151,6 +151,10 @@ demo: deps
 bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net
 	@sh scripts/bench-train.sh $(BUILD)
 	@sh scripts/bench-net.sh $(BUILD)
+
+# a test-only misbehaving peer (tests/test_swarm.sh)
+$(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@

@@ -248,6 +248,14 @@ static int s_send_state(router_t *r, int p, const float *params, const float *m,
     return s_send(r, p, &msg, R_STATE, -1, s);
 }
 
+// Text from a peer goes into logs and JSON: printable ASCII only, no quotes.
+static void s_sanitize(char *text)
+{
+    for (char *c = text; *c; c++)
+        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
+            *c = '?';
+}
+
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
 // follows when the swarm is between steps (s_joins).
 static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
@@ -274,6 +282,8 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
         r->peers[p] = (peer_t) { .who = *who, .id = p + 1, .stage = -1 };
     }
     peer_t *pe = &r->peers[p];
+    s_sanitize(name);
+    s_sanitize(device);
     snprintf(pe->name, sizeof pe->name, "%s", name);
     snprintf(pe->device, sizeof pe->device, "%s", device);
     double t = strtod(tok, NULL);
@@ -772,9 +782,17 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
     double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
     double eta = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
     const char *state = r->done ? "done" : r->started ? "training" : "waiting";
-    int n = snprintf(json, sizeof json, "{\"step\": %ld, \"iters\": %ld, \"loss\": %.4f, "
-                     "\"loss_avg\": %.4f, \"tok_s\": %.1f, \"eta_s\": %.1f, \"state\": \"%s\", "
-                     "\"stages\": [", r->step, r->hp.iters, r->last_loss, r->loss_avg, tps, eta, state);
+    // numbers not known yet (or not finite) are null
+    char loss[32] = "null", avg[32] = "null", eta_s[32] = "null";
+    if (r->step > r->first && isfinite(r->last_loss) && isfinite(r->loss_avg)) {
+        snprintf(loss, sizeof loss, "%.4f", r->last_loss);
+        snprintf(avg, sizeof avg, "%.4f", r->loss_avg);
+    }
+    if (r->started && !r->done && tps > 0)
+        snprintf(eta_s, sizeof eta_s, "%.1f", eta);
+    int n = snprintf(json, sizeof json, "{\"step\": %ld, \"iters\": %ld, \"loss\": %s, "
+                     "\"loss_avg\": %s, \"tok_s\": %.1f, \"eta_s\": %s, \"state\": \"%s\", "
+                     "\"stages\": [", r->step, r->hp.iters, loss, avg, tps, eta_s, state);
     for (int s = 0; s < r->plan.stages && n < (int) sizeof json - 512; s++) {
         double tok = 0;
         int queue = 0;

@@ -111,5 +111,14 @@ else
     bad "keygen without a name"; cat "$TMP/err"
 fi
 
+# ---- status and node flags ----
+expect_error "status without router key" "--router-key is required" status tcp://127.0.0.1:9
+expect_error "status bad address" "tcp://HOST:PORT" status localhost:9 --router-key "$TMP/k1.pub"
+expect_error "status with no router" "no answer from tcp://127.0.0.1:9 within 4 s.*--router-key" \
+    status tcp://127.0.0.1:9 --router-key "$TMP/k1.pub"
+expect_error "node without --join" "--join" node --router-key "$TMP/k1.pub"
+expect_error "node with a bad router key" "$TMP/nokey.pub" node --join tcp://127.0.0.1:9 --router-key "$TMP/nokey.pub"
+expect_error "router with stages > layers" "--stages 9" router --stages 9 --layers 2 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

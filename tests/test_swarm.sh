@@ -63,6 +63,23 @@ else
     bad "status --json"; cat "$TMP/status.json"
 fi
 
+# a node of an older protocol is refused with the reason; garbage frames
+# from an authenticated peer are dropped with one log line each
+ROGUE="$BUILD/rogue"
+rpub=$(grep -v '^#' "$TMP/router.pub" | head -1 | tr -d '[:space:]')
+if "$ROGUE" oldproto "$endpoint" "$rpub" >"$TMP/rogue.out" 2>&1 \
+    && grep -q "refused: protocol version 0, router speaks 1" "$TMP/rogue.out"; then
+    ok "a node of protocol 0 is refused: $(cat "$TMP/rogue.out")"
+else
+    bad "old protocol"; cat "$TMP/rogue.out"
+fi
+"$ROGUE" garbage "$endpoint" "$rpub" >/dev/null 2>&1
+if [ "$(grep -c "bad message from" "$TMP/router.log")" -ge 3 ]; then
+    ok "garbage frames refused, one line each: $(grep -m1 "bad message from" "$TMP/router.log")"
+else
+    bad "garbage frames"; cat "$TMP/router.log"
+fi
+
 for i in 1 2 3 4; do
     "$SWARM" keygen "$TMP/node$i" >/dev/null
     "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \

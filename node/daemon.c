@@ -75,6 +75,7 @@ typedef struct {
     int ready;                             // 1 once STATE loaded the stage
     long step;                             // updates applied
     long samples;                          // micro-batches accumulated since UPDATE
+    int norm_only;                         // the last STEP asked only for the sum of squares
     int32_t *tokens, *targets;             // (micro, T)
     float *x, *dy, *out;                   // (micro, T, C)
     daemon_slot_t slots[DAEMON_SLOTS_MAX]; // activation cache, nslots used
@@ -905,10 +906,19 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     if (rc != 0)
         return rc;
     uint32_t dims[1] = { (uint32_t) node_stage_param_count(d->stage) };
-    char meta[64];
-    snprintf(meta, sizeof meta, "samples=%ld", d->samples);
+    char meta[96], only[8];
+    // the only replica of its stage keeps its gradient: the router needs
+    // just its sum of squares (for the global norm), and UPDATE brings none
+    d->norm_only = net_msg_meta_get(req, "norm_only", only, sizeof only) == 0 && !strcmp(only, "1");
+    if (d->norm_only)
+        snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", d->samples,
+                 d->be->sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
+    else
+        snprintf(meta, sizeof meta, "samples=%ld", d->samples);
     *reply = s_msg_reply(req, NET_MSG_GRAD);
     s_meta_set(*reply, meta);
+    if (d->norm_only)
+        return 0;
     rc = net_msg_add_tensor(*reply, NET_DTYPE_F32, dims, 1, node_stage_grads(d->stage));
     if (rc != 0)
         snprintf(err, n, "cannot send the gradient: %s",
@@ -946,11 +956,14 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     node_adamw_t opt;
     char hex[65];
     int rc = s_check_request(d, req, 1, err, n);
+    int keep = d->norm_only; // apply our own gradient, kept since STEP
+    d->norm_only = 0;
     if (rc == 0)
-        rc = s_count_check(req, 1, err, n);
+        rc = s_count_check(req, keep ? 0 : 1, err, n);
     if (rc == 0)
         rc = s_update_opts(d, req, &opt, err, n);
-    if (rc == 0 && (rc = s_vector_get(d, req, 0, node_stage_grads(d->stage), "gradient", err, n)))
+    if (rc == 0 && !keep
+        && (rc = s_vector_get(d, req, 0, node_stage_grads(d->stage), "gradient", err, n)))
         node_stage_grads_zero(d->stage); // a half-copied sum must not mix with new work
     if (rc != 0)
         return rc;

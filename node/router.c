@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -103,6 +104,8 @@ typedef struct {
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
     int in_step[MAX_PEERS];  // it was sent this step's STEP
+    int norm_only[MAX_PEERS];// its stage has no other replica: it keeps its gradient
+    double peer_sumsq[MAX_PEERS]; // with norm_only: its gradient's sum of squares
     int ckpt_pending;        // STATE replies still to come for a checkpoint
     double step_t0;          // when the current step started (s)
     int done;                // the schedule is finished
@@ -114,6 +117,8 @@ typedef struct {
     uint64_t eval_state;     // the split's splitmix64 stream
     double eval_sum;         // sum of batch losses of the split
     double eval_loss[2];     // train and val results
+    uint64_t bytes_in;       // tensor bytes received
+    uint64_t bytes_out;      // tensor bytes sent (requests)
 } router_t;
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL };
@@ -167,6 +172,16 @@ static void s_req_done(router_t *r, req_t *q)
     q->id = 0;
 }
 
+// Tensor bytes a message carries on the wire.
+static uint64_t s_payload(const net_msg_t *m)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    uint64_t n = 0;
+    for (int i = 0; i < h->ntensors; i++)
+        n += h->tensors[i].bytes;
+    return n;
+}
+
 // Send m to peer p as request kind; 0 or -errno (logged).
 static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
 {
@@ -177,6 +192,7 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
         return -ENOSPC;
     }
     net_msg_head(*m)->id = q->id;
+    r->bytes_out += s_payload(*m);
     int rc = net_server_send(r->srv, &r->peers[p].who, m);
     if (rc != 0) {
         fprintf(stderr, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
@@ -532,6 +548,12 @@ static void s_step_micro(router_t *r)
         net_msg_t *m = net_msg_new(NET_MSG_STEP);
         net_msg_head(m)->step = (uint64_t) r->step;
         net_msg_head(m)->stage = (uint32_t) r->peers[p].stage;
+        // a stage's only replica keeps its gradient: nothing to sum
+        r->norm_only[p] = s_ready_count(r, r->peers[p].stage) == 1;
+        if (r->norm_only[p] && s_meta(m, "norm_only=1\n") != 0) {
+            net_msg_destroy(&m);
+            continue;
+        }
         if (s_send(r, p, &m, R_STEP, -1, r->peers[p].stage) == 0) {
             r->in_step[p] = 1;
             r->pending++;
@@ -543,6 +565,18 @@ static void s_step_micro(router_t *r)
 static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
 {
     size_t n = r->stage_n[q->stage];
+    if (r->norm_only[q->peer]) {
+        char text[64];
+        if (net_msg_meta_get(m, "sumsq", text, sizeof text) != 0)
+            return -EPROTO;
+        double v = strtod(text, NULL);
+        if (!isfinite(v) || v < 0)
+            return -EPROTO;
+        r->peer_sumsq[q->peer] = v;
+        r->got_grad[q->peer] = 1;
+        r->pending--;
+        return 0;
+    }
     if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(n * sizeof(float))))
         abort();
     int rc = net_msg_tensor(m, 0, r->peer_grad[q->peer], n);
@@ -563,11 +597,16 @@ static void s_step_update(router_t *r)
     for (int p = 0; p < r->npeers; p++) {
         if (!r->got_grad[p])
             continue;
+        if (r->norm_only[p]) {
+            sumsq += r->peer_sumsq[p];
+            continue;
+        }
         int s = r->peers[p].stage;
         float *dst = r->grad_sum + r->stage_off[s];
         for (size_t j = 0; j < r->stage_n[s]; j++)
             dst[j] += r->peer_grad[p][j];
     }
+    // stages whose gradients came here (the others' are zero in grad_sum)
     for (size_t j = 0; j < node_config_params(&r->hp.cfg); j++)
         sumsq += (double) r->grad_sum[j] * r->grad_sum[j];
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
@@ -582,7 +621,8 @@ static void s_step_update(router_t *r)
         net_msg_t *m = net_msg_new(NET_MSG_UPDATE);
         net_msg_head(m)->step = (uint64_t) r->step;
         net_msg_head(m)->stage = (uint32_t) s;
-        if (net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, r->grad_sum + r->stage_off[s]) != 0
+        if ((!r->norm_only[p]
+             && net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, r->grad_sum + r->stage_off[s]) != 0)
             || s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\n", lr, (double) scale,
                       r->hp.weight_decay, r->step + 1) != 0) {
             net_msg_destroy(&m);
@@ -1011,6 +1051,7 @@ static int s_loop(router_t *r)
         net_msg_t *m = NULL;
         int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
         if (rc == 0) {
+            r->bytes_in += s_payload(m);
             s_on_message(r, &who, m);
             net_msg_destroy(&m);
         } else if (rc == -EPROTO) {
@@ -1339,9 +1380,15 @@ int cmd_router(int argc, char **argv)
         fprintf(stderr, "\n");
     long steps = r->step - r->first;
     double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
            "checksum mismatches %d\n", steps, s_secs() - r->t_start, r->train_time, tps,
            s_ready_count(r, -1), r->checksum_mismatches);
+    printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
+           ru.ru_maxrss / 1024.0, steps ? r->bytes_in / 1e6 / steps : 0.0,
+           steps ? r->bytes_out / 1e6 / steps : 0.0);
     s_plot(r);
     int bad = r->checksum_mismatches > 0;
     s_teardown(r);

@@ -118,5 +118,19 @@ else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
 fi
 
+# one replica per stage (gradients stay on the nodes), through the local
+# swarm script: the same losses again
+# shellcheck disable=SC2086
+timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TINY \
+    --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/local.log" \
+    && paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | awk '
+        { d = $2 - $5; if (d < 0) d = -d; if (d > 1e-4 * $5 || $1 != $4) bad = 1 } END { exit bad || NR != 20 }'; then
+    ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic): the same losses as swarm train"
+else
+    bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -4,7 +4,9 @@
 # against PyTorch's baby_losses.txt: the mean per-step loss of every 250-step
 # window within 0.02, and the val loss at step 2000 within 0.02 of 1.8617.
 # Extra flags go to swarm train (e.g. --stages 2 --micro-batch 4).
-# A benchmark script, not a CI test: about 2-4 minutes on 2 cores.
+# NODES=N runs it as a local swarm instead: a router and N nodes, one stage
+# each (scripts/local-swarm.sh).
+# A benchmark script, not a CI test: about 3-7 minutes on 2 cores.
 set -eu
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
@@ -16,9 +18,14 @@ if [ ! -f "$REF/baby_init.bgpt" ]; then
 fi
 TMP=$(mktemp -d /tmp/swarm-baby.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT INT TERM
-"$BUILD/swarm" train --layers 4 --heads 4 --embd 128 --block 64 --batch 12 --iters 2000 \
+set -- --layers 4 --heads 4 --embd 128 --block 64 --batch 12 --iters 2000 \
     --lr 1e-3 --seed 1337 --eval-every 250 --eval-iters 20 --data "$SHARED/data/tinyshakespeare.txt" \
-    --init "$REF/baby_init.bgpt" --loss-log "$TMP/losses.txt" --log-every 250 "$@" | tee "$TMP/out"
+    --init "$REF/baby_init.bgpt" --loss-log "$TMP/losses.txt" --log-every 250 "$@"
+if [ -n "${NODES:-}" ]; then
+    sh scripts/local-swarm.sh --build "$BUILD" -n "$NODES" -s "$NODES" --steps 2000 "$@" | tee "$TMP/out"
+else
+    "$BUILD/swarm" train "$@" | tee "$TMP/out"
+fi
 echo
 echo "window        swarm    PyTorch  diff"
 paste -d' ' "$TMP/losses.txt" "$REF/baby_losses.txt" | awk '

@@ -168,20 +168,6 @@ static void s_usage(FILE *out)
         "Ctrl-C says BYE to the router and leaves.\n");
 }
 
-static int s_parse_long(const char *flag, const char *s, long lo, long hi, long *out,
-                        char *err, size_t n)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi) {
-        snprintf(err, n, "--%s %s: expected a whole number in %ld..%ld", flag, s, lo, hi);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
 static int s_parse_name(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
     size_t len = strlen(arg);
@@ -219,9 +205,9 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
     case O_ROUTER_KEY: o->router_key = arg; break;
     case O_KEY: o->key = arg; break;
     case O_DEVICE: o->device = arg; break;
-    case O_THREADS: rc = s_parse_long("threads", arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
+    case O_THREADS: rc = node_parse_long("threads", arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
     case O_NAME: rc = s_parse_name(o, arg, err, n); break;
-    case O_CACHE: rc = s_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
+    case O_CACHE: rc = node_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
     case O_HELP: rc = 1; break;
     case ':': snprintf(err, n, "%s: needs a value", flag); rc = -EINVAL; break;
     default: snprintf(err, n, "%s: unknown flag; see swarm node --help", flag); rc = -EINVAL; break;

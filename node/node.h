@@ -274,6 +274,9 @@ typedef struct {
 __attribute__((warn_unused_result))
 int node_train_parse(int argc, char **argv, node_train_opts_t *o, char *err, size_t errlen);
 void node_train_help(FILE *out);
+// A whole number in lo..hi for flag --FLAG; -EINVAL naming the flag otherwise.
+__attribute__((warn_unused_result))
+int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err, size_t errlen);
 // The starting state: from --resume (also fills the schedule from the
 // checkpoint and *step), --init, or fresh weights from --seed. Arrays are
 // malloc'ed; m and v stay NULL unless resuming.

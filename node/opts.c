@@ -55,7 +55,7 @@ void node_train_help(FILE *out)
         "compute:  --threads N (default: all cores)  --device auto|cpu|cuda[:N]\n");
 }
 
-static int s_parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err, size_t n)
+int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err, size_t n)
 {
     char *end;
     errno = 0;
@@ -87,17 +87,17 @@ static int s_parse_one(node_train_opts_t *o, int id, const char *name, const cha
     long v = 0;
     int rc = 0;
     switch (id) {
-    case O_LAYERS: rc = s_parse_long(name, arg, 1, NODE_MAX_LAYERS, &v, err, n); o->cfg.L = (int) v; break;
-    case O_HEADS: rc = s_parse_long(name, arg, 1, 1024, &v, err, n); o->cfg.H = (int) v; break;
-    case O_EMBD: rc = s_parse_long(name, arg, 1, 65536, &v, err, n); o->cfg.C = (int) v; break;
-    case O_BLOCK: rc = s_parse_long(name, arg, 1, 65536, &v, err, n); o->cfg.T = (int) v; break;
-    case O_BATCH: rc = s_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->batch = (int) v; break;
-    case O_MICRO: rc = s_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->micro = (int) v; break;
-    case O_STAGES: rc = s_parse_long(name, arg, 1, NODE_MAX_LAYERS, &v, err, n); o->stages = (int) v; break;
-    case O_ITERS: rc = s_parse_long(name, arg, 0, LONG_MAX / 2, &o->iters, err, n); break;
+    case O_LAYERS: rc = node_parse_long(name, arg, 1, NODE_MAX_LAYERS, &v, err, n); o->cfg.L = (int) v; break;
+    case O_HEADS: rc = node_parse_long(name, arg, 1, 1024, &v, err, n); o->cfg.H = (int) v; break;
+    case O_EMBD: rc = node_parse_long(name, arg, 1, 65536, &v, err, n); o->cfg.C = (int) v; break;
+    case O_BLOCK: rc = node_parse_long(name, arg, 1, 65536, &v, err, n); o->cfg.T = (int) v; break;
+    case O_BATCH: rc = node_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->batch = (int) v; break;
+    case O_MICRO: rc = node_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->micro = (int) v; break;
+    case O_STAGES: rc = node_parse_long(name, arg, 1, NODE_MAX_LAYERS, &v, err, n); o->stages = (int) v; break;
+    case O_ITERS: rc = node_parse_long(name, arg, 0, LONG_MAX / 2, &o->iters, err, n); break;
     case O_LR: rc = s_parse_double(name, arg, 0, 10, &o->lr, err, n); break;
     case O_MINLR: rc = s_parse_double(name, arg, 0, 10, &o->min_lr, err, n); break;
-    case O_WARMUP: rc = s_parse_long(name, arg, 0, LONG_MAX / 2, &o->warmup, err, n); break;
+    case O_WARMUP: rc = node_parse_long(name, arg, 0, LONG_MAX / 2, &o->warmup, err, n); break;
     case O_WD: rc = s_parse_double(name, arg, 0, 10, &o->weight_decay, err, n); break;
     case O_CLIP: rc = s_parse_double(name, arg, 0, 1e30, &o->grad_clip, err, n); break;
     case O_SEED: {
@@ -110,19 +110,19 @@ static int s_parse_one(node_train_opts_t *o, int id, const char *name, const cha
         }
         break;
     }
-    case O_EVERY: rc = s_parse_long(name, arg, 0, LONG_MAX / 2, &o->eval_every, err, n); break;
-    case O_EITERS: rc = s_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->eval_iters = (int) v; break;
+    case O_EVERY: rc = node_parse_long(name, arg, 0, LONG_MAX / 2, &o->eval_every, err, n); break;
+    case O_EITERS: rc = node_parse_long(name, arg, 1, 1 << 20, &v, err, n); o->eval_iters = (int) v; break;
     case O_DATA: o->data = arg; break;
     case O_INIT: o->init = arg; break;
     case O_SAVE: o->save = arg; break;
-    case O_SAVE_EVERY: rc = s_parse_long(name, arg, 0, LONG_MAX / 2, &o->save_every, err, n); break;
+    case O_SAVE_EVERY: rc = node_parse_long(name, arg, 0, LONG_MAX / 2, &o->save_every, err, n); break;
     case O_RESUME: o->resume = arg; break;
-    case O_THREADS: rc = s_parse_long(name, arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
+    case O_THREADS: rc = node_parse_long(name, arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
     case O_LOSSLOG: o->loss_log = arg; break;
     case O_DEVICE: o->device = arg; break;
-    case O_LOG_EVERY: rc = s_parse_long(name, arg, 1, LONG_MAX / 2, &o->log_every, err, n); break;
+    case O_LOG_EVERY: rc = node_parse_long(name, arg, 1, LONG_MAX / 2, &o->log_every, err, n); break;
     case O_QUIET: o->quiet = 1; break;
-    case O_STEPS: rc = s_parse_long(name, arg, 1, LONG_MAX / 2, &o->steps, err, n); break;
+    case O_STEPS: rc = node_parse_long(name, arg, 1, LONG_MAX / 2, &o->steps, err, n); break;
     default: rc = -EINVAL; snprintf(err, n, "unknown flag"); break;
     }
     if (rc == 0)

@@ -1262,6 +1262,8 @@ static int s_listen(router_t *r, char *err, size_t n)
     printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d\n",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
+    if (r->o.resume)
+        printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->step);
     printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));
     fflush(stdout);
     return 0;

@@ -26,7 +26,7 @@ is_count() {
 # ---- flags: ours are taken out, the rest stay in "$@" for the router ----
 nodes=""
 stages=""
-steps=50
+steps=""
 build=${BUILD:-build}
 build_flag=""
 left=$#
@@ -51,12 +51,20 @@ while [ "$left" -gt 0 ]; do
         usage
         exit 0
         ;;
+    --iters | --resume)
+        # the schedule comes from these (or the checkpoint): no default steps
+        own_schedule=1
+        set -- "$@" "$a"
+        ;;
     *) set -- "$@" "$a" ;;
     esac
 done
+# --steps N is the router's --iters N; without it (and without --iters or
+# --resume among the router flags) a short run of 50 steps
+[ -z "$steps" ] && [ -z "${own_schedule:-}" ] && steps=50
 is_count "$nodes" || die "-n NODES: expected a whole number >= 1, got '$nodes'"
 is_count "$stages" || die "-s STAGES: expected a whole number >= 1, got '$stages'"
-is_count "$steps" || die "--steps N: expected a whole number >= 1, got '$steps'"
+[ -z "$steps" ] || is_count "$steps" || die "--steps N: expected a whole number >= 1, got '$steps'"
 [ "$nodes" -ge "$stages" ] || die "-n $nodes nodes cannot serve -s $stages stages (one node per stage at least)"
 timeout=${TIMEOUT:-3600}
 is_count "$timeout" || die "TIMEOUT: expected whole seconds >= 1, got '$timeout'"
@@ -117,7 +125,7 @@ done
 
 # ---- the router, and the port it picked (bounded: 20 s) ----
 "$SWARM" router --listen tcp://127.0.0.1:0 --key "$TMP/router" --stages "$stages" \
-    --iters "$steps" --min-nodes "$nodes" "$@" >"$TMP/router.log" 2>&1 &
+    ${steps:+--iters "$steps"} --min-nodes "$nodes" "$@" >"$TMP/router.log" 2>&1 &
 router=$!
 endpoint=""
 tries=200
@@ -152,7 +160,7 @@ while [ "$i" -le "$nodes" ]; do
     node_pids="$node_pids $!"
     i=$((i + 1))
 done
-echo "$me: router $endpoint, $nodes nodes, $stages stages, $steps steps; logs in $TMP" >&2
+echo "$me: router $endpoint, $nodes nodes, $stages stages, ${steps:-the router's} steps; logs in $TMP" >&2
 
 # ---- wait for the router (bounded: TIMEOUT s); give up if every node has
 # been gone for 30 s while it still runs ----

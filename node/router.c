@@ -931,6 +931,8 @@ static int s_on_reply(router_t *r, int p, const net_msg_t *m)
     return 0;
 }
 
+static void s_peer_dead(router_t *r, int p, const char *why);
+
 static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
@@ -949,8 +951,7 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
         if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
             r->peers[p].queue = atoi(q) >= 0 && atoi(q) < 1000000 ? atoi(q) : 0;
     } else if (h->type == NET_MSG_BYE) {
-        printf("swarm router: peer %d (%s) left\n", r->peers[p].id, r->peers[p].name);
-        r->peers[p].state = P_DEAD;
+        s_peer_dead(r, p, "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
         if (s_on_reply(r, p, m) != 0)
             fprintf(stderr, "swarm router: peer %d (%s): bad %s reply dropped\n",
@@ -963,6 +964,30 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 // A dead peer: its FWD/BWD requests go to another replica; it no longer
 // counts for STEP/UPDATE. (Exact steps after a failure come with the next
 // piece of work: a dead peer's accumulated gradients are lost here.)
+static void s_peer_dead(router_t *r, int p, const char *why)
+{
+    if (r->peers[p].state == P_DEAD)
+        return;
+    fprintf(stderr, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
+    r->peers[p].state = P_DEAD;
+    for (int i = 0; i < MAX_REQS; i++) {
+        req_t q = r->reqs[i];
+        if (q.id == 0 || q.peer != p)
+            continue;
+        s_req_done(r, &r->reqs[i]);
+        if (q.kind == R_FWD)
+            s_ignore(s_fwd(r, q.mb, q.stage));
+        else if (q.kind == R_BWD)
+            s_ignore(s_bwd(r, q.mb, q.stage));
+        else if (q.kind == R_STEP || q.kind == R_UPDATE)
+            r->pending--;
+        else if (q.kind == R_STATE_GET && q.mb < 0)
+            r->ckpt_pending--; // the checkpoint of this step is skipped
+        else if (q.kind == R_STATE_GET)
+            r->peers[q.mb].inflight--; // the joiner asks again between steps
+    }
+}
+
 static void s_reap(router_t *r)
 {
     net_peer_t dead[16];
@@ -970,24 +995,8 @@ static void s_reap(router_t *r)
     net_server_reap(r->srv, net_clock_ms(), dead, 16, &n);
     for (size_t k = 0; k < n; k++) {
         int p = s_peer_find(r, &dead[k]);
-        if (p < 0 || r->peers[p].state == P_DEAD)
-            continue;
-        fprintf(stderr, "swarm router: peer %d (%s) is silent: dead\n", r->peers[p].id, r->peers[p].name);
-        r->peers[p].state = P_DEAD;
-        for (int i = 0; i < MAX_REQS; i++) {
-            req_t q = r->reqs[i];
-            if (q.id == 0 || q.peer != p)
-                continue;
-            s_req_done(r, &r->reqs[i]);
-            if (q.kind == R_FWD)
-                s_ignore(s_fwd(r, q.mb, q.stage));
-            else if (q.kind == R_BWD)
-                s_ignore(s_bwd(r, q.mb, q.stage));
-            else if (q.kind == R_STEP || q.kind == R_UPDATE)
-                r->pending--;
-            else if (q.kind == R_STATE_GET && q.mb < 0)
-                r->ckpt_pending--; // the checkpoint of this step is skipped
-        }
+        if (p >= 0)
+            s_peer_dead(r, p, "is silent: dead");
     }
 }
 

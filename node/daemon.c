@@ -44,6 +44,7 @@ typedef struct {
     int threads;              // CPU threads, 0 = all cores
     char name[65];            // shown in the router's table
     long cache_mb;            // MiB of cached activations at most
+    double slowdown;          // >= 1: sleep so that work takes this many times longer
 } daemon_opts_t;
 
 typedef struct {
@@ -140,12 +141,13 @@ static double s_now(void)
 
 // ---- flags -----------------------------------------------------------------
 
-enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP };
+enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP, O_SLOW };
 
 static const struct option s_long[] = {
     {"join", 1, 0, O_JOIN}, {"router-key", 1, 0, O_ROUTER_KEY}, {"key", 1, 0, O_KEY},
     {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS}, {"name", 1, 0, O_NAME},
-    {"cache-mb", 1, 0, O_CACHE}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+    {"cache-mb", 1, 0, O_CACHE}, {"slowdown", 1, 0, O_SLOW}, {"help", 0, 0, O_HELP},
+    {0, 0, 0, 0},
 };
 
 static void s_usage(FILE *out)
@@ -163,6 +165,7 @@ static void s_usage(FILE *out)
         "  --name NAME             shown in the router's table (default: the host name)\n"
         "  --device auto|cpu       compute backend (default auto)\n"
         "  --threads N             CPU threads (default: all cores)\n"
+        "  --slowdown F            work F times slower (sleeps), to emulate a slower device\n"
         "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
         "                          0 recomputes the forward for every backward)\n"
         "Ctrl-C says BYE to the router and leaves.\n");
@@ -208,6 +211,15 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
     case O_THREADS: rc = node_parse_long("threads", arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
     case O_NAME: rc = s_parse_name(o, arg, err, n); break;
     case O_CACHE: rc = node_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
+    case O_SLOW: {
+        char *end;
+        o->slowdown = strtod(arg, &end);
+        if (*arg == '\0' || *end || !(o->slowdown >= 1.0 && o->slowdown <= 1000.0)) {
+            snprintf(err, n, "--slowdown %s: expected a factor 1..1000 (2 = twice as slow)", arg);
+            rc = -EINVAL;
+        }
+        break;
+    }
     case O_HELP: rc = 1; break;
     case ':': snprintf(err, n, "%s: needs a value", flag); rc = -EINVAL; break;
     default: snprintf(err, n, "%s: unknown flag; see swarm node --help", flag); rc = -EINVAL; break;
@@ -218,7 +230,7 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
 // 0, 1 for --help, or -EINVAL with a reason naming the flag.
 static int s_parse(int argc, char **argv, daemon_opts_t *o, char *err, size_t n)
 {
-    *o = (daemon_opts_t) { .device = "auto", .cache_mb = 512 };
+    *o = (daemon_opts_t) { .device = "auto", .cache_mb = 512, .slowdown = 1.0 };
     if (gethostname(o->name, sizeof o->name - 1) != 0 || !o->name[0])
         snprintf(o->name, sizeof o->name, "node");
     opterr = 0;
@@ -763,10 +775,18 @@ static void s_slots_free(daemon_t *d)
 
 // ---- FWD, BWD -------------------------------------------------------------
 
+// After FWD/BWD work of `seconds`: sleep for --slowdown, then fold the
+// whole time into the tokens/s EMA.
 static void s_tok_s_note(daemon_t *d, double seconds)
 {
     if (seconds <= 0.0)
         return;
+    if (d->o.slowdown > 1.0) {
+        double extra = (d->o.slowdown - 1.0) * seconds;
+        struct timespec ts = { (time_t) extra, (long) ((extra - (double) (time_t) extra) * 1e9) };
+        nanosleep(&ts, NULL);
+        seconds *= d->o.slowdown;
+    }
     double rate = (double) d->as.micro * d->as.cfg.T / seconds;
     d->tok_s = d->tok_s > 0.0 ? 0.9 * d->tok_s + 0.1 * rate : rate;
 }

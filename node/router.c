@@ -43,6 +43,7 @@ typedef struct {
     int64_t last_seen;       // ms (net_clock_ms)
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
+    int failed;              // a send to it failed: to be declared dead
 } peer_t;
 
 typedef struct {
@@ -52,6 +53,7 @@ typedef struct {
     int mb;                  // micro-batch index within the step
     int stage;               // stage
     int64_t sent;            // ms
+    int redo;                // re-run of work a dead peer had accumulated
 } req_t;
 
 typedef struct {
@@ -60,7 +62,11 @@ typedef struct {
     int fwd_peer[NODE_MAX_LAYERS]; // who ran its forward at each stage
     void *in[NODE_MAX_LAYERS + 1]; // wire bytes of each stage's input (stage 0: tokens)
     int32_t *targets;        // (micro, T)
-    void *grad;              // dy for the stage being run backward (wire bytes)
+    void *dy[NODE_MAX_LAYERS]; // wire bytes of the output gradient each stage's BWD got
+    int grad_peer[NODE_MAX_LAYERS]; // who accumulated its gradient at each stage, -1 none
+    int retry_kind;          // R_FWD/R_BWD that could not be sent yet, 0 none
+    int retry_stage;         // its stage
+    unsigned char redo_wanted[NODE_MAX_LAYERS]; // stage work to re-run once a peer is free
     float loss;              // from the last stage
 } mb_t;
 
@@ -101,6 +107,7 @@ typedef struct {
     int checksum_mismatches; // steps where replicas disagreed
     int phase;               // PH_*
     int pending;             // STEP or UPDATE replies still to come
+    int redo_pending;        // re-runs of a dead peer's work still to come
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
     int in_step[MAX_PEERS];  // it was sent this step's STEP
@@ -149,7 +156,7 @@ static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
 {
     for (int i = 0; i < MAX_REQS; i++) {
         if (r->reqs[i].id == 0) {
-            r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms() };
+            r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms(), 0 };
             r->peers[peer].inflight++;
             return &r->reqs[i];
         }
@@ -195,8 +202,12 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
     r->bytes_out += s_payload(*m);
     int rc = net_server_send(r->srv, &r->peers[p].who, m);
     if (rc != 0) {
-        fprintf(stderr, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
-                r->peers[p].name, strerror(-rc));
+        // not connected (or its queue is full): dead for this run; the next
+        // turn hands its work to others (s_reap), not in the middle of this one
+        if (!r->peers[p].failed)
+            fprintf(stderr, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
+                    r->peers[p].name, strerror(-rc));
+        r->peers[p].failed = 1;
         s_req_done(r, q);
     }
     return rc;
@@ -228,7 +239,8 @@ static void s_views(const router_t *r, swarm_peer_view_t *v)
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
         v[i] = (swarm_peer_view_t) {
-            .stage = p->stage, .ready = p->state == P_READY, .joining = p->state == P_JOINING,
+            .stage = p->stage, .ready = p->state == P_READY && !p->failed,
+        .joining = p->state == P_JOINING,
             .inflight = p->inflight, .queue = p->queue, .tok_s = p->tok_s,
         };
     }
@@ -307,6 +319,7 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     pe->last_seen = net_clock_ms();
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
+    pe->failed = 0;
     swarm_peer_view_t views[MAX_PEERS];
     s_views(r, views);
     pe->stage = swarm_policy_assign(views, r->npeers, r->plan.stages);
@@ -366,20 +379,20 @@ static void s_mb_clear(router_t *r, mb_t *b)
         b->in[s] = NULL;
     }
     free(b->targets);
-    free(b->grad);
+    for (int s = 0; s < r->plan.stages; s++) {
+        free(b->dy[s]);
+        b->dy[s] = NULL;
+    }
     *b = (mb_t) { .stage = -1 };
+    for (int s = 0; s < r->plan.stages; s++)
+        b->grad_peer[s] = -1;
 }
 
-// FWD of micro-batch i at stage s to the best ready peer.
-static int s_fwd(router_t *r, int i, int s)
+// The FWD message of micro-batch i at stage s.
+static net_msg_t *s_fwd_msg(router_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
     int S = r->plan.stages, T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
-    swarm_peer_view_t views[MAX_PEERS];
-    s_views(r, views);
-    int p = swarm_policy_pick(views, r->npeers, s, -1, (double) micro * T);
-    if (p < 0)
-        return -EAGAIN;
     net_msg_t *m = net_msg_new(NET_MSG_FWD);
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
@@ -396,26 +409,16 @@ static int s_fwd(router_t *r, int i, int s)
         else if (rc == 0)
             rc = s_meta(m, "scale=%a\n", 1.0f / (float) ((double) r->hp.batch * T));
     }
-    if (rc != 0) {
+    if (rc != 0)
         net_msg_destroy(&m);
-        return rc;
-    }
-    b->stage = s;
-    b->backward = 0;
-    b->fwd_peer[s] = p;
-    return s_send(r, p, &m, R_FWD, i, s);
+    return m;
 }
 
-// BWD of micro-batch i at stage s (< S-1), preferring its forward's peer.
-static int s_bwd(router_t *r, int i, int s)
+// The BWD message of micro-batch i at stage s (< S-1): its input and dy.
+static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
     int T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
-    swarm_peer_view_t views[MAX_PEERS];
-    s_views(r, views);
-    int p = swarm_policy_pick(views, r->npeers, s, b->fwd_peer[s], (double) micro * T);
-    if (p < 0)
-        return -EAGAIN;
     net_msg_t *m = net_msg_new(NET_MSG_BWD);
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
@@ -426,14 +429,88 @@ static int s_bwd(router_t *r, int i, int s)
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
                     : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
     if (rc == 0)
-        rc = net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->grad, r->x_bytes);
-    if (rc != 0) {
+        rc = net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->dy[s], r->x_bytes);
+    if (rc != 0)
         net_msg_destroy(&m);
-        return rc;
-    }
-    b->stage = s;
-    b->backward = 1;
+    return m;
+}
+
+// The best ready peer of stage s for micro-batch i (prefer: who holds its
+// activations, or -1). -EAGAIN when the stage has none.
+static int s_pick(router_t *r, int s, int prefer)
+{
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    int p = swarm_policy_pick(views, r->npeers, s, prefer, (double) r->hp.micro * r->hp.cfg.T);
+    return p < 0 ? -EAGAIN : p;
+}
+
+// FWD of micro-batch i at stage s to the best ready peer.
+static int s_fwd(router_t *r, int i, int s)
+{
+    int p = s_pick(r, s, -1);
+    net_msg_t *m = p >= 0 ? s_fwd_msg(r, i, s) : NULL;
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].stage = s;
+    r->mbs[i].fwd_peer[s] = p;
+    return s_send(r, p, &m, R_FWD, i, s);
+}
+
+// BWD of micro-batch i at stage s (< S-1), preferring its forward's peer.
+static int s_bwd(router_t *r, int i, int s)
+{
+    int p = s_pick(r, s, r->mbs[i].fwd_peer[s]);
+    net_msg_t *m = p >= 0 ? s_bwd_msg(r, i, s) : NULL;
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].stage = s;
+    r->mbs[i].backward = 1;
     return s_send(r, p, &m, R_BWD, i, s);
+}
+
+// Re-run the gradient-accumulating work of micro-batch i at stage s (a
+// dead peer held it) on another replica; its outputs are not needed.
+static int s_redo(router_t *r, int i, int s)
+{
+    int last = s == r->plan.stages - 1;
+    int p = s_pick(r, s, -1);
+    net_msg_t *m = p < 0 ? NULL : last ? s_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].grad_peer[s] = -1;
+    int rc = s_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
+    if (rc == 0) {
+        s_req_find(r, r->next_id)->redo = 1;
+        r->redo_pending++;
+    }
+    return rc;
+}
+
+// Send the next request of micro-batch i, or remember it for the next turn
+// when no peer of the stage can take it now (never lose a micro-batch).
+static int s_next(router_t *r, int i, int kind, int s)
+{
+    int rc = kind == R_FWD ? s_fwd(r, i, s) : s_bwd(r, i, s);
+    r->mbs[i].retry_kind = rc == 0 ? 0 : kind;
+    r->mbs[i].retry_stage = s;
+    return 0;
+}
+
+// Retry what could not be sent: chain requests and lost work to re-run.
+static void s_retry(router_t *r)
+{
+    for (int i = 0; i < r->G; i++) {
+        mb_t *b = &r->mbs[i];
+        if (b->retry_kind)
+            s_ignore(s_next(r, i, b->retry_kind, b->retry_stage));
+        for (int s = 0; s < r->plan.stages; s++) {
+            if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
+                b->redo_wanted[s] = 0;
+                r->redo_pending--; // counted when it was wanted
+            }
+        }
+    }
 }
 
 // Start micro-batch i of the current step.
@@ -474,12 +551,19 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
     if (dt > 0)
         pe->tok_s = 0.8 * pe->tok_s + 0.2 * (tokens / dt);
+    int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
+    if (accumulates)
+        b->grad_peer[s] = q->peer;
+    if (q->redo) {
+        r->redo_pending--;
+        return 0;
+    }
     if (q->kind == R_FWD && s < S - 1) {
         const void *y = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
         if (!y)
             return -EPROTO;
         b->in[s + 1] = s_dup_bytes(y, r->x_bytes);
-        return s_fwd(r, q->mb, s + 1);
+        return s_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
         char loss[64];
@@ -495,8 +579,9 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
         if (!dx)
             return -EPROTO;
-        b->grad = s_dup_bytes(dx, r->x_bytes);
-        return s_bwd(r, q->mb, S - 2);
+        free(b->dy[S - 2]);
+        b->dy[S - 2] = s_dup_bytes(dx, r->x_bytes);
+        return s_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
         b->stage = S; // through
@@ -505,8 +590,9 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
     if (!dx)
         return -EPROTO;
-    memcpy(b->grad, dx, r->x_bytes);
-    return s_bwd(r, q->mb, s - 1);
+    free(b->dy[s - 1]);
+    b->dy[s - 1] = s_dup_bytes(dx, r->x_bytes);
+    return s_next(r, q->mb, R_BWD, s - 1);
 }
 
 // ---- the step --------------------------------------------------------------
@@ -523,6 +609,7 @@ static void s_step_begin(router_t *r)
 // gradients.
 static void s_step_micro(router_t *r)
 {
+    s_retry(r);
     int flying = 0, done = 0, S = r->plan.stages;
     for (int i = 0; i < r->G; i++) {
         if (r->mbs[i].stage == S)
@@ -537,7 +624,7 @@ static void s_step_micro(router_t *r)
             flying++;
         }
     }
-    if (done < r->G)
+    if (done < r->G || r->redo_pending > 0)
         return;
     r->pending = 0;
     for (int p = 0; p < r->npeers; p++) {
@@ -777,6 +864,7 @@ static void s_eval_begin(router_t *r)
 static void s_eval_turn(router_t *r)
 {
     int S = r->plan.stages;
+    s_retry(r);
     for (int i = 0; i < r->G; i++) {
         if (r->mbs[i].stage == -2 && s_fwd(r, i, 0) != 0)
             r->mbs[i].stage = -2;
@@ -961,24 +1049,56 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 
 // ---- the loop --------------------------------------------------------------
 
-// A dead peer: its FWD/BWD requests go to another replica; it no longer
-// counts for STEP/UPDATE. (Exact steps after a failure come with the next
-// piece of work: a dead peer's accumulated gradients are lost here.)
+// Exact steps: the gradients a dead peer accumulated this step are lost
+// with it, so each micro-batch's work it did is run again on a survivor of
+// its stage before the step closes. If it died while the gradients were
+// being gathered, the gathering starts over once the re-runs are in (the
+// survivors' sums then include them).
+static void s_redo_lost(router_t *r, int p)
+{
+    if (r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD) || r->got_grad[p])
+        return;
+    int redone = 0;
+    for (int i = 0; i < r->G; i++) {
+        for (int s = 0; s < r->plan.stages; s++) {
+            if (r->mbs[i].grad_peer[s] != p)
+                continue;
+            r->mbs[i].grad_peer[s] = -1;
+            r->mbs[i].redo_wanted[s] = 1; // sent by s_retry this turn
+            r->redo_pending++;
+            redone++;
+        }
+    }
+    if (r->phase == PH_GRAD) {
+        for (int k = 0; k < MAX_REQS; k++)
+            if (r->reqs[k].id && r->reqs[k].kind == R_STEP)
+                s_req_done(r, &r->reqs[k]); // their answers are stale now
+        for (int q = 0; q < r->npeers; q++)
+            r->got_grad[q] = 0;
+        r->phase = PH_MB;
+    }
+    fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "
+            "other replicas\n", r->step, redone);
+}
+
+// A dead peer: its FWD/BWD requests go to another replica, the gradients it
+// held are rebuilt elsewhere, and it no longer counts for STEP/UPDATE.
 static void s_peer_dead(router_t *r, int p, const char *why)
 {
     if (r->peers[p].state == P_DEAD)
         return;
     fprintf(stderr, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
+    int was_ready = r->peers[p].state == P_READY;
     r->peers[p].state = P_DEAD;
     for (int i = 0; i < MAX_REQS; i++) {
         req_t q = r->reqs[i];
         if (q.id == 0 || q.peer != p)
             continue;
         s_req_done(r, &r->reqs[i]);
-        if (q.kind == R_FWD)
-            s_ignore(s_fwd(r, q.mb, q.stage));
-        else if (q.kind == R_BWD)
-            s_ignore(s_bwd(r, q.mb, q.stage));
+        if (q.redo) {
+            r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
+        } else if (q.kind == R_FWD || q.kind == R_BWD)
+            s_ignore(s_next(r, q.mb, q.kind, q.stage));
         else if (q.kind == R_STEP || q.kind == R_UPDATE)
             r->pending--;
         else if (q.kind == R_STATE_GET && q.mb < 0)
@@ -986,12 +1106,37 @@ static void s_peer_dead(router_t *r, int p, const char *why)
         else if (q.kind == R_STATE_GET)
             r->peers[q.mb].inflight--; // the joiner asks again between steps
     }
+    if (was_ready)
+        s_redo_lost(r, p);
+    for (int s = 0; s < r->plan.stages; s++)
+        if (s_ready_count(r, s) == 0 && r->started)
+            fprintf(stderr, "swarm router: stage %d has no replica left; waiting for a node "
+                    "(rollback to a checkpoint is not implemented yet)\n", s);
+}
+
+// A request's deadline: 20 times what the peer's measured speed says it
+// should take, and never under 5 s (a loaded machine is not a dead one).
+static int64_t s_deadline_ms(const router_t *r, int p)
+{
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    double expect = 1000.0 * tokens / (r->peers[p].tok_s > 1.0 ? r->peers[p].tok_s : 1.0);
+    return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
 }
 
 static void s_reap(router_t *r)
 {
     net_peer_t dead[16];
     size_t n = 0;
+    int64_t now = net_clock_ms();
+    for (int i = 0; i < MAX_REQS; i++) {
+        const req_t *q = &r->reqs[i];
+        if (q->id && q->kind != R_STATE && q->kind != R_STATE_GET
+            && now - q->sent > s_deadline_ms(r, q->peer))
+            s_peer_dead(r, q->peer, "missed a request's deadline: treated as dead");
+    }
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].failed && r->peers[p].state != P_DEAD)
+            s_peer_dead(r, p, "is not connected: dead");
     net_server_reap(r->srv, net_clock_ms(), dead, 16, &n);
     for (size_t k = 0; k < n; k++) {
         int p = s_peer_find(r, &dead[k]);
@@ -1005,7 +1150,8 @@ static int s_all_stages_ready(const router_t *r)
     for (int s = 0; s < r->plan.stages; s++)
         if (s_ready_count(r, s) == 0)
             return 0;
-    return s_ready_count(r, -1) >= r->min_nodes;
+    // --min-nodes gates the start only: later the swarm trains on what it has
+    return r->started || s_ready_count(r, -1) >= r->min_nodes;
 }
 
 static void s_turn(router_t *r)
@@ -1233,7 +1379,7 @@ static int s_layout(router_t *r, char *err, size_t n)
         return -ENOMEM;
     }
     for (int i = 0; i < r->G; i++)
-        r->mbs[i].stage = -1;
+        s_mb_clear(r, &r->mbs[i]);
     if (r->window <= 0 || r->window > r->G)
         r->window = r->G;
     r->x_bytes = (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C * sizeof(float);

@@ -811,8 +811,10 @@ static void s_step_end(router_t *r)
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     s_compare_checksums(r);
-    if (r->loss_log)
+    if (r->loss_log) {
         fprintf(r->loss_log, "%ld %.6f %.8g\n", r->step, r->last_loss, lr);
+        fflush(r->loss_log); // a killed run keeps its curve
+    }
     if (r->csv) {
         fprintf(r->csv, "%ld,%.6f,%.8g\n", r->step, r->last_loss, lr);
         fflush(r->csv);

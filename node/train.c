@@ -131,8 +131,10 @@ static int s_one_step(run_t *r)
     r->train_time += s_now() - t0;
     if (rc != 0)
         return rc;
-    if (r->loss_log)
+    if (r->loss_log) {
         fprintf(r->loss_log, "%ld %.6f %.8g\n", step, loss, lr);
+        fflush(r->loss_log); // a killed run keeps its curve
+    }
     if (r->csv) {
         fprintf(r->csv, "%ld,%.6f,%.8g\n", step, loss, lr);
         fflush(r->csv);

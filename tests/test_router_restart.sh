@@ -1,0 +1,110 @@
+#!/bin/sh
+# test_router_restart.sh BUILD - the router itself is SIGKILLed mid-run and
+# started again with --resume on the same address: the nodes reconnect on
+# their own, training continues from the last checkpoint, and every step's
+# loss (the resumed run's, for steps it replayed) equals `swarm train`'s.
+# Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+TMP=$(mktemp -d /tmp/swarm-restart.XXXXXX)
+pids=""
+cleanup() {
+    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+"$SWARM" keygen "$TMP/router" >/dev/null
+
+start_router() {  # LOG [flags]
+    log=$1
+    shift
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --key "$TMP/router" --save "$TMP/ck" \
+        --save-every 5 --log-every 1 --loss-log "$TMP/swarm.txt" "$@" >"$log" 2>&1 &
+    router=$!
+    pids="$pids $router"
+}
+
+start_router "$TMP/router1.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
+endpoint=""
+for _ in $(seq 1 100); do
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router1.log")
+    [ -n "$endpoint" ] && break
+    sleep 0.1
+done
+for i in 1 2; do
+    "$SWARM" keygen "$TMP/node$i" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
+        --threads 1 --name "node$i" --slowdown 60 >"$TMP/node$i.log" 2>&1 &
+    pids="$pids $!"
+done
+killed=0
+for _ in $(seq 1 600); do
+    if grep -q "^step 12/40 " "$TMP/router1.log"; then
+        kill -9 "$router" && killed=1
+        break
+    fi
+    sleep 0.05
+done
+wait "$router" 2>/dev/null
+if [ $killed = 1 ] && ! grep -q "^summary" "$TMP/router1.log"; then
+    ok "router SIGKILLed after step 12 (last checkpoint: step 10)"
+else
+    bad "could not kill the router mid-run"; tail -5 "$TMP/router1.log"
+fi
+
+start_router "$TMP/router2.log" --listen "$endpoint" --resume "$TMP/ck"
+# a third node joins mid-run: it gets its stage's state from a live replica
+for _ in $(seq 1 600); do
+    grep -q "^step 20/40 " "$TMP/router2.log" && break
+    sleep 0.05
+done
+"$SWARM" keygen "$TMP/node3" >/dev/null
+"$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node3" \
+    --threads 1 --name node3 --slowdown 60 >"$TMP/node3.log" 2>&1 &
+pids="$pids $!"
+for _ in $(seq 1 600); do
+    kill -0 "$router" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$router" 2>/dev/null; then
+    bad "resumed router still running after 60 s"; tail -10 "$TMP/router2.log"
+    kill -9 "$router"
+fi
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "resumed from $TMP/ck at step 10" "$TMP/router2.log" \
+    && grep -q "checksum mismatches 0" "$TMP/router2.log"; then
+    ok "resumed at step 10; the nodes came back on their own and finished the run"
+else
+    bad "resume: exit $rc"; tail -15 "$TMP/router2.log"; tail -5 "$TMP/node1.log"
+fi
+sums=$(sed -n 's/.*step 40: updated, checksum \([0-9a-f]*\)$/\1/p' "$TMP"/node[123].log | sort | uniq -c)
+if grep -q "peer [0-9]* (node3) ready on stage" "$TMP/router2.log" && grep -q "step 40: updated" "$TMP/node3.log" \
+    && [ "$(echo "$sums" | wc -l)" -eq 2 ] && echo "$sums" | grep -q "^ *2 "; then
+    ok "a node that joined at step 20 ends with its replica's checksum: $(echo $sums)"
+else
+    bad "the joining node"; echo "$sums"; tail -5 "$TMP/node3.log"; grep node3 "$TMP/router2.log"
+fi
+# the last line written for each step is the one that counts
+awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$TMP/swarm.txt" | sort -n >"$TMP/final.txt"
+if [ "$(wc -l <"$TMP/final.txt")" -eq 40 ] && paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | awk '
+    { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
+    END { exit bad }'; then
+    ok "every step's loss equals swarm train's to 1e-4 relative across the restart"
+else
+    bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -124,6 +124,8 @@ typedef struct {
     uint64_t eval_state;     // the split's splitmix64 stream
     double eval_sum;         // sum of batch losses of the split
     double eval_loss[2];     // train and val results
+    long ckpt_step;          // the step params/m/v hold (the last checkpoint)
+    int rollbacks;           // times every replica of a stage was lost
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
 } router_t;
@@ -795,6 +797,7 @@ static void s_ckpt_write(router_t *r)
         .warmup = r->hp.warmup, .batch = r->hp.batch, .lr = r->hp.lr, .min_lr = r->hp.min_lr,
         .weight_decay = r->hp.weight_decay, .grad_clip = r->hp.grad_clip,
     };
+    r->ckpt_step = r->step; // params/m/v now hold this step, written or not
     if (node_ckpt_save(r->o.save, &meta, r->params, r->m, r->v, err, sizeof err) != 0)
         fprintf(stderr, "swarm router: checkpoint not written: %s\n", err);
     else
@@ -1083,6 +1086,33 @@ static void s_redo_lost(router_t *r, int p)
             "other replicas\n", r->step, redone);
 }
 
+// Every replica of stage s is gone, and its state with them: the whole
+// swarm goes back to the last checkpoint (held in params/m/v), every live
+// node reloads its stage from it, and the run waits for a node for stage s,
+// then replays. The curve after it equals an uninterrupted run's.
+static void s_rollback(router_t *r, int s)
+{
+    fprintf(stderr, "swarm router: stage %d lost every replica at step %ld: rolling back to "
+            "step %ld%s; waiting for a node to serve it\n", s, r->step, r->ckpt_step,
+            r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
+    for (int i = 0; i < MAX_REQS; i++)
+        if (r->reqs[i].id)
+            s_req_done(r, &r->reqs[i]);
+    for (int i = 0; i < r->G; i++)
+        s_mb_clear(r, &r->mbs[i]);
+    for (int p = 0; p < r->npeers; p++) {
+        r->peers[p].inflight = 0;
+        if (r->peers[p].state == P_READY)
+            r->peers[p].state = P_JOINING; // reloads the checkpoint (s_joins)
+    }
+    r->pending = r->redo_pending = r->ckpt_pending = 0;
+    r->evaluating = r->want_eval = r->want_ckpt = 0;
+    r->step = r->ckpt_step;
+    r->started = 0; // joins get the router's copy again
+    r->rollbacks++;
+    r->phase = PH_WAIT;
+}
+
 // A dead peer: its FWD/BWD requests go to another replica, the gradients it
 // held are rebuilt elsewhere, and it no longer counts for STEP/UPDATE.
 static void s_peer_dead(router_t *r, int p, const char *why)
@@ -1110,10 +1140,12 @@ static void s_peer_dead(router_t *r, int p, const char *why)
     }
     if (was_ready)
         s_redo_lost(r, p);
-    for (int s = 0; s < r->plan.stages; s++)
-        if (s_ready_count(r, s) == 0 && r->started)
-            fprintf(stderr, "swarm router: stage %d has no replica left; waiting for a node "
-                    "(rollback to a checkpoint is not implemented yet)\n", s);
+    for (int s = 0; s < r->plan.stages; s++) {
+        if (r->started && s_ready_count(r, s) == 0) {
+            s_rollback(r, s);
+            break;
+        }
+    }
 }
 
 // A request's deadline: 20 times what the peer's measured speed says it
@@ -1153,7 +1185,7 @@ static int s_all_stages_ready(const router_t *r)
         if (s_ready_count(r, s) == 0)
             return 0;
     // --min-nodes gates the start only: later the swarm trains on what it has
-    return r->started || s_ready_count(r, -1) >= r->min_nodes;
+    return r->started || r->rollbacks > 0 || s_ready_count(r, -1) >= r->min_nodes;
 }
 
 static void s_turn(router_t *r)
@@ -1332,6 +1364,7 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
     if (rc != 0)
         return rc;
     r->first = r->step;
+    r->ckpt_step = r->step;
     r->hp = node_train_hparams(&r->o);
     r->want_eval = r->o.eval_every > 0 && r->step == 0;
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {

@@ -1,0 +1,102 @@
+#!/bin/sh
+# test_rollback.sh BUILD - the only node of a stage is SIGKILLed mid-run:
+# the router rolls the whole swarm back to its last checkpoint, waits for a
+# new node, and replays; every step's loss (the replay's, for steps run
+# twice) equals `swarm train`'s.
+# Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+TMP=$(mktemp -d /tmp/swarm-rollback.XXXXXX)
+pids=""
+cleanup() {
+    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+"$SWARM" keygen "$TMP/router" >/dev/null
+
+start_router() {  # LOG [flags]
+    log=$1
+    shift
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --key "$TMP/router" --save "$TMP/ck" \
+        --save-every 5 --log-every 1 --loss-log "$TMP/swarm.txt" "$@" >"$log" 2>&1 &
+    router=$!
+    pids="$pids $router"
+}
+
+start_router "$TMP/router.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
+endpoint=""
+for _ in $(seq 1 100); do
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router.log")
+    [ -n "$endpoint" ] && break
+    sleep 0.1
+done
+start_node() {  # I
+    "$SWARM" keygen "$TMP/node$1" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
+        --threads 1 --name "node$1" --slowdown 60 >"$TMP/node$1.log" 2>&1 &
+    eval "pid_node$1=$!"
+    pids="$pids $!"
+}
+start_node 1
+start_node 2
+victim=""
+for _ in $(seq 1 600); do
+    if grep -q "^step 12/40 " "$TMP/router.log"; then
+        name=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage 1$/\1/p' "$TMP/router.log" | head -1)
+        victim=$(eval "echo \$pid_$name")
+        kill -9 "$victim"
+        break
+    fi
+    sleep 0.05
+done
+[ -n "$victim" ] && ok "SIGKILLed the only node of stage 1 after step 12" || bad "no victim"
+for _ in $(seq 1 200); do
+    grep -q "rolling back to step 10" "$TMP/router.log" && break
+    sleep 0.05
+done
+if grep -q "stage 1 lost every replica at step 1[2-3]: rolling back to step 10" "$TMP/router.log"; then
+    ok "rollback: $(grep -m1 "rolling back" "$TMP/router.log" | cut -c1-100)"
+else
+    bad "no rollback"; tail -5 "$TMP/router.log"
+fi
+start_node 3
+for _ in $(seq 1 600); do
+    kill -0 "$router" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$router" 2>/dev/null; then
+    bad "router still running after 60 s"; tail -10 "$TMP/router.log"
+    kill -9 "$router"
+fi
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log" \
+    && grep -q "(node3) ready on stage 1" "$TMP/router.log"; then
+    ok "a new node took stage 1 and the run finished"
+else
+    bad "router exit $rc"; tail -15 "$TMP/router.log"
+fi
+# the last line written for each step is the one that counts
+awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$TMP/swarm.txt" | sort -n >"$TMP/final.txt"
+if [ "$(wc -l <"$TMP/final.txt")" -eq 40 ] && paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | awk '
+    { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
+    END { exit bad }'; then
+    ok "every step's loss equals swarm train's to 1e-4 relative across the rollback"
+else
+    bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

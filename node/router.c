@@ -44,6 +44,8 @@ typedef struct {
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
     int failed;              // a send to it failed: to be declared dead
+    double moved_at;         // s (s_secs) of its last rebalancing move, -1e30 never
+    int moving;              // joining its new stage after a move
 } peer_t;
 
 typedef struct {
@@ -83,6 +85,8 @@ typedef struct {
     const char *key_name;    // router key pair NAME
     const char *allow_path;  // allow-list file, NULL = open
     int min_nodes;           // ready nodes needed before training starts
+    double rebalance_every;  // seconds between rebalancing checks, 0 = never
+    double last_rebalance;   // s of the last check
     int window;              // micro-batches in flight
     net_key_t *key;          // router key
     net_allow_t *allow;      // allow-list
@@ -243,7 +247,7 @@ static void s_views(const router_t *r, swarm_peer_view_t *v)
         v[i] = (swarm_peer_view_t) {
             .stage = p->stage, .ready = p->state == P_READY && !p->failed,
         .joining = p->state == P_JOINING,
-            .inflight = p->inflight, .queue = p->queue, .tok_s = p->tok_s,
+            .inflight = p->inflight, .queue = p->queue, .tok_s = p->tok_s, .moved_at = p->moved_at,
         };
     }
 }
@@ -309,7 +313,7 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
             return;
         }
         p = r->npeers++;
-        r->peers[p] = (peer_t) { .who = *who, .id = p + 1, .stage = -1 };
+        r->peers[p] = (peer_t) { .who = *who, .id = p + 1, .stage = -1, .moved_at = -1e30 };
     }
     peer_t *pe = &r->peers[p];
     s_sanitize(name);
@@ -941,14 +945,15 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
     }
     n += snprintf(json + n, sizeof json - n, "], \"peers\": [");
     int64_t now = net_clock_ms();
-    static const char *states[] = { "?", "joining", "ready", "dead" };
+    static const char *states[] = { "?", "joining", "ready", "dead", "moving" };
     for (int p = 0; p < r->npeers && n < (int) sizeof json - 512; p++) {
         const peer_t *pe = &r->peers[p];
         n += snprintf(json + n, sizeof json - n, "%s{\"id\": %d, \"name\": \"%s\", \"key\": \"%s\", "
                       "\"device\": \"%s\", \"stage\": %d, \"tok_s\": %.1f, \"inflight\": %d, "
                       "\"heartbeat_age_s\": %.1f, \"state\": \"%s\"}", p ? ", " : "", pe->id,
                       pe->name, pe->who.key, pe->device, pe->stage, pe->tok_s, pe->inflight,
-                      (double) (now - pe->last_seen) / 1000.0, states[pe->state & 3]);
+                      (double) (now - pe->last_seen) / 1000.0,
+                      states[pe->state == P_JOINING && pe->moving ? 4 : pe->state & 3]);
     }
     snprintf(json + n, sizeof json - n, "]}");
     net_msg_t *m = net_msg_reply(req, NET_MSG_STATUS);
@@ -1188,6 +1193,58 @@ static int s_all_stages_ready(const router_t *r)
     return r->started || r->rollbacks > 0 || s_ready_count(r, -1) >= r->min_nodes;
 }
 
+// Work per token of each stage (forward FLOPs; the plan's estimate).
+static void s_stage_costs(const router_t *r, double *cost)
+{
+    double C = r->hp.cfg.C, T = r->hp.cfg.T, V = r->hp.cfg.V;
+    for (int s = 0; s < r->plan.stages; s++) {
+        cost[s] = (r->plan.first[s + 1] - r->plan.first[s]) * (24.0 * C * C + 4.0 * T * C);
+        cost[s] += s == 0 ? 2.0 * C : 0.0;
+        cost[s] += s == r->plan.stages - 1 ? 2.0 * C * V + 5.0 * V : 0.0;
+    }
+}
+
+// Between steps, every --rebalance-every seconds: move one peer from the
+// strongest stage to the weakest when the bottleneck gains 20%; it gets the
+// new stage's state from a live replica (s_joins) before the next step.
+static void s_rebalance(router_t *r)
+{
+    double now = s_secs();
+    if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
+        return;
+    r->last_rebalance = now;
+    swarm_peer_view_t views[MAX_PEERS];
+    double cost[NODE_MAX_LAYERS];
+    s_views(r, views);
+    s_stage_costs(r, cost);
+    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.2,
+                                            6.0 * r->rebalance_every, &to);
+    if (p < 0)
+        return;
+    peer_t *pe = &r->peers[p];
+    double before[NODE_MAX_LAYERS] = {0};
+    for (int q = 0; q < r->npeers; q++)
+        if (views[q].ready)
+            before[views[q].stage] += views[q].tok_s;
+    printf("swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d (%.0f tok/s in all) "
+           "to stage %d (%.0f tok/s), the bottleneck\n", r->step, pe->id, pe->name, pe->tok_s,
+           pe->stage, before[pe->stage], to, before[to]);
+    fflush(stdout);
+    net_msg_t *a = net_msg_new(NET_MSG_ASSIGN);
+    net_msg_head(a)->stage = (uint32_t) to;
+    net_msg_head(a)->step = (uint64_t) r->step;
+    const node_config_t *c = &r->hp.cfg;
+    s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V, c->T,
+           c->C, c->L, c->H, r->plan.stages, to, r->hp.micro, pe->id);
+    if (net_server_send(r->srv, &pe->who, &a) != 0)
+        return;
+    pe->tok_s *= cost[pe->stage] / cost[to];
+    pe->stage = to;
+    pe->state = P_JOINING;
+    pe->moving = 1;
+    pe->moved_at = now;
+}
+
 static void s_turn(router_t *r)
 {
     switch (r->phase) {
@@ -1201,6 +1258,8 @@ static void s_turn(router_t *r)
             s_ckpt_begin(r);
             break;
         }
+        if (r->started)
+            s_rebalance(r);
         s_joins(r);
         if (!r->done && s_all_stages_ready(r)) {
             if (!r->started) {
@@ -1276,6 +1335,8 @@ static void s_help(FILE *out)
         "  --open          open swarm: any key may join (the default)\n"
         "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
         "  --window W      micro-batches in flight (default: all of a step)\n"
+        "  --rebalance-every SECONDS  move a peer from the strongest stage to the weakest\n"
+        "                  when that lifts the bottleneck by 20%% (default 0 = never)\n"
         "training flags (as swarm train):\n");
     node_train_help(out);
 }
@@ -1285,11 +1346,13 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
 {
     int out = 1;
     r->listen = "tcp://*:7070";
+    r->rebalance_every = 0.0; // off until moves are exercised end to end (docs/swarm.md)
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
-                 || !strcmp(a, "--min-nodes") || !strcmp(a, "--window");
+                 || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
+                 || !strcmp(a, "--rebalance-every");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
             return -EINVAL;
@@ -1308,6 +1371,13 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return -EINVAL;
             }
             *(!strcmp(a, "--window") ? &r->window : &r->min_nodes) = (int) x;
+        } else if (!strcmp(a, "--rebalance-every")) {
+            char *end;
+            r->rebalance_every = strtod(v, &end);
+            if (*v == '\0' || *end || !(r->rebalance_every >= 0 && r->rebalance_every <= 86400)) {
+                snprintf(err, n, "--rebalance-every %s: expected seconds 0..86400 (0 = never)", v);
+                return -EINVAL;
+            }
         } else if (!strcmp(a, "--open")) {
             r->allow_path = NULL;
             continue;

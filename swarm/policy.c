@@ -59,3 +59,55 @@ int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
     }
     return best;
 }
+
+// Summed tok_s of each stage's ready peers into tot[]; the bottleneck.
+static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double *tot, int *count)
+{
+    for (int s = 0; s < stages; s++)
+        tot[s] = 0.0, count[s] = 0;
+    for (int i = 0; i < n; i++) {
+        if (peers[i].ready && peers[i].stage >= 0 && peers[i].stage < stages) {
+            tot[peers[i].stage] += peers[i].tok_s;
+            count[peers[i].stage]++;
+        }
+    }
+    double low = tot[0];
+    for (int s = 1; s < stages; s++)
+        low = tot[s] < low ? tot[s] : low;
+    return low;
+}
+
+int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                           double now, double margin, double hold, int *to)
+{
+    double tot[256];
+    int count[256];
+    if (stages < 2 || stages > 256)
+        return -1;
+    double low = s_totals(peers, n, stages, tot, count);
+    int weak = 0;
+    for (int s = 1; s < stages; s++)
+        weak = tot[s] < tot[weak] ? s : weak;
+    int best = -1;
+    double best_low = low * (1.0 + margin);
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &peers[i];
+        int from = p->stage;
+        if (!p->ready || from < 0 || from >= stages || from == weak || count[from] < 2
+            || now - p->moved_at < hold || cost[weak] <= 0.0)
+            continue;
+        // the bottleneck if p served the weakest stage instead
+        double after = 1e300;
+        for (int s = 0; s < stages; s++) {
+            double t = tot[s] - (s == from ? p->tok_s : 0.0)
+                     + (s == weak ? p->tok_s * cost[from] / cost[weak] : 0.0);
+            after = t < after ? t : after;
+        }
+        if (after > best_low) {
+            best = i;
+            best_low = after;
+        }
+    }
+    *to = weak;
+    return best;
+}

@@ -50,6 +50,7 @@ typedef struct {
     int inflight;     // requests we have outstanding at it
     int queue;        // requests it reported queued
     double tok_s;     // tokens per second, EMA
+    double moved_at;  // seconds (caller's clock) of its last stage move; -1e30 never
 } swarm_peer_view_t;
 
 // The ready peer of `stage` with the earliest projected finish for a
@@ -59,5 +60,14 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 // The stage a joining node should serve: least total throughput of its
 // ready and joining peers, then fewest replicas, then the lowest index.
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);
+
+// Rebalancing: the peer to move from the strongest stage to the weakest,
+// or -1. cost[s] is stage s's work per token (any unit): a peer doing
+// tok_s on stage a does about tok_s * cost[a] / cost[b] on stage b. A move
+// must raise the pipeline's bottleneck (min over stages of summed tok_s) by
+// more than `margin` (0.2 = 20%), may not empty a stage, and may not move a
+// peer moved within `hold` seconds of `now`. *to gets the new stage.
+int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                           double now, double margin, double hold, int *to);
 
 #endif

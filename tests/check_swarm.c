@@ -595,6 +595,54 @@ START_TEST(test_assign_fills_the_weakest_stage)
 }
 END_TEST
 
+START_TEST(test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps)
+{
+    const double cost[2] = { 1.0, 1.0 };
+    swarm_peer_view_t p[3] = {
+        s_view(0, 1, 0, 1500), s_view(0, 1, 0, 1500), s_view(1, 1, 0, 500),
+    };
+    for (int i = 0; i < 3; i++)
+        p[i].moved_at = -1e30;
+    int to = -1;
+    // stage 0 has 3000 tok/s, stage 1 500: moving one raises the bottleneck to 1500
+    int who = swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to);
+    ck_assert_int_ge(who, 0);
+    ck_assert_int_le(who, 1);
+    ck_assert_int_eq(to, 1);
+    // moved 10 s ago: held in place
+    p[0].moved_at = p[1].moved_at = 90.0;
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+    // nearly balanced: no move improves the bottleneck by 20%
+    p[0].moved_at = p[1].moved_at = -1e30;
+    p[0].tok_s = 1000, p[1].tok_s = 900, p[2].tok_s = 1000;
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+    // a stage's only replica is never moved, even when it is the strongest
+    swarm_peer_view_t q[2] = { s_view(0, 1, 0, 9000), s_view(1, 1, 0, 10) };
+    q[0].moved_at = q[1].moved_at = -1e30;
+    ck_assert_int_eq(swarm_policy_rebalance(q, 2, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+}
+END_TEST
+
+START_TEST(test_rebalance_counts_stage_cost)
+{
+    // stage 1 costs 4x stage 0 per token: a 2000 tok/s peer of stage 0
+    // would do 500 there, taking stage 1 from 100 to 600
+    const double cost[2] = { 1.0, 4.0 };
+    swarm_peer_view_t p[3] = {
+        s_view(0, 1, 0, 2000), s_view(0, 1, 0, 2000), s_view(1, 1, 0, 100),
+    };
+    for (int i = 0; i < 3; i++)
+        p[i].moved_at = -1e30;
+    int to = -1;
+    ck_assert_int_ge(swarm_policy_rebalance(p, 3, 2, cost, 0.0, 0.2, 30.0, &to), 0);
+    ck_assert_int_eq(to, 1);
+    // but not when the weak stage is so costly that the move gains < 20%
+    p[2].tok_s = 480;   // 480 -> 980 vs stage 0 2000: fine; make it marginal:
+    p[0].tok_s = p[1].tok_s = 300; // stage 0 600, stage 1 480 -> move: 300 vs 555
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 0.0, 0.2, 30.0, &to), -1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("swarm");
@@ -633,6 +681,8 @@ int main(void)
     tcase_add_test(tc, test_pick_prefers_earliest_projected_finish);
     tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
+    tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
+    tcase_add_test(tc, test_rebalance_counts_stage_cost);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, test_tinyshakespeare_first_batch_matches_ref_gpt);

@@ -607,6 +607,8 @@ static void s_step_begin(router_t *r)
 {
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
+    for (int p = 0; p < r->npeers; p++)
+        r->got_grad[p] = r->in_step[p] = 0; // nobody's gradient of this step is in yet
     r->phase = PH_MB;
     r->step_t0 = s_secs();
 }
@@ -1019,6 +1021,11 @@ static int s_on_reply(router_t *r, int p, const net_msg_t *m)
     case R_STATE:
         if (h->type != NET_MSG_RESULT)
             return -EPROTO;
+        if (r->phase == PH_GRAD || r->phase == PH_UPDATE) {
+            // loaded the step's state, but the step's update has begun without
+            // it: it would be one update behind; fetch again between steps
+            return 0;
+        }
         r->peers[p].state = P_READY;
         s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
         printf("swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
@@ -1084,7 +1091,8 @@ static void s_redo_lost(router_t *r, int p)
             if (r->reqs[k].id && r->reqs[k].kind == R_STEP)
                 s_req_done(r, &r->reqs[k]); // their answers are stale now
         for (int q = 0; q < r->npeers; q++)
-            r->got_grad[q] = 0;
+            if (r->peers[q].state != P_DEAD)
+                r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
         r->phase = PH_MB;
     }
     fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "

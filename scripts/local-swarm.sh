@@ -1,5 +1,6 @@
 #!/bin/sh
-# local-swarm.sh -n NODES -s STAGES [--steps N] [--build DIR] [router flags...]
+# local-swarm.sh -n NODES -s STAGES [--steps N] [--speeds 1,0.5,...] [--chaos SEED]
+#                [--build DIR] [router flags...]
 # A whole swarm on this machine: a router on a free loopback port and NODES
 # `swarm node` processes (--threads 1 each), with fresh keys in a temporary
 # folder. Streams the router's log, waits for it to finish, stops every
@@ -9,10 +10,13 @@
 # Environment: BUILD (default build), SWARM (default $BUILD/swarm), KEEP=1
 # keeps the folder of keys and logs, TIMEOUT (s, default 3600) bounds the run.
 # It does not pick a port: the router binds port 0 and says which it got.
+# --speeds gives node i a speed (node --slowdown 1/speed); --chaos SEED
+# SIGKILLs a random node every CHAOS_EVERY s (default 20) and starts a
+# replacement, and in between SIGSTOPs another for 5 s, all drawn from SEED.
 
 me=local-swarm.sh
 usage() {
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
 }
 die() {
     echo "$me: $*" >&2
@@ -35,7 +39,7 @@ while [ "$left" -gt 0 ]; do
     shift
     left=$((left - 1))
     case $a in
-    -n | --nodes | -s | --stages | --steps | --build)
+    -n | --nodes | -s | --stages | --steps | --build | --speeds | --chaos)
         [ "$left" -gt 0 ] || die "$a needs a value (see $me --help)"
         v=$1
         shift
@@ -45,6 +49,8 @@ while [ "$left" -gt 0 ]; do
         -s | --stages) stages=$v ;;
         --steps) steps=$v ;;
         --build) build=$v build_flag=1 ;;
+        --speeds) speeds=$v ;;
+        --chaos) chaos=$v ;;
         esac
         ;;
     -h | --help)
@@ -153,13 +159,30 @@ tail -n +1 -f "$TMP/router.log" &
 tailer=$!
 
 # ---- the nodes ----
+# slowdown_of I: 1/speed of node I from --speeds (1 when not given)
+slowdown_of() {
+    echo "${speeds:-}" | awk -F, -v i="$1" '{ v = (i <= NF && $i != "") ? $i : 1 }
+        END { if (v <= 0 || v > 1) v = 1; printf "%g", 1 / v }'
+}
+start_node() {  # I
+    [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
+        --threads 1 --name "node$1" --slowdown "$(slowdown_of "$1")" >"$TMP/node$1.log" 2>&1 &
+    node_pids="$node_pids $!"
+}
 i=1
 while [ "$i" -le "$nodes" ]; do
-    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
-        --threads 1 --name "node$i" >"$TMP/node$i.log" 2>&1 &
-    node_pids="$node_pids $!"
+    start_node "$i"
     i=$((i + 1))
 done
+next_node=$((nodes + 1))
+# chaos_pick K N: a number in 1..N for event K, drawn from the seed
+chaos_pick() {
+    awk -v s="$chaos" -v k="$1" -v n="$2" 'BEGIN { srand(s * 7919 + k); print 1 + int(rand() * n) }'
+}
+chaos_every=${CHAOS_EVERY:-20}
+chaos_event=0
+stopped=
 echo "$me: router $endpoint, $nodes nodes, $stages stages, ${steps:-the router's} steps; logs in $TMP" >&2
 
 # ---- wait for the router (bounded: TIMEOUT s); give up if every node has
@@ -176,6 +199,30 @@ ticks=$((timeout * 5))
 orphaned=0
 failed=""
 while alive "$router" && [ "$ticks" -gt 0 ]; do
+    if [ -n "${chaos:-}" ]; then
+        chaos_tick=$(( (timeout * 5 - ticks) % (chaos_every * 5) ))
+        live=""
+        for p in $node_pids; do alive "$p" && live="$live $p"; done
+        count=$(echo $live | wc -w)
+        if [ -n "$stopped" ] && [ "$chaos_tick" -eq $((chaos_every * 5 / 2 + 25)) ]; then
+            kill -CONT "$stopped" 2>/dev/null
+            echo "$me: chaos: SIGCONT pid $stopped" >&2
+            stopped=""
+        fi
+        if [ "$chaos_tick" -eq $((chaos_every * 5 - 1)) ] && [ "$count" -gt 1 ]; then
+            chaos_event=$((chaos_event + 1))
+            victim=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
+            kill -KILL "$victim" 2>/dev/null
+            echo "$me: chaos: SIGKILL pid $victim; starting node$next_node" >&2
+            start_node "$next_node"
+            next_node=$((next_node + 1))
+        elif [ "$chaos_tick" -eq $((chaos_every * 5 / 2)) ] && [ "$count" -gt 2 ] && [ -z "$stopped" ]; then
+            chaos_event=$((chaos_event + 1))
+            stopped=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
+            kill -STOP "$stopped" 2>/dev/null
+            echo "$me: chaos: SIGSTOP pid $stopped for 5 s" >&2
+        fi
+    fi
     any=""
     for p in $node_pids; do alive "$p" && any=1; done
     if [ -n "$any" ]; then orphaned=0; else orphaned=$((orphaned + 1)); fi

@@ -109,5 +109,25 @@ else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt"
 fi
 
+# chaos: a node SIGKILLed every 4 s and replaced (the new one joins between
+# steps), another SIGSTOPped for 5 s in between; uneven speeds
+BABY="--iters 60 --micro-batch 2 --eval-every 0 --data $TMP/data.txt --log-every 60"
+# shellcheck disable=SC2086
+"$SWARM" train $BABY --quiet --loss-log "$TMP/train_baby.txt" >/dev/null 2>&1
+# shellcheck disable=SC2086
+CHAOS_EVERY=4 timeout 200 sh scripts/local-swarm.sh --build "$BUILD" -n 5 -s 2 --speeds 1,1,0.5,0.5,1 \
+    --chaos 7 $BABY --loss-log "$TMP/chaos.txt" >"$TMP/chaos.log" 2>&1
+rc=$?
+kills=$(grep -c "chaos: SIGKILL" "$TMP/chaos.log")
+awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$TMP/chaos.txt" | sort -n >"$TMP/chaos_final.txt"
+if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && [ "$(wc -l <"$TMP/chaos_final.txt")" -eq 60 ] \
+    && paste -d' ' "$TMP/chaos_final.txt" "$TMP/train_baby.txt" | awk '
+        { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) bad = 1 } END { exit bad }'; then
+    ok "chaos ($kills kills with replacements, a stall, speeds 1 to 0.5): losses equal swarm train's"
+else
+    bad "chaos: exit $rc, $kills kills"; grep -E "chaos|dead|summary" "$TMP/chaos.log" | head -20
+    paste -d' ' "$TMP/chaos_final.txt" "$TMP/train_baby.txt" | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4) print }' | head
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -7,18 +7,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-TMP=$(mktemp -d /tmp/swarm-faults.XXXXXX)
-pids=""
-cleanup() {
-    for p in $pids; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. tests/lib.sh faults
 
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters 30 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
@@ -31,12 +20,7 @@ SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 6 --listen "tcp://127
     --key "$TMP/router" --loss-log "$TMP/swarm.txt" --log-every 1 >"$TMP/router.log" 2>&1 &
 router=$!
 pids="$router"
-endpoint=""
-for _ in $(seq 1 100); do
-    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router.log")
-    [ -n "$endpoint" ] && break
-    sleep 0.1
-done
+endpoint=$(wait_endpoint "$TMP/router.log")
 for i in 1 2 3 4 5 6; do
     "$SWARM" keygen "$TMP/node$i" >/dev/null
     "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
@@ -82,14 +66,7 @@ else
     bad "the swarm never reached step 20"; tail -20 "$TMP/router.log"
 fi
 
-for _ in $(seq 1 ${WAIT_ROUTER:-1200}); do
-    kill -0 "$router" 2>/dev/null || break
-    sleep 0.1
-done
-if kill -0 "$router" 2>/dev/null; then
-    bad "router still running after 120 s"; tail -20 "$TMP/router.log"
-    kill -9 "$router"
-fi
+wait_exit "$router" 120 || { bad "router still running after 120 s"; tail -20 "$TMP/router.log"; }
 wait "$router"
 rc=$?
 deaths=$(grep -c "^swarm router: peer .*dead$" "$TMP/router.log")
@@ -101,9 +78,7 @@ fi
 # whether a victim held gradients of the step it died in depends on timing;
 # the losses below are what must hold either way
 grep "run again on other replicas" "$TMP/router.log" | sed 's/^/note /'
-if [ "$(wc -l <"$TMP/swarm.txt")" -eq 30 ] && paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | awk '
-    { d = $2 - $5; if (d < 0) d = -d; if (d > 1e-4 * $5 || $1 != $4) { print "step " $1 ": swarm " $2 " train " $5; bad = 1 } }
-    END { exit bad }'; then
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 30; then
     ok "every step's loss equals swarm train's to 1e-4 relative despite the failures"
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt"
@@ -119,15 +94,10 @@ CHAOS_EVERY=4 timeout 200 sh scripts/local-swarm.sh --build "$BUILD" -n 5 -s 2 -
     --chaos 7 $BABY --loss-log "$TMP/chaos.txt" >"$TMP/chaos.log" 2>&1
 rc=$?
 kills=$(grep -c "chaos: SIGKILL" "$TMP/chaos.log")
-awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$TMP/chaos.txt" | sort -n >"$TMP/chaos_final.txt"
-if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && [ "$(wc -l <"$TMP/chaos_final.txt")" -eq 60 ] \
-    && paste -d' ' "$TMP/chaos_final.txt" "$TMP/train_baby.txt" | awk '
-        { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) bad = 1 } END { exit bad }'; then
+if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && losses_match "$TMP/chaos.txt" "$TMP/train_baby.txt" 60; then
     ok "chaos ($kills kills with replacements, a stall, speeds 1 to 0.5): losses equal swarm train's"
 else
     bad "chaos: exit $rc, $kills kills"; grep -E "chaos|dead|summary" "$TMP/chaos.log" | head -20
-    paste -d' ' "$TMP/chaos_final.txt" "$TMP/train_baby.txt" | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4) print }' | head
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+lib_done

@@ -6,18 +6,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-TMP=$(mktemp -d /tmp/swarm-restart.XXXXXX)
-pids=""
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. tests/lib.sh restart
 
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
@@ -36,12 +25,7 @@ start_router() {  # LOG [flags]
 }
 
 start_router "$TMP/router1.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
-endpoint=""
-for _ in $(seq 1 100); do
-    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router1.log")
-    [ -n "$endpoint" ] && break
-    sleep 0.1
-done
+endpoint=$(wait_endpoint "$TMP/router1.log")
 for i in 1 2; do
     "$SWARM" keygen "$TMP/node$i" >/dev/null
     "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$i" \
@@ -73,14 +57,7 @@ done
 "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node3" \
     --threads 1 --name node3 --slowdown 60 >"$TMP/node3.log" 2>&1 &
 pids="$pids $!"
-for _ in $(seq 1 600); do
-    kill -0 "$router" 2>/dev/null || break
-    sleep 0.1
-done
-if kill -0 "$router" 2>/dev/null; then
-    bad "resumed router still running after 60 s"; tail -10 "$TMP/router2.log"
-    kill -9 "$router"
-fi
+wait_exit "$router" 60 || { bad "resumed router still running after 60 s"; tail -10 "$TMP/router2.log"; }
 wait "$router"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "resumed from $TMP/ck at step 10" "$TMP/router2.log" \
@@ -97,14 +74,10 @@ else
     bad "the joining node"; echo "$sums"; tail -5 "$TMP/node3.log"; grep node3 "$TMP/router2.log"
 fi
 # the last line written for each step is the one that counts
-awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$TMP/swarm.txt" | sort -n >"$TMP/final.txt"
-if [ "$(wc -l <"$TMP/final.txt")" -eq 40 ] && paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | awk '
-    { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
-    END { exit bad }'; then
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 40; then
     ok "every step's loss equals swarm train's to 1e-4 relative across the restart"
 else
     bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+lib_done

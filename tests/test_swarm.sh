@@ -8,18 +8,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-TMP=$(mktemp -d /tmp/swarm-test.XXXXXX)
-pids=""
-cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. tests/lib.sh test
 
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 20 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
@@ -35,15 +24,9 @@ TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iter
     --loss-log "$TMP/swarm.txt" --log-every 5 >"$TMP/router.log" 2>&1 &
 router=$!
 pids="$router"
-endpoint=""
-for _ in $(seq 1 100); do
-    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$TMP/router.log")
-    [ -n "$endpoint" ] && break
-    sleep 0.1
-done
-if [ -z "$endpoint" ]; then
+if ! endpoint=$(wait_endpoint "$TMP/router.log"); then
     bad "router did not start:"; cat "$TMP/router.log"
-    echo "$pass passed, $((fail + 1)) failed"; exit 1
+    lib_done; exit 1
 fi
 ok "router listening on $endpoint"
 
@@ -87,15 +70,9 @@ for i in 1 2 3 4; do
     pids="$pids $!"
 done
 
-# wait for the router (bounded: 120 s)
-for _ in $(seq 1 1200); do
-    kill -0 "$router" 2>/dev/null || break
-    sleep 0.1
-done
-if kill -0 "$router" 2>/dev/null; then
+if ! wait_exit "$router" 120; then
     bad "router still running after 120 s"; tail -20 "$TMP/router.log"
     for i in 1 2 3 4; do tail -5 "$TMP/node$i.log"; done
-    kill -9 "$router"
 fi
 wait "$router"
 rc=$?
@@ -110,9 +87,7 @@ if [ "$(grep -c "joins stage" "$TMP/router.log")" -eq 4 ] \
 else
     bad "joins"; grep "joins" "$TMP/router.log"
 fi
-if [ "$(wc -l <"$TMP/swarm.txt")" -eq 20 ] && paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | awk '
-    { d = $2 - $5; if (d < 0) d = -d; if (d > 1e-4 * $5 || $1 != $4) { print "step " $1 ": swarm " $2 " train " $5; bad = 1 } }
-    END { exit bad }'; then
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 20; then
     ok "every step's loss equals swarm train's to 1e-4 relative"
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
@@ -125,12 +100,10 @@ timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TIN
     --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/local.log" \
-    && paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | awk '
-        { d = $2 - $5; if (d < 0) d = -d; if (d > 1e-4 * $5 || $1 != $4) bad = 1 } END { exit bad || NR != 20 }'; then
+    && losses_match "$TMP/single.txt" "$TMP/train.txt" 20; then
     ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic): the same losses as swarm train"
 else
     bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+lib_done

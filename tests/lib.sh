@@ -1,0 +1,50 @@
+# lib.sh - what the swarm integration scripts share: pass/fail counters, a
+# scratch folder and the processes a test started (all killed at exit, also
+# stopped ones), waiting for a router's endpoint, and comparing loss logs
+# with `swarm train`'s. Sourced: `. tests/lib.sh NAME` from the repo root.
+pass=0
+fail=0
+pids=""
+TMP=$(mktemp -d "/tmp/swarm-$1.XXXXXX")
+lib_cleanup() {
+    for p in $pids; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap lib_cleanup EXIT INT TERM
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+# wait_endpoint LOG: the router's "listening on" endpoint (bounded: 10 s)
+wait_endpoint() {
+    for _ in $(seq 1 100); do
+        e=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$1")
+        [ -n "$e" ] && { echo "$e"; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+
+# wait_exit PID SECONDS: until the process exits; kill it after SECONDS
+wait_exit() {
+    for _ in $(seq 1 $(($2 * 10))); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -9 "$1" 2>/dev/null
+    return 1
+}
+
+# losses_match LOG TRAIN N: the last line written for each step of LOG
+# ("step loss ...") equals TRAIN's to 1e-4 relative, for N steps
+losses_match() {
+    awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$1" | sort -n >"$TMP/final.txt"
+    [ "$(wc -l <"$TMP/final.txt")" -eq "$3" ] && paste -d' ' "$TMP/final.txt" "$2" | awk '
+        { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
+        END { exit bad }'
+}
+
+lib_done() {
+    echo "$pass passed, $fail failed"
+    [ $fail -eq 0 ]
+}

@@ -290,6 +290,29 @@ static void s_sanitize(char *text)
             *c = '?';
 }
 
+// Assign peer p to `stage` (as the answer to req, or unasked when NULL);
+// its state follows between steps (s_joins). 0 or -errno.
+static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
+{
+    peer_t *pe = &r->peers[p];
+    net_msg_t *a = req ? net_msg_reply(req, NET_MSG_ASSIGN) : net_msg_new(NET_MSG_ASSIGN);
+    net_msg_head(a)->stage = (uint32_t) stage;
+    net_msg_head(a)->step = (uint64_t) r->step;
+    const node_config_t *c = &r->hp.cfg;
+    int rc = s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V,
+                    c->T, c->C, c->L, c->H, r->plan.stages, stage, r->hp.micro, pe->id);
+    if (rc == 0)
+        rc = net_server_send(r->srv, &pe->who, &a);
+    net_msg_destroy(&a);
+    if (rc != 0)
+        return rc;
+    pe->stage = stage;
+    pe->state = P_JOINING;
+    printf("swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
+    fflush(stdout);
+    return 0;
+}
+
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
 // follows when the swarm is between steps (s_joins).
 static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
@@ -328,18 +351,7 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     pe->failed = 0;
     swarm_peer_view_t views[MAX_PEERS];
     s_views(r, views);
-    pe->stage = swarm_policy_assign(views, r->npeers, r->plan.stages);
-    pe->state = P_JOINING;
-    net_msg_t *a = net_msg_reply(hello, NET_MSG_ASSIGN);
-    net_msg_head(a)->stage = (uint32_t) pe->stage;
-    net_msg_head(a)->step = (uint64_t) r->step;
-    const node_config_t *c = &r->hp.cfg;
-    s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V, c->T,
-           c->C, c->L, c->H, r->plan.stages, pe->stage, r->hp.micro, pe->id);
-    if (net_server_send(r->srv, who, &a) == 0)
-        printf("swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device,
-               pe->stage);
-    fflush(stdout);
+    s_ignore(s_send_assign(r, p, swarm_policy_assign(views, r->npeers, r->plan.stages), hello));
 }
 
 // Between steps: hand joining peers their stage's state, from the router's
@@ -1238,17 +1250,10 @@ static void s_rebalance(router_t *r)
            "to stage %d (%.0f tok/s), the bottleneck\n", r->step, pe->id, pe->name, pe->tok_s,
            pe->stage, before[pe->stage], to, before[to]);
     fflush(stdout);
-    net_msg_t *a = net_msg_new(NET_MSG_ASSIGN);
-    net_msg_head(a)->stage = (uint32_t) to;
-    net_msg_head(a)->step = (uint64_t) r->step;
-    const node_config_t *c = &r->hp.cfg;
-    s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V, c->T,
-           c->C, c->L, c->H, r->plan.stages, to, r->hp.micro, pe->id);
-    if (net_server_send(r->srv, &pe->who, &a) != 0)
+    double from_cost = cost[pe->stage];
+    if (s_send_assign(r, p, to, NULL) != 0)
         return;
-    pe->tok_s *= cost[pe->stage] / cost[to];
-    pe->stage = to;
-    pe->state = P_JOINING;
+    pe->tok_s *= from_cost / cost[to];
     pe->moving = 1;
     pe->moved_at = now;
 }

@@ -120,6 +120,31 @@ node_tensor_t node_tensor_at(const node_config_t *cfg, int i)
 
 // ---- plan ------------------------------------------------------------------
 
+// Forward FLOPs per token of `blocks` blocks, plus the embeddings on the
+// first stage and the head with its loss on the last.
+static double s_cost(const node_config_t *cfg, int blocks, int first, int last)
+{
+    double C = cfg->C, T = cfg->T, V = cfg->V;
+    return blocks * (24.0 * C * C + 4.0 * T * C) + (first ? 2.0 * C : 0.0)
+         + (last ? 2.0 * C * V + 5.0 * V : 0.0);
+}
+
+double node_plan_stage_cost(const node_config_t *cfg, const node_plan_t *plan, int s)
+{
+    return s_cost(cfg, plan->first[s + 1] - plan->first[s], s == 0, s == plan->stages - 1);
+}
+
+void node_plan_stage_range(const node_config_t *cfg, const node_plan_t *plan, int s,
+                           size_t *offset, size_t *count)
+{
+    size_t embed = (size_t) (cfg->V + cfg->T) * cfg->C, layer = s_layer_params(cfg);
+    size_t begin = s == 0 ? 0 : embed + (size_t) plan->first[s] * layer;
+    size_t end = s == plan->stages - 1 ? node_config_params(cfg)
+               : embed + (size_t) plan->first[s + 1] * layer;
+    *offset = begin;
+    *count = end - begin;
+}
+
 int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err, size_t errlen)
 {
     int L = cfg->L;
@@ -128,11 +153,6 @@ int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err
                  S, L, L);
         return -EINVAL;
     }
-    // forward FLOPs per token: a block, and the head with its loss
-    double C = cfg->C, T = cfg->T, V = cfg->V;
-    double block = 24.0 * C * C + 4.0 * T * C;
-    double head = 2.0 * C * V + 5.0 * V;
-    double embed = 2.0 * C;
     // best[s][l]: minimal bottleneck with blocks [0, l) in stages [0, s)
     // (static: plans are made once at start-up, never concurrently)
     static double best[NODE_MAX_LAYERS + 1][NODE_MAX_LAYERS + 1];
@@ -144,7 +164,7 @@ int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err
     for (int s = 1; s <= S; s++) {
         for (int l = s; l <= L - (S - s); l++) {
             for (int a = s - 1; a < l; a++) {
-                double cost = (l - a) * block + (s == 1 ? embed : 0.0) + (s == S ? head : 0.0);
+                double cost = s_cost(cfg, l - a, s == 1, s == S);
                 double worst = best[s - 1][a] > cost ? best[s - 1][a] : cost;
                 // ties go to the earlier cut so that the plan is deterministic
                 if (worst < best[s][l]) {

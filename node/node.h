@@ -71,6 +71,12 @@ typedef struct {
 __attribute__((warn_unused_result))
 int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err, size_t errlen);
 
+// Stage s's slice of the model's flat parameters (offset, count in floats).
+void node_plan_stage_range(const node_config_t *cfg, const node_plan_t *plan, int s,
+                           size_t *offset, size_t *count);
+// Stage s's forward FLOPs per token (what the plan balances).
+double node_plan_stage_cost(const node_config_t *cfg, const node_plan_t *plan, int s);
+
 // ---- a stage ----
 
 typedef struct node_stage_s node_stage_t;
@@ -283,6 +289,19 @@ int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out
 __attribute__((warn_unused_result))
 int node_train_weights(node_train_opts_t *o, float **params, float **m, float **v, long *step,
                        char *err, size_t errlen);
+// The loss curve of a run: --loss-log FILE ("step loss lr", the reference's
+// format) and DIR/loss.csv beside the checkpoint (--save DIR); appended to
+// when resuming, flushed every step so that a killed run keeps its curve.
+typedef struct {
+    FILE *log;              // --loss-log, or NULL
+    FILE *csv;              // DIR/loss.csv, or NULL
+} node_curve_t;
+
+__attribute__((warn_unused_result))
+int node_curve_open(const node_train_opts_t *o, node_curve_t *curve, char *err, size_t errlen);
+void node_curve_add(node_curve_t *curve, long step, float loss, double lr);
+void node_curve_close(node_curve_t *curve);
+
 // The trainer settings the options describe.
 node_hparams_t node_train_hparams(const node_train_opts_t *o);
 

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum {
     O_LAYERS = 1, O_HEADS, O_EMBD, O_BLOCK, O_BATCH, O_MICRO, O_STAGES, O_ITERS, O_LR, O_MINLR,
@@ -260,4 +262,50 @@ node_hparams_t node_train_hparams(const node_train_opts_t *o)
         .min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10.0, .weight_decay = o->weight_decay,
         .grad_clip = o->grad_clip, .seed = o->seed, .eval_iters = o->eval_iters,
     };
+}
+
+int node_curve_open(const node_train_opts_t *o, node_curve_t *curve, char *err, size_t n)
+{
+    *curve = (node_curve_t) { NULL, NULL };
+    if (o->loss_log && !(curve->log = fopen(o->loss_log, o->resume ? "a" : "w"))) {
+        int e = errno;
+        snprintf(err, n, "--loss-log %s: %s", o->loss_log, strerror(e));
+        return -e;
+    }
+    if (o->save) {
+        char path[PATH_MAX];
+        mkdir(o->save, 0755);
+        snprintf(path, sizeof path, "%s/loss.csv", o->save);
+        int fresh = !o->resume || access(path, F_OK) != 0;
+        if (!(curve->csv = fopen(path, fresh ? "w" : "a"))) {
+            int e = errno;
+            snprintf(err, n, "--save %s: cannot write %s: %s", o->save, path, strerror(e));
+            node_curve_close(curve);
+            return -e;
+        }
+        if (fresh)
+            fprintf(curve->csv, "step,loss,lr\n");
+    }
+    return 0;
+}
+
+void node_curve_add(node_curve_t *curve, long step, float loss, double lr)
+{
+    if (curve->log) {
+        fprintf(curve->log, "%ld %.6f %.8g\n", step, loss, lr);
+        fflush(curve->log);
+    }
+    if (curve->csv) {
+        fprintf(curve->csv, "%ld,%.6f,%.8g\n", step, loss, lr);
+        fflush(curve->csv);
+    }
+}
+
+void node_curve_close(node_curve_t *curve)
+{
+    if (curve->log)
+        fclose(curve->log);
+    if (curve->csv)
+        fclose(curve->csv);
+    *curve = (node_curve_t) { NULL, NULL };
 }

@@ -106,7 +106,7 @@ typedef struct {
     float last_loss;         // last step's loss
     double train_time;       // seconds in steps
     double t_start;          // wall clock at start
-    FILE *loss_log, *csv;    // --loss-log, DIR/loss.csv
+    node_curve_t logs;       // --loss-log and DIR/loss.csv
     float *curve;            // [iters] losses for the plot
     int checksum_mismatches; // steps where replicas disagreed
     int phase;               // PH_*
@@ -832,14 +832,7 @@ static void s_step_end(router_t *r)
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     s_compare_checksums(r);
-    if (r->loss_log) {
-        fprintf(r->loss_log, "%ld %.6f %.8g\n", r->step, r->last_loss, lr);
-        fflush(r->loss_log); // a killed run keeps its curve
-    }
-    if (r->csv) {
-        fprintf(r->csv, "%ld,%.6f,%.8g\n", r->step, r->last_loss, lr);
-        fflush(r->csv);
-    }
+    node_curve_add(&r->logs, r->step, r->last_loss, lr);
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
     r->train_time += s_secs() - r->step_t0;
@@ -1213,17 +1206,6 @@ static int s_all_stages_ready(const router_t *r)
     return r->started || r->rollbacks > 0 || s_ready_count(r, -1) >= r->min_nodes;
 }
 
-// Work per token of each stage (forward FLOPs; the plan's estimate).
-static void s_stage_costs(const router_t *r, double *cost)
-{
-    double C = r->hp.cfg.C, T = r->hp.cfg.T, V = r->hp.cfg.V;
-    for (int s = 0; s < r->plan.stages; s++) {
-        cost[s] = (r->plan.first[s + 1] - r->plan.first[s]) * (24.0 * C * C + 4.0 * T * C);
-        cost[s] += s == 0 ? 2.0 * C : 0.0;
-        cost[s] += s == r->plan.stages - 1 ? 2.0 * C * V + 5.0 * V : 0.0;
-    }
-}
-
 // Between steps, every --rebalance-every seconds: move one peer from the
 // strongest stage to the weakest when the bottleneck gains 20%; it gets the
 // new stage's state from a live replica (s_joins) before the next step.
@@ -1236,7 +1218,8 @@ static void s_rebalance(router_t *r)
     swarm_peer_view_t views[MAX_PEERS];
     double cost[NODE_MAX_LAYERS];
     s_views(r, views);
-    s_stage_costs(r, cost);
+    for (int s = 0; s < r->plan.stages; s++)
+        cost[s] = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
     int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.2,
                                             6.0 * r->rebalance_every, &to);
     if (p < 0)
@@ -1377,12 +1360,9 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
         } else if (!strcmp(a, "--allow")) {
             r->allow_path = v;
         } else if (!strcmp(a, "--min-nodes") || !strcmp(a, "--window")) {
-            char *end;
-            long x = strtol(v, &end, 10);
-            if (*v == '\0' || *end || x < 0 || x > MAX_PEERS) {
-                snprintf(err, n, "%s %s: expected a whole number 0..%d", a, v, MAX_PEERS);
+            long x;
+            if (node_parse_long(a + 2, v, 0, MAX_PEERS, &x, err, n) != 0)
                 return -EINVAL;
-            }
             *(!strcmp(a, "--window") ? &r->window : &r->min_nodes) = (int) x;
         } else if (!strcmp(a, "--rebalance-every")) {
             char *end;
@@ -1466,24 +1446,8 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
 static int s_layout(router_t *r, char *err, size_t n)
 {
     size_t total = node_config_params(&r->hp.cfg);
-    for (int s = 0; s < r->plan.stages; s++) {
-        // a stage object on no backend would allocate; compute from tensors
-        size_t lo = SIZE_MAX, hi = 0;
-        for (int i = 0; i < node_tensor_count(&r->hp.cfg); i++) {
-            node_tensor_t t = node_tensor_at(&r->hp.cfg, i);
-            int layer = i >= 2 && i < 2 + NODE_LAYER_TENSORS * r->hp.cfg.L ? (i - 2) / NODE_LAYER_TENSORS : -1;
-            int owner = i < 2 ? 0 : layer < 0 ? r->plan.stages - 1 : -1;
-            for (int k = 0; owner < 0 && k < r->plan.stages; k++)
-                if (layer >= r->plan.first[k] && layer < r->plan.first[k + 1])
-                    owner = k;
-            if (owner != s)
-                continue;
-            lo = t.offset < lo ? t.offset : lo;
-            hi = t.offset + t.size > hi ? t.offset + t.size : hi;
-        }
-        r->stage_off[s] = lo;
-        r->stage_n[s] = hi - lo;
-    }
+    for (int s = 0; s < r->plan.stages; s++)
+        node_plan_stage_range(&r->hp.cfg, &r->plan, s, &r->stage_off[s], &r->stage_n[s]);
     if (!r->m)
         r->m = calloc(total, sizeof(float));
     if (!r->v)
@@ -1542,28 +1506,6 @@ static int s_listen(router_t *r, char *err, size_t n)
     return 0;
 }
 
-static int s_open_logs(router_t *r, char *err, size_t n)
-{
-    const char *mode = r->o.resume ? "a" : "w";
-    if (r->o.loss_log && !(r->loss_log = fopen(r->o.loss_log, mode))) {
-        snprintf(err, n, "--loss-log %s: %s", r->o.loss_log, strerror(errno));
-        return -EIO;
-    }
-    if (r->o.save) {
-        char path[PATH_MAX];
-        mkdir(r->o.save, 0755);
-        snprintf(path, sizeof path, "%s/loss.csv", r->o.save);
-        int fresh = !r->o.resume || access(path, F_OK) != 0;
-        if (!(r->csv = fopen(path, fresh ? "w" : "a"))) {
-            snprintf(err, n, "--save %s: cannot write %s: %s", r->o.save, path, strerror(errno));
-            return -EIO;
-        }
-        if (fresh)
-            fprintf(r->csv, "step,loss,lr\n");
-    }
-    return 0;
-}
-
 // The loss curve of this run as an SVG line plot in DIR/loss.svg.
 static void s_plot(router_t *r)
 {
@@ -1612,10 +1554,7 @@ static void s_teardown(router_t *r)
     free(r->v);
     free(r->grad_sum);
     free(r->curve);
-    if (r->loss_log)
-        fclose(r->loss_log);
-    if (r->csv)
-        fclose(r->csv);
+    node_curve_close(&r->logs);
     net_server_destroy(&r->srv);
     net_allow_destroy(&r->allow);
     net_key_destroy(&r->key);
@@ -1637,7 +1576,7 @@ int cmd_router(int argc, char **argv)
     if (rc == 0)
         rc = s_layout(r, err, sizeof err);
     if (rc == 0)
-        rc = s_open_logs(r, err, sizeof err);
+        rc = node_curve_open(&r->o, &r->logs, err, sizeof err);
     if (rc == 0)
         rc = s_listen(r, err, sizeof err);
     if (rc != 0) {

@@ -61,12 +61,6 @@ struct node_acts_s {
 
 // ---- layout ----------------------------------------------------------------
 
-static size_t s_layer_size(const node_config_t *cfg)
-{
-    return (size_t) node_tensor_at(cfg, 2 + NODE_LAYER_TENSORS).offset
-         - node_tensor_at(cfg, 2).offset;
-}
-
 // Pointer to tensor i (file order) inside a stage buffer that starts at
 // the stage's offset.
 static float *s_tensor(const node_stage_t *self, float *base, int i)
@@ -91,12 +85,7 @@ node_stage_t *node_stage_new(const node_config_t *cfg, const node_plan_t *plan, 
     self->count = plan->stages;
     self->layer_begin = plan->first[s];
     self->layers = plan->first[s + 1] - plan->first[s];
-    size_t C = (size_t) cfg->C, embed = (size_t) (cfg->V + cfg->T) * C;
-    size_t begin = s == 0 ? 0 : embed + (size_t) self->layer_begin * s_layer_size(cfg);
-    size_t end = s == plan->stages - 1 ? node_config_params(cfg)
-               : embed + (size_t) plan->first[s + 1] * s_layer_size(cfg);
-    self->offset = begin;
-    self->n = end - begin;
+    node_plan_stage_range(cfg, plan, s, &self->offset, &self->n);
     size_t bytes = self->n * sizeof(float);
     if (be->buf_alloc(be, bytes, (void **) &self->params_dev) != 0
         || be->buf_alloc(be, bytes, (void **) &self->grads_dev) != 0) {

@@ -32,8 +32,7 @@ typedef struct {
     long first;                           // step the run started at
     double train_time;                    // seconds in training steps
     double t_start;                       // wall clock at start
-    FILE *loss_log;                       // --loss-log
-    FILE *csv;                            // DIR/loss.csv
+    node_curve_t curve;                   // --loss-log and DIR/loss.csv
     int tty;                              // stderr is a terminal
 } run_t;
 
@@ -131,14 +130,7 @@ static int s_one_step(run_t *r)
     r->train_time += s_now() - t0;
     if (rc != 0)
         return rc;
-    if (r->loss_log) {
-        fprintf(r->loss_log, "%ld %.6f %.8g\n", step, loss, lr);
-        fflush(r->loss_log); // a killed run keeps its curve
-    }
-    if (r->csv) {
-        fprintf(r->csv, "%ld,%.6f,%.8g\n", step, loss, lr);
-        fflush(r->csv);
-    }
+    node_curve_add(&r->curve, step, loss, lr);
     if (!o->quiet)
         s_progress(r, loss, lr);
     return 0;
@@ -215,37 +207,11 @@ out:
     return rc;
 }
 
-static int s_open_logs(run_t *r, char *err, size_t n)
-{
-    const node_train_opts_t *o = &r->o;
-    const char *mode = o->resume ? "a" : "w";
-    if (o->loss_log && !(r->loss_log = fopen(o->loss_log, mode))) {
-        snprintf(err, n, "--loss-log %s: %s", o->loss_log, strerror(errno));
-        return -errno;
-    }
-    if (o->save) {
-        char path[PATH_MAX];
-        mkdir(o->save, 0755);
-        snprintf(path, sizeof path, "%s/loss.csv", o->save);
-        int fresh = !o->resume || access(path, F_OK) != 0;
-        if (!(r->csv = fopen(path, fresh ? "w" : "a"))) {
-            snprintf(err, n, "--save %s: cannot write %s: %s", o->save, path, strerror(errno));
-            return -errno;
-        }
-        if (fresh)
-            fprintf(r->csv, "step,loss,lr\n");
-    }
-    return 0;
-}
-
 static void s_teardown(run_t *r)
 {
     node_trainer_destroy(&r->trainer);
     free(r->full);
-    if (r->loss_log)
-        fclose(r->loss_log);
-    if (r->csv)
-        fclose(r->csv);
+    node_curve_close(&r->curve);
     swarm_data_destroy(&r->data);
 }
 
@@ -273,7 +239,7 @@ int cmd_train(int argc, char **argv)
     if (rc == 0)
         rc = s_setup(r, err, sizeof err);
     if (rc == 0)
-        rc = s_open_logs(r, err, sizeof err);
+        rc = node_curve_open(&r->o, &r->curve, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "swarm train: %s\n", err);
         s_teardown(r);

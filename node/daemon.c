@@ -91,7 +91,8 @@ typedef struct {
     uint64_t hello_ids[DAEMON_HELLO_IDS];  // ids of recent HELLOs
     int hello_next;                        // ring index into hello_ids
     double tok_s_bench;                    // tokens/s measured at start
-    double tok_s;                          // tokens/s of FWD/BWD work, EMA (0 = none yet)
+    double tok_s;                          // training tokens/s on its stage (0 = none yet)
+    double work_tok, work_s;               // decaying sums behind tok_s (s_tok_s_note)
     int exit_code;                         // >= 0: leave the loop with this code
 } daemon_t;
 
@@ -429,9 +430,9 @@ static int s_setup(daemon_t *d, char *err, size_t n)
     }
     s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
           net_key_public(d->key));
-    d->tok_s_bench = s_bench(d->be);
-    s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape)",
-          d->be->device, d->tok_s_bench);
+    d->tok_s_bench = s_bench(d->be) / d->o.slowdown; // as a slower device would measure
+    s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape%s)",
+          d->be->device, d->tok_s_bench, d->o.slowdown > 1.0 ? ", with --slowdown" : "");
     rc = s_client_open(d, err, n);
     if (rc == 0)
         s_log("joining %s as '%s'", d->o.join, d->o.name);
@@ -479,7 +480,7 @@ static void s_meta_set(net_msg_t *msg, const char *text)
 static void s_hello_send(daemon_t *d)
 {
     char meta[512];
-    double tok_s = d->tok_s > 0 ? d->tok_s : d->tok_s_bench;
+    double tok_s = d->tok_s_bench; // the same yardstick for every node, every time
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
              d->o.name, d->be->device, d->be->threads, d->be->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
@@ -775,9 +776,12 @@ static void s_slots_free(daemon_t *d)
 
 // ---- FWD, BWD -------------------------------------------------------------
 
-// After FWD/BWD work of `seconds`: sleep for --slowdown, then fold the
-// whole time into the tokens/s EMA.
-static void s_tok_s_note(daemon_t *d, double seconds)
+// After FWD/BWD work of `seconds` that did `part` of its tokens' training
+// work (a forward a third, a backward two thirds, the last stage's fused
+// forward and backward all of it): sleep for --slowdown, then fold it into
+// tok_s, the training tokens/s this node sustains on its stage (decaying
+// sums of work and time, so recent requests count most).
+static void s_tok_s_note(daemon_t *d, double seconds, double part)
 {
     if (seconds <= 0.0)
         return;
@@ -787,8 +791,9 @@ static void s_tok_s_note(daemon_t *d, double seconds)
         nanosleep(&ts, NULL);
         seconds *= d->o.slowdown;
     }
-    double rate = (double) d->as.micro * d->as.cfg.T / seconds;
-    d->tok_s = d->tok_s > 0.0 ? 0.9 * d->tok_s + 0.1 * rate : rate;
+    d->work_tok = 0.95 * d->work_tok + part * d->as.micro * d->as.cfg.T;
+    d->work_s = 0.95 * d->work_s + seconds;
+    d->tok_s = d->work_tok / d->work_s;
 }
 
 // Forward of the inputs in d's buffers into slot; the last stage runs its
@@ -851,7 +856,7 @@ static int s_on_fwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *
     }
     if (!(last && first) && !(last && scale == 0.0f))
         rc = s_acts_add(d, *reply, d->out, last ? "dx" : "y", err, n);
-    s_tok_s_note(d, s_now() - t0);
+    s_tok_s_note(d, s_now() - t0, last && scale != 0.0f ? 1.0 : 1.0 / 3.0);
 out:
     if (rc != 0 && slot)
         slot->seq = 0;
@@ -898,7 +903,7 @@ static int s_on_bwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *
     *reply = s_msg_reply(req, NET_MSG_RESULT);
     if (!node_stage_is_first(d->stage))
         rc = s_acts_add(d, *reply, d->out, "dx", err, n);
-    s_tok_s_note(d, s_now() - t0);
+    s_tok_s_note(d, s_now() - t0, 2.0 / 3.0);
     return rc;
 }
 
@@ -1130,7 +1135,7 @@ static int s_assign_build(daemon_t *d, const daemon_assign_t *a, char *err, size
     }
     d->as = *a;
     d->step = a->step;
-    d->tok_s = 0.0;
+    d->tok_s = d->work_tok = d->work_s = 0.0;
     return 0;
 }
 

@@ -39,6 +39,7 @@ typedef struct {
     int state;               // P_*
     double tok_s;            // tokens per second, EMA over its requests
     int inflight;            // requests outstanding
+    int working;             // of them FWD/BWD (its busy time runs while > 0)
     int queue;               // queue depth from its last heartbeat
     int64_t last_seen;       // ms (net_clock_ms)
     char checksum[65];       // after the last update
@@ -46,6 +47,17 @@ typedef struct {
     int failed;              // a send to it failed: to be declared dead
     double moved_at;         // s (s_secs) of its last rebalancing move, -1e30 never
     int moving;              // joining its new stage after a move
+    double banned_until;     // s: refused until then (a failure's back-off)
+    double ban_s;            // length of its last ban: doubles with each failure
+    int failures;            // requests it failed (deadline, refusal, bad result)
+    int ban_told;            // it was told of its current ban
+    char why[96];            // why it was last declared dead or banned
+    int64_t busy_from;       // ms: start of its busy period (requests in flight)
+    double busy_s;           // seconds with requests in flight, in all
+    double work;             // training tokens of work it finished (see s_work)
+    double rate_busy, rate_work; // busy_s and work at its last speed sample
+    double node_tok_s;       // what the node says it sustains (HEARTBEAT)
+    double hello_tok_s;      // what it measured at start (HELLO)
 } peer_t;
 
 typedef struct {
@@ -78,6 +90,7 @@ typedef struct {
     node_plan_t plan;        // stages
     size_t stage_n[NODE_MAX_LAYERS]; // parameters per stage
     size_t stage_off[NODE_MAX_LAYERS]; // offset of each stage in the model
+    size_t max_stage_n;      // the largest of stage_n
     swarm_data_t *data;      // training bytes
     float *params, *m, *v;   // model-sized: initial state, then checkpoints
     float *grad_sum;         // model-sized: this step's summed gradients
@@ -132,6 +145,11 @@ typedef struct {
     int rollbacks;           // times every replica of a stage was lost
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
+    float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
+    double rms[2][NODE_MAX_LAYERS]; // running RMS of each stage's outputs (0) and input gradients (1)
+    long rms_n[2][NODE_MAX_LAYERS]; // tensors it has seen
+    double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
+    int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
 } router_t;
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL };
@@ -164,6 +182,8 @@ static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
         if (r->reqs[i].id == 0) {
             r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms(), 0 };
             r->peers[peer].inflight++;
+            if ((kind == R_FWD || kind == R_BWD) && r->peers[peer].working++ == 0)
+                r->peers[peer].busy_from = r->reqs[i].sent;
             return &r->reqs[i];
         }
     }
@@ -180,9 +200,18 @@ static req_t *s_req_find(router_t *r, uint64_t id)
 
 static void s_req_done(router_t *r, req_t *q)
 {
-    if (r->peers[q->peer].inflight > 0)
-        r->peers[q->peer].inflight--;
+    peer_t *pe = &r->peers[q->peer];
+    if (pe->inflight > 0)
+        pe->inflight--;
+    if ((q->kind == R_FWD || q->kind == R_BWD) && pe->working > 0 && --pe->working == 0)
+        pe->busy_s += (double) (net_clock_ms() - pe->busy_from) / 1000.0;
     q->id = 0;
+}
+
+// Seconds peer p has had FWD/BWD work in flight, in all.
+static double s_busy_s(const peer_t *pe, int64_t now)
+{
+    return pe->busy_s + (pe->working > 0 ? (double) (now - pe->busy_from) / 1000.0 : 0.0);
 }
 
 // Tensor bytes a message carries on the wire.
@@ -313,6 +342,60 @@ static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     return 0;
 }
 
+// A joiner's speed in the router's units (training tokens/s on a stage,
+// see s_work_done): what it measured at start, scaled by how the measured
+// peers' speeds compare with what they measured at start.
+static double s_hello_speed(const router_t *r, double hello)
+{
+    double sum = 0.0;
+    int n = 0;
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *pe = &r->peers[i];
+        if (pe->state == P_READY && pe->rate_work > 0.0 && pe->hello_tok_s > 0.0) {
+            sum += pe->tok_s / pe->hello_tok_s;
+            n++;
+        }
+    }
+    return n ? hello * sum / n : hello;
+}
+
+// Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
+// dead one coming back once its ban is over.
+static void s_admit(router_t *r, int p, const net_msg_t *req)
+{
+    peer_t *pe = &r->peers[p];
+    pe->failed = 0;
+    pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
+    pe->rate_busy = s_busy_s(pe, net_clock_ms());
+    pe->rate_work = pe->work;
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
+                               : swarm_policy_assign(views, r->npeers, r->plan.stages);
+    s_ignore(s_send_assign(r, p, stage, req));
+}
+
+// A peer the router declared dead talks again (HELLO or HEARTBEAT): once
+// its ban is over it joins again, with fresh state; until then it is told
+// once why it waits.
+static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
+{
+    peer_t *pe = &r->peers[p];
+    double now = s_secs();
+    if (now >= pe->banned_until) {
+        printf("swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
+               pe->name, pe->why);
+        fflush(stdout);
+        s_admit(r, p, net_msg_head_const(m)->type == NET_MSG_HELLO ? m : NULL);
+    } else if (!pe->ban_told) {
+        net_msg_t *e = net_msg_new(NET_MSG_ERROR);
+        if (s_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why) == 0)
+            s_ignore(net_server_send(r->srv, &pe->who, &e));
+        net_msg_destroy(&e);
+        pe->ban_told = 1;
+    }
+}
+
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
 // follows when the swarm is between steps (s_joins).
 static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
@@ -344,14 +427,14 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     snprintf(pe->name, sizeof pe->name, "%s", name);
     snprintf(pe->device, sizeof pe->device, "%s", device);
     double t = strtod(tok, NULL);
-    pe->tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
+    pe->hello_tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
     pe->last_seen = net_clock_ms();
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
-    pe->failed = 0;
-    swarm_peer_view_t views[MAX_PEERS];
-    s_views(r, views);
-    s_ignore(s_send_assign(r, p, swarm_policy_assign(views, r->npeers, r->plan.stages), hello));
+    if (pe->state == P_DEAD)
+        s_on_dead_peer(r, p, hello);
+    else
+        s_admit(r, p, hello);
 }
 
 // Between steps: hand joining peers their stage's state, from the router's
@@ -559,16 +642,33 @@ static const void *s_tensor_bytes(const net_msg_t *m, int i, int dtype, size_t w
     return p && bytes == want ? p : NULL;
 }
 
+// A peer's speed is measured, not believed: training tokens of work it
+// finished per second it was busy (a token's forward is a third of its
+// work, its backward two thirds; the last stage does both at once). It is
+// sampled every half second of busy time into an average, so a peer that
+// queues requests is not mistaken for a slow one.
+static void s_work_done(router_t *r, const req_t *q)
+{
+    peer_t *pe = &r->peers[q->peer];
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    int last = q->stage == r->plan.stages - 1;
+    pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
+              : last && !r->evaluating ? tokens : tokens / 3.0;
+    double busy = s_busy_s(pe, net_clock_ms());
+    if (busy - pe->rate_busy < 0.5)
+        return;
+    double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
+    pe->tok_s = pe->rate_work > 0.0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
+    pe->rate_busy = busy;
+    pe->rate_work = pe->work;
+}
+
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
 static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
 {
     mb_t *b = &r->mbs[q->mb];
     int S = r->plan.stages, s = q->stage;
-    peer_t *pe = &r->peers[q->peer];
-    double dt = (double) (net_clock_ms() - q->sent) / 1000.0;
-    double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    if (dt > 0)
-        pe->tok_s = 0.8 * pe->tok_s + 0.2 * (tokens / dt);
+    s_work_done(r, q);
     int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
     if (accumulates)
         b->grad_peer[s] = q->peer;
@@ -669,26 +769,12 @@ static void s_step_micro(router_t *r)
     r->phase = PH_GRAD;
 }
 
+// A GRAD (checked, and decoded into peer_grad by s_check_reply).
 static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
 {
-    size_t n = r->stage_n[q->stage];
-    if (r->norm_only[q->peer]) {
-        char text[64];
-        if (net_msg_meta_get(m, "sumsq", text, sizeof text) != 0)
-            return -EPROTO;
-        double v = strtod(text, NULL);
-        if (!isfinite(v) || v < 0)
-            return -EPROTO;
-        r->peer_sumsq[q->peer] = v;
-        r->got_grad[q->peer] = 1;
-        r->pending--;
-        return 0;
-    }
-    if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(n * sizeof(float))))
-        abort();
-    int rc = net_msg_tensor(m, 0, r->peer_grad[q->peer], n);
-    if (rc != 0)
-        return -EPROTO;
+    char text[64];
+    if (r->norm_only[q->peer] && net_msg_meta_get(m, "sumsq", text, sizeof text) == 0)
+        r->peer_sumsq[q->peer] = strtod(text, NULL);
     r->got_grad[q->peer] = 1;
     r->pending--;
     return 0;
@@ -919,6 +1005,28 @@ static void s_eval_turn(router_t *r)
 
 // ---- messages --------------------------------------------------------------
 
+// What stage s's ready replicas say they sustain together (their HEARTBEATs).
+static double s_stage_capacity(const router_t *r, int s)
+{
+    double tok = 0.0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_READY && r->peers[p].stage == s)
+            tok += r->peers[p].node_tok_s;
+    return tok;
+}
+
+// The swarm's bound: the least, over stages, of what the stage's replicas
+// sustain together; no schedule can beat it.
+static double s_bound(const router_t *r)
+{
+    double low = -1.0;
+    for (int s = 0; s < r->plan.stages; s++) {
+        double t = s_stage_capacity(r, s);
+        low = low < 0 || t < low ? t : low;
+    }
+    return low > 0 ? low : 0.0;
+}
+
 static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req)
 {
     static char json[65536];
@@ -935,8 +1043,9 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
     if (r->started && !r->done && tps > 0)
         snprintf(eta_s, sizeof eta_s, "%.1f", eta);
     int n = snprintf(json, sizeof json, "{\"step\": %ld, \"iters\": %ld, \"loss\": %s, "
-                     "\"loss_avg\": %s, \"tok_s\": %.1f, \"eta_s\": %s, \"state\": \"%s\", "
-                     "\"stages\": [", r->step, r->hp.iters, loss, avg, tps, eta_s, state);
+                     "\"loss_avg\": %s, \"tok_s\": %.1f, \"bound_tok_s\": %.1f, \"eta_s\": %s, "
+                     "\"state\": \"%s\", \"stages\": [", r->step, r->hp.iters, loss, avg, tps,
+                     s_bound(r), eta_s, state);
     for (int s = 0; s < r->plan.stages && n < (int) sizeof json - 512; s++) {
         double tok = 0;
         int queue = 0;
@@ -947,20 +1056,24 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
             }
         }
         n += snprintf(json + n, sizeof json - n, "%s{\"stage\": %d, \"replicas\": %d, "
-                      "\"tok_s\": %.1f, \"queue\": %d}", s ? ", " : "", s, s_ready_count(r, s),
-                      tok, queue);
+                      "\"tok_s\": %.1f, \"node_tok_s\": %.1f, \"queue\": %d}", s ? ", " : "",
+                      s, s_ready_count(r, s), tok, s_stage_capacity(r, s), queue);
     }
     n += snprintf(json + n, sizeof json - n, "], \"peers\": [");
     int64_t now = net_clock_ms();
-    static const char *states[] = { "?", "joining", "ready", "dead", "moving" };
-    for (int p = 0; p < r->npeers && n < (int) sizeof json - 512; p++) {
+    for (int p = 0; p < r->npeers && n < (int) sizeof json - 768; p++) {
         const peer_t *pe = &r->peers[p];
+        double ban = pe->state == P_DEAD ? pe->banned_until - s_secs() : 0.0;
+        const char *state = pe->state == P_READY ? "ready"
+                          : pe->state == P_JOINING ? (pe->moving ? "moving" : "joining")
+                          : ban > 0 ? "banned" : "dead";
         n += snprintf(json + n, sizeof json - n, "%s{\"id\": %d, \"name\": \"%s\", \"key\": \"%s\", "
-                      "\"device\": \"%s\", \"stage\": %d, \"tok_s\": %.1f, \"inflight\": %d, "
-                      "\"heartbeat_age_s\": %.1f, \"state\": \"%s\"}", p ? ", " : "", pe->id,
-                      pe->name, pe->who.key, pe->device, pe->stage, pe->tok_s, pe->inflight,
-                      (double) (now - pe->last_seen) / 1000.0,
-                      states[pe->state == P_JOINING && pe->moving ? 4 : pe->state & 3]);
+                      "\"device\": \"%s\", \"stage\": %d, \"tok_s\": %.1f, \"node_tok_s\": %.1f, "
+                      "\"inflight\": %d, \"heartbeat_age_s\": %.1f, \"state\": \"%s\", "
+                      "\"failures\": %d, \"banned_s\": %.0f, \"why\": \"%s\"}", p ? ", " : "",
+                      pe->id, pe->name, pe->who.key, pe->device, pe->stage, pe->tok_s,
+                      pe->node_tok_s, pe->inflight, (double) (now - pe->last_seen) / 1000.0, state,
+                      pe->failures, ban > 0 ? ban : 0.0, pe->state == P_DEAD ? pe->why : "");
     }
     snprintf(json + n, sizeof json - n, "]}");
     net_msg_t *m = net_msg_reply(req, NET_MSG_STATUS);
@@ -998,47 +1111,169 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
     return 0;
 }
 
-static int s_on_reply(router_t *r, int p, const net_msg_t *m)
+// Tensor i of m: n finite values whose RMS is within --tensor-bound times
+// the running RMS of what stage s sent that way (dir 0 forward, 1 backward);
+// the running RMS learns from accepted tensors. 0, or -EPROTO and why.
+static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
+                          char *why, size_t wn)
+{
+    if (net_msg_tensor(m, i, r->scratch, n) != 0) {
+        snprintf(why, wn, "sent a tensor of the wrong shape or type");
+        return -EPROTO;
+    }
+    double sumsq = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(r->scratch[j])) {
+            snprintf(why, wn, "sent a non-finite value (element %zu)", j);
+            return -EPROTO;
+        }
+        sumsq += (double) r->scratch[j] * r->scratch[j];
+    }
+    double rms = sqrt(sumsq / (double) (n ? n : 1));
+    double *run = &r->rms[dir][s];
+    if (r->rms_n[dir][s] >= 8 && r->tensor_bound > 0 && rms > r->tensor_bound * *run) {
+        snprintf(why, wn, "sent a tensor of RMS %.3g, %.0fx the stage's running %.3g", rms,
+                 rms / *run, *run);
+        return -EPROTO;
+    }
+    *run = r->rms_n[dir][s]++ ? 0.95 * *run + 0.05 * rms : rms;
+    return 0;
+}
+
+// Check a reply to request q before anything uses it: the right type, and
+// every tensor of the shape the plan says, finite and of plausible size.
+// 0, or -EPROTO and why.
+static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    int S = r->plan.stages, s = q->stage;
+    size_t x_n = r->x_bytes / sizeof(float);
+    char text[128];
+    static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
+                                [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
+                                [R_STATE_GET] = NET_MSG_STATE, [R_STATE] = NET_MSG_RESULT,
+                                [R_ASSIGN] = NET_MSG_RESULT };
+    if (h->type == NET_MSG_ERROR) {
+        if (net_msg_meta_get(m, "reason", text, sizeof text) != 0)
+            snprintf(text, sizeof text, "no reason given");
+        s_sanitize(text);
+        snprintf(why, wn, "refused a request (%s)", text);
+        return -EPROTO;
+    }
+    if (h->type != want[q->kind]) {
+        snprintf(why, wn, "answered with %s", net_msg_type_name(h->type));
+        return -EPROTO;
+    }
+    switch (q->kind) {
+    case R_FWD:
+        if (s == S - 1) {
+            float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL)
+                                                                           : NAN;
+            if (!isfinite(loss) || loss < 0) {
+                snprintf(why, wn, "sent no finite loss");
+                return -EPROTO;
+            }
+            if (q->redo || S == 1 || r->evaluating)
+                return 0;
+            return s_check_values(r, m, 0, x_n, s, 1, why, wn);
+        }
+        return q->redo ? 0 : s_check_values(r, m, 0, x_n, s, 0, why, wn);
+    case R_BWD:
+        return q->redo || s == 0 ? 0 : s_check_values(r, m, 0, x_n, s, 1, why, wn);
+    case R_STEP:
+        if (r->norm_only[q->peer]) {
+            double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
+                                                                            : NAN;
+            if (isfinite(v) && v >= 0)
+                return 0;
+            snprintf(why, wn, "sent no finite gradient norm");
+            return -EPROTO;
+        }
+        // the largest stage's size: a peer may move between stages
+        if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(r->max_stage_n * sizeof(float))))
+            abort();
+        if (net_msg_tensor(m, 0, r->peer_grad[q->peer], r->stage_n[s]) != 0) {
+            snprintf(why, wn, "sent a gradient of the wrong shape or type");
+            return -EPROTO;
+        }
+        for (size_t j = 0; j < r->stage_n[s]; j++) {
+            if (!isfinite(r->peer_grad[q->peer][j])) {
+                snprintf(why, wn, "sent a non-finite gradient (element %zu)", j);
+                return -EPROTO;
+            }
+        }
+        return 0;
+    case R_UPDATE:
+    case R_STATE:
+        if (net_msg_meta_get(m, "checksum", text, sizeof text) != 0 || strlen(text) != 64
+            || strspn(text, "0123456789abcdef") != 64) {
+            snprintf(why, wn, "sent no parameter checksum");
+            return -EPROTO;
+        }
+        return 0;
+    case R_STATE_GET:
+        for (int i = 0; i < 3; i++) {
+            const net_head_t *hh = net_msg_head_const(m);
+            if (hh->ntensors != 3 || hh->tensors[i].ndims != 1 || hh->tensors[i].dtype != NET_DTYPE_F32
+                || hh->tensors[i].dims[0] != r->stage_n[s]) {
+                snprintf(why, wn, "sent a stage state of the wrong shape");
+                return -EPROTO;
+            }
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static void s_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// A reply: checked first; a peer that answers wrongly fails (banned, and
+// the request's work goes to another replica with the rest of its work).
+static void s_on_reply(router_t *r, int p, const net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
     req_t *q = s_req_find(r, h->id);
     if (!q || q->peer != p)
-        return 0; // stale or not ours: dropped
+        return; // stale or not ours: dropped
+    char why[160];
+    if (s_check_reply(r, q, m, why, sizeof why) != 0) {
+        s_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
+        return;
+    }
     req_t copy = *q;
     s_req_done(r, q);
-    if (h->type == NET_MSG_ERROR) {
-        char why[256] = "?";
-        s_ignore(net_msg_meta_get(m, "reason", why, sizeof why));
-        fprintf(stderr, "swarm router: peer %d (%s) refused a request: %s\n", r->peers[p].id,
-                r->peers[p].name, why);
-        return -EPROTO;
-    }
+    int rc = 0;
     switch (copy.kind) {
     case R_FWD:
     case R_BWD:
-        return h->type == NET_MSG_RESULT ? s_on_result(r, &copy, m) : -EPROTO;
+        rc = s_on_result(r, &copy, m);
+        break;
     case R_STEP:
-        return h->type == NET_MSG_GRAD ? s_on_grad(r, &copy, m) : -EPROTO;
+        rc = s_on_grad(r, &copy, m);
+        break;
     case R_UPDATE:
-        return h->type == NET_MSG_RESULT ? s_on_updated(r, &copy, m) : -EPROTO;
+        rc = s_on_updated(r, &copy, m);
+        break;
     case R_STATE_GET:
-        return h->type == NET_MSG_STATE ? s_on_state(r, &copy, m) : -EPROTO;
+        rc = s_on_state(r, &copy, m);
+        break;
     case R_STATE:
-        if (h->type != NET_MSG_RESULT)
-            return -EPROTO;
         if (r->phase == PH_GRAD || r->phase == PH_UPDATE) {
             // loaded the step's state, but the step's update has begun without
             // it: it would be one update behind; fetch again between steps
-            return 0;
+            break;
         }
         r->peers[p].state = P_READY;
+        r->peers[p].moving = 0;
         s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
         printf("swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
                r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
         fflush(stdout);
-        return 0;
+        break;
     }
-    return 0;
+    if (rc != 0)
+        fprintf(stderr, "swarm router: peer %d (%s): %s reply not used: %s\n", r->peers[p].id,
+                r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
 }
 
 static void s_peer_dead(router_t *r, int p, const char *why);
@@ -1060,12 +1295,16 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
         char q[32];
         if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
             r->peers[p].queue = atoi(q) >= 0 && atoi(q) < 1000000 ? atoi(q) : 0;
+        if (net_msg_meta_get(m, "tok_s", q, sizeof q) == 0) {
+            double t = strtod(q, NULL);
+            r->peers[p].node_tok_s = isfinite(t) && t >= 0 && t < 1e12 ? t : 0.0;
+        }
+        if (r->peers[p].state == P_DEAD)
+            s_on_dead_peer(r, p, m);
     } else if (h->type == NET_MSG_BYE) {
         s_peer_dead(r, p, "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
-        if (s_on_reply(r, p, m) != 0)
-            fprintf(stderr, "swarm router: peer %d (%s): bad %s reply dropped\n",
-                    r->peers[p].id, r->peers[p].name, net_msg_type_name(h->type));
+        s_on_reply(r, p, m);
     }
 }
 
@@ -1119,7 +1358,7 @@ static void s_rollback(router_t *r, int s)
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++) {
-        r->peers[p].inflight = 0;
+        r->peers[p].inflight = r->peers[p].working = 0;
         if (r->peers[p].state == P_READY)
             r->peers[p].state = P_JOINING; // reloads the checkpoint (s_joins)
     }
@@ -1138,6 +1377,8 @@ static void s_peer_dead(router_t *r, int p, const char *why)
     if (r->peers[p].state == P_DEAD)
         return;
     fprintf(stderr, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
+    snprintf(r->peers[p].why, sizeof r->peers[p].why, "%s", why);
+    r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
     r->peers[p].state = P_DEAD;
     for (int i = 0; i < MAX_REQS; i++) {
@@ -1166,6 +1407,29 @@ static void s_peer_dead(router_t *r, int p, const char *why)
     }
 }
 
+// A peer that failed a request (missed its deadline, refused it, answered
+// it wrongly) is dead and banned: 5 s the first time, twice as long each
+// time after, up to 10 minutes. Its work is redone elsewhere.
+static void s_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void s_peer_fail(router_t *r, int p, const char *fmt, ...)
+{
+    peer_t *pe = &r->peers[p];
+    if (pe->state == P_DEAD)
+        return;
+    char why[96], line[192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    pe->failures++;
+    pe->ban_s = pe->ban_s > 0 ? fmin(2.0 * pe->ban_s, 600.0) : 5.0;
+    pe->banned_until = s_secs() + pe->ban_s;
+    pe->ban_told = 0;
+    snprintf(line, sizeof line, "%s: banned for %.0f s (failure %d)", why, pe->ban_s, pe->failures);
+    s_peer_dead(r, p, line);
+    snprintf(pe->why, sizeof pe->why, "%s", why);
+}
+
 // A request's deadline: 20 times what the peer's measured speed says it
 // should take, and never under 5 s (a loaded machine is not a dead one).
 static int64_t s_deadline_ms(const router_t *r, int p)
@@ -1184,7 +1448,9 @@ static void s_reap(router_t *r)
         const req_t *q = &r->reqs[i];
         if (q->id && q->kind != R_STATE && q->kind != R_STATE_GET
             && now - q->sent > s_deadline_ms(r, q->peer))
-            s_peer_dead(r, q->peer, "missed a request's deadline: treated as dead");
+            s_peer_fail(r, q->peer, "missed the deadline of a %s request",
+                        q->kind == R_FWD ? "FWD" : q->kind == R_BWD ? "BWD"
+                        : q->kind == R_STEP ? "STEP" : "UPDATE");
     }
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].failed && r->peers[p].state != P_DEAD)
@@ -1237,6 +1503,8 @@ static void s_rebalance(router_t *r)
     if (s_send_assign(r, p, to, NULL) != 0)
         return;
     pe->tok_s *= from_cost / cost[to];
+    pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
+    pe->rate_work = pe->work;
     pe->moving = 1;
     pe->moved_at = now;
 }
@@ -1331,8 +1599,16 @@ static void s_help(FILE *out)
         "  --open          open swarm: any key may join (the default)\n"
         "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
         "  --window W      micro-batches in flight (default: all of a step)\n"
-        "  --rebalance-every SECONDS  move a peer from the strongest stage to the weakest\n"
-        "                  when that lifts the bottleneck by 20%% (default 0 = never)\n"
+        "  --assign speed|even  stage for a joining node: the one with the least\n"
+        "                  throughput, by the speed nodes report (speed, the default), or\n"
+        "                  the one with the fewest nodes (even: rebalancing then moves\n"
+        "                  peers by the speed the router measures)\n"
+        "  --rebalance-every SECONDS  every so often, move a peer from the strongest stage\n"
+        "                  to the weakest when that lifts the bottleneck by 20%% (default 5;\n"
+        "                  0 = never)\n"
+        "  --tensor-bound K  a peer whose activation or gradient has an RMS above K times\n"
+        "                  its stage's running RMS is banned and its work redone\n"
+        "                  (default 100; 0 = check finiteness only)\n"
         "training flags (as swarm train):\n");
     node_train_help(out);
 }
@@ -1342,13 +1618,15 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
 {
     int out = 1;
     r->listen = "tcp://*:7070";
-    r->rebalance_every = 0.0; // off until moves are exercised end to end (docs/swarm.md)
+    r->rebalance_every = 5.0;
+    r->tensor_bound = 100.0;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
-                 || !strcmp(a, "--rebalance-every");
+                 || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
+                 || !strcmp(a, "--assign");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
             return -EINVAL;
@@ -1364,13 +1642,20 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
             if (node_parse_long(a + 2, v, 0, MAX_PEERS, &x, err, n) != 0)
                 return -EINVAL;
             *(!strcmp(a, "--window") ? &r->window : &r->min_nodes) = (int) x;
-        } else if (!strcmp(a, "--rebalance-every")) {
+        } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
             char *end;
-            r->rebalance_every = strtod(v, &end);
-            if (*v == '\0' || *end || !(r->rebalance_every >= 0 && r->rebalance_every <= 86400)) {
-                snprintf(err, n, "--rebalance-every %s: expected seconds 0..86400 (0 = never)", v);
+            double x = strtod(v, &end);
+            if (*v == '\0' || *end || !(x >= 0 && x <= 86400)) {
+                snprintf(err, n, "%s %s: expected a number 0..86400 (0 = never)", a, v);
                 return -EINVAL;
             }
+            *(!strcmp(a, "--tensor-bound") ? &r->tensor_bound : &r->rebalance_every) = x;
+        } else if (!strcmp(a, "--assign")) {
+            if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
+                snprintf(err, n, "--assign %s: expected speed or even", v);
+                return -EINVAL;
+            }
+            r->assign_even = !strcmp(v, "even");
         } else if (!strcmp(a, "--open")) {
             r->allow_path = NULL;
             continue;
@@ -1448,6 +1733,8 @@ static int s_layout(router_t *r, char *err, size_t n)
     size_t total = node_config_params(&r->hp.cfg);
     for (int s = 0; s < r->plan.stages; s++)
         node_plan_stage_range(&r->hp.cfg, &r->plan, s, &r->stage_off[s], &r->stage_n[s]);
+    for (int s = 0; s < r->plan.stages; s++)
+        r->max_stage_n = r->stage_n[s] > r->max_stage_n ? r->stage_n[s] : r->max_stage_n;
     if (!r->m)
         r->m = calloc(total, sizeof(float));
     if (!r->v)
@@ -1466,6 +1753,11 @@ static int s_layout(router_t *r, char *err, size_t n)
         r->window = r->G;
     r->x_bytes = (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C * sizeof(float);
     r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
+    if (!(r->scratch = malloc(r->x_bytes))) {
+        snprintf(err, n, "out of memory for a (%d, %d, %d) activation", r->hp.micro, r->hp.cfg.T,
+                 r->hp.cfg.C);
+        return -ENOMEM;
+    }
     return 0;
 }
 
@@ -1553,6 +1845,7 @@ static void s_teardown(router_t *r)
     free(r->m);
     free(r->v);
     free(r->grad_sum);
+    free(r->scratch);
     free(r->curve);
     node_curve_close(&r->logs);
     net_server_destroy(&r->srv);

@@ -33,6 +33,7 @@ typedef struct {
     double stage;                   // stage index (NAN when absent)
     double replicas;                // peers serving it
     double tok_s;                   // tokens per second, sum over replicas
+    double node_tok_s;              // what its replicas say they sustain, summed
     double queue;                   // requests waiting
 } status_stage_t;
 
@@ -45,7 +46,10 @@ typedef struct {
     double tok_s;                   // tokens per second, EMA
     double inflight;                // requests sent to it, not yet answered
     double heartbeat_age_s;         // seconds since its last heartbeat
-    char state[STATUS_TEXT_MAX];    // joining, ready, dead
+    double failures;                // requests it failed
+    double banned_s;                // seconds of its ban still to run
+    char state[STATUS_TEXT_MAX];    // joining, ready, moving, banned, dead
+    char why[96];                   // why it is dead or banned
 } status_peer_t;
 
 typedef struct {
@@ -54,6 +58,7 @@ typedef struct {
     double loss;                    // loss of the last step
     double loss_avg;                // moving average of the loss
     double tok_s;                   // tokens per second of the swarm
+    double bound_tok_s;             // the least over stages of what its replicas sustain
     double eta_s;                   // seconds to the end of the schedule
     char state[STATUS_TEXT_MAX];    // waiting, training, done
     status_stage_t stages[STATUS_STAGES_MAX]; // nstages used
@@ -320,6 +325,8 @@ static int s_stage_field(s_json_t *j, const char *key, void *ctx)
         return s_num(j, key, &s->replicas);
     if (!strcmp(key, "tok_s"))
         return s_num(j, key, &s->tok_s);
+    if (!strcmp(key, "node_tok_s"))
+        return s_num(j, key, &s->node_tok_s);
     if (!strcmp(key, "queue"))
         return s_num(j, key, &s->queue);
     return s_json_skip(j, 2);
@@ -331,6 +338,7 @@ static int s_peer_field(s_json_t *j, const char *key, void *ctx)
     struct { const char *key; double *v; } nums[] = {
         {"id", &p->id}, {"stage", &p->stage}, {"tok_s", &p->tok_s},
         {"inflight", &p->inflight}, {"heartbeat_age_s", &p->heartbeat_age_s},
+        {"failures", &p->failures}, {"banned_s", &p->banned_s},
     };
     struct { const char *key; char *s; } strs[] = {
         {"name", p->name}, {"key", p->key}, {"device", p->device}, {"state", p->state},
@@ -341,6 +349,8 @@ static int s_peer_field(s_json_t *j, const char *key, void *ctx)
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (!strcmp(key, strs[i].key))
             return s_str(j, key, strs[i].s, STATUS_TEXT_MAX);
+    if (!strcmp(key, "why"))
+        return s_str(j, key, p->why, sizeof p->why);
     return s_json_skip(j, 2);
 }
 
@@ -350,7 +360,7 @@ static int s_stage_item(s_json_t *j, size_t i, void *ctx)
     (void) i;
     status_stage_t scratch, *s = st->nstages < STATUS_STAGES_MAX ? &st->stages[st->nstages]
                                                                  : &scratch;
-    *s = (status_stage_t) {NAN, NAN, NAN, NAN};
+    *s = (status_stage_t) {NAN, NAN, NAN, NAN, NAN};
     if (s_json_peek(j) != '{')
         return s_json_fail(j, "\"stages\" holds something that is not an object");
     if (s_json_object(j, s_stage_field, s) < 0)
@@ -369,7 +379,7 @@ static int s_peer_item(s_json_t *j, size_t i, void *ctx)
     status_peer_t scratch, *p = st->npeers < STATUS_PEERS_MAX ? &st->peers[st->npeers]
                                                               : &scratch;
     *p = (status_peer_t) {.id = NAN, .stage = NAN, .tok_s = NAN, .inflight = NAN,
-                          .heartbeat_age_s = NAN};
+                          .heartbeat_age_s = NAN, .failures = NAN, .banned_s = NAN};
     if (s_json_peek(j) != '{')
         return s_json_fail(j, "\"peers\" holds something that is not an object");
     if (s_json_object(j, s_peer_field, p) < 0)
@@ -387,6 +397,7 @@ static int s_status_field(s_json_t *j, const char *key, void *ctx)
     struct { const char *key; double *v; } nums[] = {
         {"step", &st->step}, {"iters", &st->iters}, {"loss", &st->loss},
         {"loss_avg", &st->loss_avg}, {"tok_s", &st->tok_s}, {"eta_s", &st->eta_s},
+        {"bound_tok_s", &st->bound_tok_s},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
         if (!strcmp(key, nums[i].key))
@@ -406,6 +417,7 @@ static int s_status_parse(const char *text, size_t len, status_t *st, char *err,
 {
     memset(st, 0, sizeof *st);
     st->step = st->iters = st->loss = st->loss_avg = st->tok_s = st->eta_s = NAN;
+    st->bound_tok_s = NAN;
     s_json_t j = {.start = text, .p = text, .end = text + len};
     int rc = text && len ? 0 : s_json_fail(&j, "empty (no JSON object)");
     if (rc == 0 && s_json_peek(&j) != '{')
@@ -448,26 +460,28 @@ static const char *s_eta(char *buf, size_t cap, double s)
 // is no ETA, whatever the router sent for them.
 static void s_print_head(FILE *out, const char *addr, const status_t *st)
 {
-    char a[32], b[32], c[32], d[32], e[32], f[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
     int stepped = st->step > 0, training = !strcmp(st->state, "training");
-    fprintf(out, "swarm %s: %s | step %s/%s | loss %s (avg %s) | %s tok/s | ETA %s\n", addr,
-            st->state[0] ? st->state : "?", s_fmt(a, sizeof a, "%.0f", st->step),
+    fprintf(out, "swarm %s: %s | step %s/%s | loss %s (avg %s) | %s tok/s (bound %s) | ETA %s\n",
+            addr, st->state[0] ? st->state : "?", s_fmt(a, sizeof a, "%.0f", st->step),
             s_fmt(b, sizeof b, "%.0f", st->iters), s_fmt(c, sizeof c, "%.4f", stepped ? st->loss : NAN),
             s_fmt(d, sizeof d, "%.4f", stepped ? st->loss_avg : NAN),
-            s_fmt(e, sizeof e, "%.0f", st->tok_s), s_eta(f, sizeof f, training ? st->eta_s : NAN));
+            s_fmt(e, sizeof e, "%.0f", st->tok_s),
+            s_fmt(g, sizeof g, "%.0f", st->bound_tok_s > 0 ? st->bound_tok_s : NAN),
+            s_eta(f, sizeof f, training ? st->eta_s : NAN));
 }
 
 static void s_print_stages(FILE *out, const status_t *st)
 {
-    char a[32], b[32], c[32], d[32];
-    fprintf(out, "\n%5s %8s %10s %6s\n", "stage", "replicas", "tok/s", "queue");
+    char a[32], b[32], c[32], d[32], e[32];
+    fprintf(out, "\n%5s %8s %10s %10s %6s\n", "stage", "replicas", "tok/s", "node tok/s", "queue");
     if (!st->nstages)
         fprintf(out, "(no stages)\n");
     for (size_t i = 0; i < st->nstages; i++) {
         const status_stage_t *s = &st->stages[i];
-        fprintf(out, "%5s %8s %10s %6s\n", s_fmt(a, sizeof a, "%.0f", s->stage),
+        fprintf(out, "%5s %8s %10s %10s %6s\n", s_fmt(a, sizeof a, "%.0f", s->stage),
                 s_fmt(b, sizeof b, "%.0f", s->replicas), s_fmt(c, sizeof c, "%.0f", s->tok_s),
-                s_fmt(d, sizeof d, "%.0f", s->queue));
+                s_fmt(e, sizeof e, "%.0f", s->node_tok_s), s_fmt(d, sizeof d, "%.0f", s->queue));
     }
     if (st->stages_dropped)
         fprintf(out, "... and %zu more stages\n", st->stages_dropped);
@@ -486,7 +500,7 @@ static int s_width(const status_t *st, size_t offset, int lo, int hi)
 
 static void s_print_peers(FILE *out, const status_t *st)
 {
-    char a[32], b[32], c[32], d[32], e[32];
+    char a[32], b[32], c[32], d[32], e[32], state[96];
     int nw = s_width(st, offsetof(status_peer_t, name), 4, 24);
     int dw = s_width(st, offsetof(status_peer_t, device), 6, 40);
     fprintf(out, "\n%5s  %-*s %-*s %5s %10s %8s %9s  %s\n", "id", nw, "name", dw, "device",
@@ -495,11 +509,17 @@ static void s_print_peers(FILE *out, const status_t *st)
         fprintf(out, "(no peers)\n");
     for (size_t i = 0; i < st->npeers; i++) {
         const status_peer_t *p = &st->peers[i];
+        if (p->banned_s > 0)
+            snprintf(state, sizeof state, "%s %.0fs", p->state, p->banned_s);
+        else
+            snprintf(state, sizeof state, "%s", p->state[0] ? p->state : "-");
+        if (p->why[0])
+            snprintf(state + strlen(state), sizeof state - strlen(state), " (%s)", p->why);
         fprintf(out, "%5s  %-*.*s %-*.*s %5s %10s %8s %9s  %s\n",
                 s_fmt(a, sizeof a, "%.0f", p->id), nw, nw, p->name[0] ? p->name : "-", dw, dw,
                 p->device[0] ? p->device : "-", s_fmt(b, sizeof b, "%.0f", p->stage),
                 s_fmt(c, sizeof c, "%.0f", p->tok_s), s_fmt(d, sizeof d, "%.0f", p->inflight),
-                s_fmt(e, sizeof e, "%.1fs", p->heartbeat_age_s), p->state[0] ? p->state : "-");
+                s_fmt(e, sizeof e, "%.1fs", p->heartbeat_age_s), state);
     }
     if (st->peers_dropped)
         fprintf(out, "... and %zu more peers\n", st->peers_dropped);

@@ -12,11 +12,12 @@
 # It does not pick a port: the router binds port 0 and says which it got.
 # --speeds gives node i a speed (node --slowdown 1/speed); --chaos SEED
 # SIGKILLs a random node every CHAOS_EVERY s (default 20) and starts a
-# replacement, and in between SIGSTOPs another for 5 s, all drawn from SEED.
+# replacement of the same speed, and in between SIGSTOPs another for 5 s
+# (CHAOS_STALL=0: no stalls), all drawn from SEED.
 
 me=local-swarm.sh
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
 }
 die() {
     echo "$me: $*" >&2
@@ -164,11 +165,18 @@ slowdown_of() {
     echo "${speeds:-}" | awk -F, -v i="$1" '{ v = (i <= NF && $i != "") ? $i : 1 }
         END { if (v <= 0 || v > 1) v = 1; printf "%g", 1 / v }'
 }
-start_node() {  # I
+node_slow=""  # "pid:slowdown" of every node started
+start_node() {  # I [SLOWDOWN]
     [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
+    slow=${2:-$(slowdown_of "$1")}
     "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
-        --threads 1 --name "node$1" --slowdown "$(slowdown_of "$1")" >"$TMP/node$1.log" 2>&1 &
+        --threads 1 --name "node$1" --slowdown "$slow" >"$TMP/node$1.log" 2>&1 &
     node_pids="$node_pids $!"
+    node_slow="$node_slow $!:$slow"
+}
+# slowdown_of_pid PID: the slowdown node PID was started with
+slowdown_of_pid() {
+    for e in $node_slow; do [ "${e%%:*}" = "$1" ] && echo "${e#*:}"; done
 }
 i=1
 while [ "$i" -le "$nodes" ]; do
@@ -214,9 +222,10 @@ while alive "$router" && [ "$ticks" -gt 0 ]; do
             victim=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
             kill -KILL "$victim" 2>/dev/null
             echo "$me: chaos: SIGKILL pid $victim; starting node$next_node" >&2
-            start_node "$next_node"
+            start_node "$next_node" "$(slowdown_of_pid "$victim")" # as fast as the one it replaces
             next_node=$((next_node + 1))
-        elif [ "$chaos_tick" -eq $((chaos_every * 5 / 2)) ] && [ "$count" -gt 2 ] && [ -z "$stopped" ]; then
+        elif [ "$chaos_tick" -eq $((chaos_every * 5 / 2)) ] && [ "$count" -gt 2 ] && [ -z "$stopped" ] \
+            && [ "${CHAOS_STALL:-1}" != 0 ]; then
             chaos_event=$((chaos_event + 1))
             stopped=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
             kill -STOP "$stopped" 2>/dev/null

@@ -60,6 +60,22 @@ int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
     return best;
 }
 
+int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages)
+{
+    int best = 0, best_count = -1;
+    for (int s = 0; s < stages; s++) {
+        int count = 0;
+        for (int i = 0; i < n; i++)
+            if (peers[i].stage == s && (peers[i].ready || peers[i].joining))
+                count++;
+        if (best_count < 0 || count < best_count) {
+            best = s;
+            best_count = count;
+        }
+    }
+    return best;
+}
+
 // Summed tok_s of each stage's ready peers into tot[]; the bottleneck.
 static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double *tot, int *count)
 {

@@ -60,6 +60,9 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 // The stage a joining node should serve: least total throughput of its
 // ready and joining peers, then fewest replicas, then the lowest index.
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);
+// The same by count alone: the stage with the fewest ready and joining
+// peers, then the lowest index (speeds are not consulted).
+int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages);
 
 // Rebalancing: the peer to move from the strongest stage to the weakest,
 // or -1. cost[s] is stage s's work per token (any unit): a peer doing

@@ -595,6 +595,24 @@ START_TEST(test_assign_fills_the_weakest_stage)
 }
 END_TEST
 
+START_TEST(test_assign_even_counts_peers_not_speeds)
+{
+    swarm_peer_view_t p[3] = {
+        s_view(0, 1, 0, 100000), s_view(1, 1, 0, 10), s_view(1, 0, 0, 10),
+    };
+    p[2].joining = 1;
+    // stage 0: one very fast peer; stage 1: two slow ones (one joining); stage 2: none
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 3), 2);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2), 0);
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 2), 1); // by speed, the slow stage
+    // dead peers (neither ready nor joining) do not count; ties go to the first stage
+    p[1].ready = 0;
+    p[2].joining = 0;
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2), 1);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 0, 4), 0);
+}
+END_TEST
+
 START_TEST(test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps)
 {
     const double cost[2] = { 1.0, 1.0 };
@@ -681,6 +699,7 @@ int main(void)
     tcase_add_test(tc, test_pick_prefers_earliest_projected_finish);
     tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
+    tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
     suite_add_tcase(s, tc);

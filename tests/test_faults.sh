@@ -69,7 +69,7 @@ fi
 wait_exit "$router" 120 || { bad "router still running after 120 s"; tail -20 "$TMP/router.log"; }
 wait "$router"
 rc=$?
-deaths=$(grep -c "^swarm router: peer .*dead$" "$TMP/router.log")
+deaths=$(grep -cE "^swarm router: peer .*(dead|banned for .*)$" "$TMP/router.log")
 if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log" && [ "$deaths" -ge 3 ]; then
     ok "router finished 30 steps; $deaths peers declared dead; replicas agreed"
 else

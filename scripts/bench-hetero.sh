@@ -1,0 +1,129 @@
+#!/bin/sh
+# bench-hetero.sh [BUILD] - uneven peers: six nodes of speeds 1, 1, 1/2, 1/4,
+# 1/4, 1/8 (relative; SLOW=2 makes the fastest node 2x slower than this
+# machine's core, so that the six fit on two cores) serve the 3 stages of
+# the baby configuration. Each run trains for SECONDS (default 60); the
+# bench samples `swarm status` after its first half and at the end, and
+# reports the throughput in between against the bound (the least, over
+# stages, of what the stage's replicas sustain together, as the nodes
+# measure it) and against the best bound any assignment of these nodes
+# could have. Runs, side by side:
+#   even      static even split by join order (--assign even, no rebalancing)
+#   speed     joins by speed, no rebalancing
+#   rebalance joins by count, rebalancing on (the router must find the split)
+#   default   joins by speed, rebalancing on (the defaults)
+#   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
+#             same speed (longer run; compared with default over the same span)
+# A benchmark: prints ratios, asserts nothing.
+#   SECONDS_RUN=60 SLOW=2 scripts/bench-hetero.sh build
+set -eu
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+RUN=${SECONDS_RUN:-60}
+SLOW=${SLOW:-2}
+SHARED=${SWARM_SHARED:-../shared}
+[ -x "$SWARM" ] || { echo "bench-hetero.sh: $SWARM missing; run make" >&2; exit 1; }
+OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT INT TERM
+BATCH=12
+T=64
+BABY="--layers 4 --heads 4 --embd 128 --block $T --batch $BATCH --micro-batch 2 --lr 1e-3 --eval-every 0 --iters 100000"
+if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then
+    BABY="$BABY --data $SHARED/data/tinyshakespeare.txt"
+fi
+SPEEDS=$(awk -v s="$SLOW" 'BEGIN { printf "%g,%g,%g,%g,%g,%g", 1/s, 1/s, 0.5/s, 0.25/s, 0.25/s, 0.125/s }')
+
+# status_of DIR: the router's status as JSON (one line), or nothing
+status_of() {
+    ep=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$1/router.log" | head -n 1)
+    [ -n "$ep" ] && "$SWARM" status "$ep" --router-key "$1/router.pub" --json 2>/dev/null || true
+}
+# field JSON KEY: a top-level number
+field() {
+    echo "$1" | sed -n "s/^{\"step\": [0-9]*.*\"$2\": \([0-9.]*\).*/\1/p" | head -n 1
+}
+step_of() {
+    echo "$1" | sed -n 's/^{"step": \([0-9]*\),.*/\1/p'
+}
+# best_bound JSON: the best least-stage sum over every assignment of the ready
+# peers' node_tok_s to 3 stages (3^n assignments; n <= 8 here)
+best_bound() {
+    echo "$1" | tr '{' '\n' | sed -n 's/.*"node_tok_s": \([0-9.]*\), "inflight".*"state": "ready".*/\1/p' |
+        awk '{ v[n++] = $1 } END {
+            best = 0; total = 1; for (i = 0; i < n; i++) total *= 3
+            for (a = 0; a < total; a++) {
+                s0 = s1 = s2 = 0; x = a
+                for (i = 0; i < n; i++) { k = x % 3; x = int(x / 3)
+                    if (k == 0) s0 += v[i]; else if (k == 1) s1 += v[i]; else s2 += v[i] }
+                low = s0 < s1 ? s0 : s1; low = low < s2 ? low : s2
+                if (low > best) best = low
+            }
+            printf "%.0f", best }'
+}
+
+# run NAME DURATION ENV... -- ROUTER FLAGS: a local swarm for DURATION s
+run() {
+    name=$1 dur=$2
+    shift 2
+    envs=""
+    while [ "$1" != "--" ]; do envs="$envs $1"; shift; done
+    shift
+    echo "bench-hetero.sh: $name: $dur s ..." >&2
+    # shellcheck disable=SC2086
+    env KEEP=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
+        $BABY "$@" >"$OUT/$name.log" 2>&1 &
+    pid=$!
+    dir=""
+    for _ in $(seq 1 100); do
+        dir=$(sed -n 's/^local-swarm.sh: router .* logs in \(.*\)$/\1/p' "$OUT/$name.log" | head -n 1)
+        [ -n "$dir" ] && break
+        sleep 0.2
+    done
+    if [ -z "$dir" ]; then
+        echo "bench-hetero.sh: $name: the swarm did not start:" >&2
+        tail -5 "$OUT/$name.log" >&2
+        kill "$pid" 2>/dev/null || true
+        return 0
+    fi
+    # from the first step on
+    for _ in $(seq 1 300); do
+        grep -q "^step " "$dir/router.log" 2>/dev/null && break
+        sleep 0.2
+    done
+    sleep $((dur / 2))
+    a=$(status_of "$dir")
+    ta=$(date +%s.%N)
+    sleep $((dur - dur / 2))
+    b=$(status_of "$dir")
+    tb=$(date +%s.%N)
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    rm -rf "$dir"
+    sa=$(step_of "$a")
+    sb=$(step_of "$b")
+    bound=$(field "$b" bound_tok_s)
+    best=$(best_bound "$b")
+    moves=$(grep -c "moving peer" "$OUT/$name.log" || true)
+    kills=$(grep -c "chaos: SIGKILL" "$OUT/$name.log" || true)
+    tok=$(awk -v a="${sa:-0}" -v b="${sb:-0}" -v ta="$ta" -v tb="$tb" -v bt="$BATCH" -v t="$T" \
+        'BEGIN { printf "%.0f", (b - a) * bt * t / (tb - ta) }')
+    echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
+    printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
+        "$(awk -v x="$tok" -v y="${bound:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
+        "$(awk -v x="$tok" -v y="${best:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
+        "$moves" "$kills"
+}
+
+echo "== baby GPT over 3 stages, 6 nodes of speeds $SPEEDS (x this machine's core), $(nproc) cores"
+echo "   tok/s between the middle and the end of each ${RUN}-second run"
+printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" run "tok/s" bound "best" "/bound" "/best" moves kills
+run even "$RUN" -- --assign even --rebalance-every 0
+run speed "$RUN" -- --rebalance-every 0
+run rebalance "$RUN" -- --assign even
+run default "$RUN" --
+CHAOS=$((RUN * 3 / 2))
+run default-long "$CHAOS" --
+run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11
+awk '$1 == "default-long" { d = $2 } $1 == "chaos" { c = $2 }
+     END { if (d > 0) printf "chaos retained %.2f of the throughput without it (goal >= 0.8)\n", c / d }' "$OUT/results"
+echo "(goal: >= 0.9 of the bound with rebalancing; /best is against the best split of these nodes)"

@@ -1,0 +1,117 @@
+#!/bin/sh
+# test_rebalance.sh BUILD - uneven peers and a stalled one, with real processes.
+# Three nodes join a 2-stage swarm whose router fills stages by count
+# (--assign even): a fast node and a slow one share stage 0 and another slow
+# node serves stage 1 alone, the bottleneck. The router measures the speeds
+# and moves the slow node of stage 0 to stage 1; the mover fetches its new
+# stage's state. Then a node of stage 1 is SIGSTOPped past its deadline:
+# it is banned (swarm status says so), and after SIGCONT and the ban it
+# joins again. Every step's loss equals `swarm train`'s (1e-4 relative) and
+# every replica's checksum agrees after every step.
+# Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+. tests/lib.sh rebalance
+
+ITERS=300
+head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $ITERS --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+
+"$SWARM" keygen "$TMP/router" >/dev/null
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 3 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 1 --loss-log "$TMP/swarm.txt" \
+    --log-every 1 >"$TMP/router.log" 2>&1 &
+router=$!
+pids="$router"
+endpoint=$(wait_endpoint "$TMP/router.log")
+
+# start_node NAME SLOWDOWN, then wait until the router has assigned it
+start_node() {
+    "$SWARM" keygen "$TMP/$1" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$1" \
+        --threads 1 --name "$1" --slowdown "$2" >"$TMP/$1.log" 2>&1 &
+    eval "pid_$1=$!"
+    pids="$pids $!"
+    for _ in $(seq 1 300); do
+        grep -q "($1, .*) joins stage" "$TMP/router.log" && return 0
+        sleep 0.05
+    done
+    bad "$1 was never assigned"; tail -5 "$TMP/router.log"
+}
+start_node fast 4
+start_node slow1 24
+start_node slow2 24
+if grep -q "(fast, .*) joins stage 0" "$TMP/router.log" && grep -q "(slow1, .*) joins stage 1" "$TMP/router.log" \
+    && grep -q "(slow2, .*) joins stage 0" "$TMP/router.log"; then
+    ok "--assign even: fast and slow2 on stage 0, slow1 alone on stage 1"
+else
+    bad "unexpected assignment:"; grep "joins stage" "$TMP/router.log"
+fi
+
+# wait_for PATTERN SECONDS: until the router log has a line matching PATTERN
+wait_for() {
+    for _ in $(seq 1 $(($2 * 20))); do
+        grep -qE "$1" "$TMP/router.log" && return 0
+        kill -0 "$router" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+if wait_for "moving peer 3 \(slow2, .*\) from stage 0 .* to stage 1" 60; then
+    ok "the router moved slow2 to stage 1: $(grep -m1 'moving peer' "$TMP/router.log" | sed 's/^swarm router: //')"
+else
+    bad "no move of slow2 to stage 1:"; grep -E "moving|ready|joins" "$TMP/router.log" | tail -8
+fi
+if wait_for "peer 3 \(slow2\) ready on stage 1" 30; then
+    ok "slow2 fetched stage 1's state and serves it"
+else
+    bad "slow2 never became ready on stage 1"; tail -8 "$TMP/router.log"
+fi
+
+# stall slow1 past its deadline (at least 5 s): banned, then back
+wait_for "^step 1[0-9]*/$ITERS" 30
+kill -STOP "$pid_slow1"
+if wait_for "peer 2 \(slow1\) missed the deadline .*: banned for 5 s" 20; then
+    ok "the stalled node was banned: $(grep -m1 'banned for' "$TMP/router.log" | sed 's/^swarm router: //')"
+    state=$("$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json 2>&1)
+    if echo "$state" | grep -q '"name": "slow1", [^}]*"state": "banned"'; then
+        ok "swarm status shows slow1 as banned"
+    else
+        bad "status does not show the ban: $state"
+    fi
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" >"$TMP/status.txt" 2>&1
+    if grep -q "banned" "$TMP/status.txt" && grep -q "missed the deadline" "$TMP/status.txt"; then
+        ok "the status table says banned and why"
+    else
+        bad "status table:"; cat "$TMP/status.txt"
+    fi
+else
+    bad "the stalled node was not banned"; tail -8 "$TMP/router.log"
+fi
+sleep 2
+kill -CONT "$pid_slow1"
+if wait_for "peer 2 \(slow1\) is back" 30 && wait_for "peer 2 \(slow1\) ready on stage" 30; then
+    ok "after SIGCONT and its ban, slow1 joined again with fresh state"
+else
+    bad "slow1 never came back"; tail -8 "$TMP/router.log"
+fi
+
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$TMP/router.log"; }
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log"; then
+    ok "router finished $ITERS steps; replicas' checksums agreed after every step"
+else
+    bad "router exit $rc:"; tail -10 "$TMP/router.log"
+fi
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS"; then
+    ok "every step's loss equals swarm train's to 1e-4 relative through the move and the ban"
+else
+    bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head
+fi
+
+lib_done

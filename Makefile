@@ -137,7 +137,18 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check-all
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue
+# A test-only swarm whose nodes can lie (--misbehave, node/daemon.c): the
+# same objects but daemon.c, compiled with SWARM_MISBEHAVE.
+$(BUILD)/obj/node/daemon-misbehave.o: node/daemon.c
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC    $< (misbehave)")
+	$(Q)$(CC) $(CFLAGS_BASE) $(INC_node) -DSWARM_MISBEHAVE -c $< -o $@
+$(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/node/daemon.o,$(NODE_OBJ)) \
+                          $(BUILD)/obj/node/daemon-misbehave.o $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+
+check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/swarm-misbehave
 	@sh tests/run.sh $(BUILD)
 
 asan:

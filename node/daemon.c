@@ -45,7 +45,14 @@ typedef struct {
     char name[65];            // shown in the router's table
     long cache_mb;            // MiB of cached activations at most
     double slowdown;          // >= 1: sleep so that work takes this many times longer
+    int misbehave;            // MIS_* (test builds only: --misbehave)
+    long misbehave_from;      // the step it starts at
 } daemon_opts_t;
+
+// A test build (build/swarm-misbehave, -DSWARM_MISBEHAVE) has --misbehave
+// MODE[@STEP]: from STEP on the node lies in one way, so that tests can
+// watch the router catch it. The swarm binary has no such flag.
+enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED };
 
 typedef struct {
     node_acts_t *acts;        // activations of one micro-batch (micro windows)
@@ -142,12 +149,16 @@ static double s_now(void)
 
 // ---- flags -----------------------------------------------------------------
 
-enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP, O_SLOW };
+enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP, O_SLOW,
+       O_MISBEHAVE };
 
 static const struct option s_long[] = {
     {"join", 1, 0, O_JOIN}, {"router-key", 1, 0, O_ROUTER_KEY}, {"key", 1, 0, O_KEY},
     {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS}, {"name", 1, 0, O_NAME},
     {"cache-mb", 1, 0, O_CACHE}, {"slowdown", 1, 0, O_SLOW}, {"help", 0, 0, O_HELP},
+#ifdef SWARM_MISBEHAVE
+    {"misbehave", 1, 0, O_MISBEHAVE},
+#endif
     {0, 0, 0, 0},
 };
 
@@ -187,6 +198,24 @@ static int s_parse_name(daemon_opts_t *o, const char *arg, char *err, size_t n)
     return 0;
 }
 
+#ifdef SWARM_MISBEHAVE
+static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_t n)
+{
+    static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed" };
+    const char *at = strchr(arg, '@');
+    size_t len = at ? (size_t) (at - arg) : strlen(arg);
+    for (int m = 1; m < (int) (sizeof modes / sizeof modes[0]); m++) {
+        if (strlen(modes[m]) == len && !strncmp(arg, modes[m], len)) {
+            o->misbehave = m;
+            return at ? node_parse_long("misbehave STEP", at + 1, 0, LONG_MAX, &o->misbehave_from,
+                                        err, n) : 0;
+        }
+    }
+    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed[@STEP]", arg);
+    return -EINVAL;
+}
+#endif
+
 static int s_parse_join(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
     const char *colon = strncmp(arg, "tcp://", 6) == 0 ? strrchr(arg + 6, ':') : NULL;
@@ -222,6 +251,9 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
         break;
     }
     case O_HELP: rc = 1; break;
+#ifdef SWARM_MISBEHAVE
+    case O_MISBEHAVE: rc = s_parse_misbehave(o, arg, err, n); break;
+#endif
     case ':': snprintf(err, n, "%s: needs a value", flag); rc = -EINVAL; break;
     default: snprintf(err, n, "%s: unknown flag; see swarm node --help", flag); rc = -EINVAL; break;
     }
@@ -354,6 +386,18 @@ static int s_keys_load(daemon_t *d, int *made, char *err, size_t n)
     return rc;
 }
 
+// Whether d lies in this way now (never outside test builds).
+static int s_lying(const daemon_t *d, int mode)
+{
+#ifdef SWARM_MISBEHAVE
+    return d->o.misbehave == mode && d->step >= d->o.misbehave_from;
+#else
+    (void) d;
+    (void) mode;
+    return 0;
+#endif
+}
+
 // ---- start: measure, connect ------------------------------------------------
 
 // Small deterministic parameters for the measurement.
@@ -480,7 +524,7 @@ static void s_meta_set(net_msg_t *msg, const char *text)
 static void s_hello_send(daemon_t *d)
 {
     char meta[512];
-    double tok_s = d->tok_s_bench; // the same yardstick for every node, every time
+    double tok_s = d->tok_s_bench * (s_lying(d, MIS_SPEED) ? 1000.0 : 1.0); // the same yardstick for every node
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
              d->o.name, d->be->device, d->be->threads, d->be->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
@@ -496,11 +540,15 @@ static void s_heartbeat_send(daemon_t *d)
 {
     char meta[256];
     double tok_s = d->tok_s > 0 ? d->tok_s : d->tok_s_bench;
+    if (s_lying(d, MIS_SPEED))
+        tok_s *= 1000.0;
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld",
              node_stage_index(d->stage), d->queued, tok_s, d->step);
-    net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
-    s_meta_set(msg, meta);
-    (void) s_send(d, &msg, 0);
+    for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
+        net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
+        s_meta_set(msg, meta);
+        (void) s_send(d, &msg, 0);
+    }
 }
 
 // Answer req with ERROR reason=TEXT (one line).
@@ -689,11 +737,30 @@ static int s_check_request(daemon_t *d, const net_msg_t *req, int need_step, cha
     return rc;
 }
 
+// A lie about an activation: a NaN in it (sent raw, past the encoder's
+// check), or every value 1000 times too large.
+static int s_lie_acts(daemon_t *d, net_msg_t *msg, const float *src, const uint32_t *dims)
+{
+    size_t count = (size_t) dims[0] * dims[1] * dims[2];
+    float *lie = malloc(count * sizeof(float));
+    if (!lie)
+        return -ENOMEM;
+    for (size_t i = 0; i < count; i++)
+        lie[i] = s_lying(d, MIS_SCALE) ? 1000.0f * src[i] : src[i];
+    if (s_lying(d, MIS_NAN))
+        lie[count / 2] = NAN;
+    int rc = net_msg_add_raw(msg, NET_DTYPE_F32, dims, 3, lie, count * sizeof(float));
+    free(lie);
+    return rc;
+}
+
 // Append an activation-shaped f32 tensor (micro, T, C) to msg.
 static int s_acts_add(daemon_t *d, net_msg_t *msg, const float *src, const char *what, char *err,
                       size_t n)
 {
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
+    if (s_lying(d, MIS_NAN) || s_lying(d, MIS_SCALE))
+        return s_lie_acts(d, msg, src, dims);
     int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 3, src);
     if (rc != 0)
         snprintf(err, n, "cannot send %s: %s", what,
@@ -979,6 +1046,8 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     if (rc != 0)
         return rc;
     node_stage_adamw(d->stage, &opt);
+    if (s_lying(d, MIS_DRIFT))
+        node_stage_params(d->stage)[0] += 1e-3f; // parameters that drift from its replicas'
     rc = node_stage_params_changed(d->stage);
     node_stage_grads_zero(d->stage);
     s_slots_drop(d);

@@ -51,11 +51,16 @@ typedef struct {
     double ban_s;            // length of its last ban: doubles with each failure
     int failures;            // requests it failed (deadline, refusal, bad result)
     int ban_told;            // it was told of its current ban
+    int divergences;         // steps after which its checksum differed from its stage's
+    int64_t burst_from;      // ms: start of the second its unasked messages are counted in
+    int burst;               // unasked messages (not replies) in that second
+    int claim_doubted;       // its HEARTBEAT speed is far above what the router measures
     char why[96];            // why it was last declared dead or banned
     int64_t busy_from;       // ms: start of its busy period (requests in flight)
     double busy_s;           // seconds with requests in flight, in all
     double work;             // training tokens of work it finished (see s_work)
     double rate_busy, rate_work; // busy_s and work at its last speed sample
+    int samples;             // speed samples taken (since it joined or moved)
     double node_tok_s;       // what the node says it sustains (HEARTBEAT)
     double hello_tok_s;      // what it measured at start (HELLO)
 } peer_t;
@@ -121,7 +126,9 @@ typedef struct {
     double t_start;          // wall clock at start
     node_curve_t logs;       // --loss-log and DIR/loss.csv
     float *curve;            // [iters] losses for the plot
-    int checksum_mismatches; // steps where replicas disagreed
+    int checksum_mismatches; // replicas that disagreed with their stage after a step
+    int resyncs;             // of them, resynced from a replica that agrees
+    int expelled;            // peers expelled for diverging twice
     int phase;               // PH_*
     int pending;             // STEP or UPDATE replies still to come
     int redo_pending;        // re-runs of a dead peer's work still to come
@@ -156,6 +163,10 @@ enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL };
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
 static volatile sig_atomic_t s_stop;
+
+// A peer is gone (its work is redone elsewhere); fail also bans it.
+static void s_peer_dead(router_t *r, int p, const char *why);
+static void s_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 // For a call whose failure is reported where it happens (or is harmless).
 static inline void s_ignore(int rc)
@@ -269,16 +280,35 @@ static int s_peer_find(router_t *r, const net_peer_t *who)
     return -1;
 }
 
-static void s_views(const router_t *r, swarm_peer_view_t *v)
+// The peer table as the policy sees it. For routing (optimistic) a ready
+// peer the router has not measured yet is taken to be as fast as the
+// fastest measured peer of its stage, so that it gets work and is measured
+// (otherwise a first guess below the others' could starve it for the whole
+// run); rebalancing sees the speeds as measured.
+static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
 {
+    double fastest[NODE_MAX_LAYERS] = {0};
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
+        if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
+            fastest[p->stage] = p->tok_s;
+    }
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        double tok_s = p->tok_s;
+        if (optimistic && p->samples == 0 && p->stage >= 0 && fastest[p->stage] > tok_s)
+            tok_s = fastest[p->stage];
         v[i] = (swarm_peer_view_t) {
             .stage = p->stage, .ready = p->state == P_READY && !p->failed,
-        .joining = p->state == P_JOINING,
-            .inflight = p->inflight, .queue = p->queue, .tok_s = p->tok_s, .moved_at = p->moved_at,
+            .joining = p->state == P_JOINING,
+            .inflight = p->inflight, .queue = p->queue, .tok_s = tok_s, .moved_at = p->moved_at,
         };
     }
+}
+
+static void s_views(const router_t *r, swarm_peer_view_t *v)
+{
+    s_views_as(r, v, 1);
 }
 
 static int s_ready_count(const router_t *r, int stage)
@@ -342,21 +372,29 @@ static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     return 0;
 }
 
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
 // A joiner's speed in the router's units (training tokens/s on a stage,
 // see s_work_done): what it measured at start, scaled by how the measured
-// peers' speeds compare with what they measured at start.
+// peers' speeds compare with what they measured at start (the median, so
+// that one peer's false claim does not skew it).
 static double s_hello_speed(const router_t *r, double hello)
 {
-    double sum = 0.0;
+    double ratio[MAX_PEERS];
     int n = 0;
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *pe = &r->peers[i];
-        if (pe->state == P_READY && pe->rate_work > 0.0 && pe->hello_tok_s > 0.0) {
-            sum += pe->tok_s / pe->hello_tok_s;
-            n++;
-        }
+        if (pe->state == P_READY && pe->samples > 0 && pe->hello_tok_s > 0.0)
+            ratio[n++] = pe->tok_s / pe->hello_tok_s;
     }
-    return n ? hello * sum / n : hello;
+    if (!n)
+        return hello;
+    qsort(ratio, (size_t) n, sizeof ratio[0], s_cmp_double);
+    return hello * ratio[n / 2];
 }
 
 // Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
@@ -368,6 +406,7 @@ static void s_admit(router_t *r, int p, const net_msg_t *req)
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
     pe->rate_busy = s_busy_s(pe, net_clock_ms());
     pe->rate_work = pe->work;
+    pe->samples = 0;
     swarm_peer_view_t views[MAX_PEERS];
     s_views(r, views);
     int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
@@ -655,10 +694,11 @@ static void s_work_done(router_t *r, const req_t *q)
     pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
               : last && !r->evaluating ? tokens : tokens / 3.0;
     double busy = s_busy_s(pe, net_clock_ms());
-    if (busy - pe->rate_busy < 0.5)
+    if (busy - pe->rate_busy < 0.2)
         return;
     double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
-    pe->tok_s = pe->rate_work > 0.0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
+    pe->tok_s = pe->samples > 0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
+    pe->samples++;
     pe->rate_busy = busy;
     pe->rate_work = pe->work;
 }
@@ -839,22 +879,46 @@ static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
     return 0;
 }
 
-// Replicas of a stage must hold the same bits after the same update.
-static void s_compare_checksums(router_t *r)
+// Replicas of a stage must hold the same bits after the same update. The
+// checksum most of them report is the stage's (on a tie, that of the
+// replica that joined first); a replica that reports another is resynced
+// from one that agrees (it fetches the stage's state again between steps)
+// and expelled for the rest of the run if it diverges a second time.
+static void s_consensus(router_t *r)
 {
     for (int s = 0; s < r->plan.stages; s++) {
-        const char *first = NULL;
+        int best = -1, best_votes = 0;
         for (int p = 0; p < r->npeers; p++) {
             if (!r->peers[p].updated || r->peers[p].stage != s)
                 continue;
-            if (!first) {
-                first = r->peers[p].checksum;
-            } else if (strcmp(first, r->peers[p].checksum) != 0) {
-                fprintf(stderr, "swarm router: step %ld: stage %d: peer %d's checksum %.16s "
-                        "differs from its replicas' %.16s\n", r->step, s, r->peers[p].id,
-                        r->peers[p].checksum, first);
-                r->checksum_mismatches++;
+            int votes = 0;
+            for (int q = 0; q < r->npeers; q++)
+                votes += r->peers[q].updated && r->peers[q].stage == s
+                         && !strcmp(r->peers[q].checksum, r->peers[p].checksum);
+            if (votes > best_votes) {
+                best = p;
+                best_votes = votes;
             }
+        }
+        for (int p = 0; p < r->npeers && best >= 0; p++) {
+            peer_t *pe = &r->peers[p];
+            if (!pe->updated || pe->stage != s || !strcmp(pe->checksum, r->peers[best].checksum))
+                continue;
+            r->checksum_mismatches++;
+            pe->updated = 0;
+            if (++pe->divergences >= 2) {
+                r->expelled++;
+                pe->failures++;
+                pe->banned_until = INFINITY;
+                s_peer_dead(r, p, "diverged from its replicas a second time: expelled for the run");
+                snprintf(pe->why, sizeof pe->why, "diverged from its replicas twice: expelled");
+                continue;
+            }
+            r->resyncs++;
+            fprintf(stderr, "swarm router: step %ld: stage %d: peer %d (%s) reports checksum %.16s, "
+                    "%d of its replicas %.16s: it fetches their state again\n", r->step, s, pe->id,
+                    pe->name, pe->checksum, best_votes, r->peers[best].checksum);
+            pe->state = P_JOINING; // s_joins asks a replica that agrees
         }
     }
 }
@@ -917,7 +981,7 @@ static void s_step_end(router_t *r)
     r->last_loss = (float) (loss / r->G);
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
-    s_compare_checksums(r);
+    s_consensus(r);
     node_curve_add(&r->logs, r->step, r->last_loss, lr);
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
@@ -1011,7 +1075,7 @@ static double s_stage_capacity(const router_t *r, int s)
     double tok = 0.0;
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_READY && r->peers[p].stage == s)
-            tok += r->peers[p].node_tok_s;
+            tok += r->peers[p].claim_doubted ? r->peers[p].tok_s : r->peers[p].node_tok_s;
     return tok;
 }
 
@@ -1117,8 +1181,11 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
 static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
-    if (net_msg_tensor(m, i, r->scratch, n) != 0) {
-        snprintf(why, wn, "sent a tensor of the wrong shape or type");
+    int rc = net_msg_tensor(m, i, r->scratch, n);
+    if (rc != 0) {
+        // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
+        snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value"
+                                        : "sent a tensor of the wrong shape or type");
         return -EPROTO;
     }
     double sumsq = 0.0;
@@ -1192,8 +1259,10 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         // the largest stage's size: a peer may move between stages
         if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(r->max_stage_n * sizeof(float))))
             abort();
-        if (net_msg_tensor(m, 0, r->peer_grad[q->peer], r->stage_n[s]) != 0) {
-            snprintf(why, wn, "sent a gradient of the wrong shape or type");
+        int rc = net_msg_tensor(m, 0, r->peer_grad[q->peer], r->stage_n[s]);
+        if (rc != 0) {
+            snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
+                                            : "sent a gradient of the wrong shape or type");
             return -EPROTO;
         }
         for (size_t j = 0; j < r->stage_n[s]; j++) {
@@ -1224,8 +1293,6 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     }
     return 0;
 }
-
-static void s_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 // A reply: checked first; a peer that answers wrongly fails (banned, and
 // the request's work goes to another replica with the rest of its work).
@@ -1276,7 +1343,38 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
                 r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
 }
 
-static void s_peer_dead(router_t *r, int p, const char *why);
+// A node sends a HEARTBEAT a second and a HELLO every two while it waits:
+// a peer that sends more than ROUTER_BURST unasked messages in a second
+// floods the router, and fails.
+#define ROUTER_BURST 100
+
+static int s_flooding(router_t *r, int p, const net_head_t *h)
+{
+    peer_t *pe = &r->peers[p];
+    int64_t now = net_clock_ms();
+    if (h->flags & NET_FLAG_REPLY)
+        return 0;
+    if (now - pe->burst_from >= 1000) {
+        pe->burst_from = now;
+        pe->burst = 0;
+    }
+    if (++pe->burst <= ROUTER_BURST || pe->state == P_DEAD)
+        return pe->state == P_DEAD && pe->burst > ROUTER_BURST; // banned: dropped unread
+    s_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
+    return 1;
+}
+
+// The speed a node reports is used only for the bound in swarm status; one
+// that claims ten times what the router measures is not believed there.
+static void s_doubt_claim(router_t *r, int p)
+{
+    peer_t *pe = &r->peers[p];
+    int doubt = pe->samples > 0 && pe->node_tok_s > 10.0 * pe->tok_s;
+    if (doubt && !pe->claim_doubted)
+        fprintf(stderr, "swarm router: peer %d (%s) says it sustains %.0f tok/s; the router "
+                "measures %.0f and uses that\n", pe->id, pe->name, pe->node_tok_s, pe->tok_s);
+    pe->claim_doubted = doubt;
+}
 
 static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 {
@@ -1284,6 +1382,8 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
     int p = s_peer_find(r, who);
     if (p >= 0)
         r->peers[p].last_seen = net_clock_ms();
+    if (p >= 0 && s_flooding(r, p, h))
+        return;
     if (h->type == NET_MSG_HELLO) {
         s_on_hello(r, who, m);
     } else if (h->type == NET_MSG_STATUS) {
@@ -1298,6 +1398,7 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
         if (net_msg_meta_get(m, "tok_s", q, sizeof q) == 0) {
             double t = strtod(q, NULL);
             r->peers[p].node_tok_s = isfinite(t) && t >= 0 && t < 1e12 ? t : 0.0;
+            s_doubt_claim(r, p);
         }
         if (r->peers[p].state == P_DEAD)
             s_on_dead_peer(r, p, m);
@@ -1410,7 +1511,6 @@ static void s_peer_dead(router_t *r, int p, const char *why)
 // A peer that failed a request (missed its deadline, refused it, answered
 // it wrongly) is dead and banned: 5 s the first time, twice as long each
 // time after, up to 10 minutes. Its work is redone elsewhere.
-static void s_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void s_peer_fail(router_t *r, int p, const char *fmt, ...)
 {
     peer_t *pe = &r->peers[p];
@@ -1481,9 +1581,12 @@ static void s_rebalance(router_t *r)
     if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
         return;
     r->last_rebalance = now;
+    for (int q = 0; q < r->npeers; q++)
+        if (r->peers[q].state == P_READY && r->peers[q].samples < 1)
+            return; // judge speeds once every ready peer has been measured
     swarm_peer_view_t views[MAX_PEERS];
     double cost[NODE_MAX_LAYERS];
-    s_views(r, views);
+    s_views_as(r, views, 0);
     for (int s = 0; s < r->plan.stages; s++)
         cost[s] = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
     int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.2,
@@ -1505,6 +1608,7 @@ static void s_rebalance(router_t *r)
     pe->tok_s *= from_cost / cost[to];
     pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
     pe->rate_work = pe->work;
+    pe->samples = 0;
     pe->moving = 1;
     pe->moved_at = now;
 }
@@ -1891,16 +1995,15 @@ int cmd_router(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
-           "checksum mismatches %d\n", steps, s_secs() - r->t_start, r->train_time, tps,
-           s_ready_count(r, -1), r->checksum_mismatches);
+           "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs() - r->t_start,
+           r->train_time, tps, s_ready_count(r, -1), r->checksum_mismatches, r->resyncs, r->expelled);
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? r->bytes_in / 1e6 / steps : 0.0,
            steps ? r->bytes_out / 1e6 / steps : 0.0);
     s_plot(r);
-    int bad = r->checksum_mismatches > 0;
     s_teardown(r);
     free(r);
     if (rc == -EINTR)
         fprintf(stderr, "swarm router: stopped\n");
-    return rc == 0 && !bad ? 0 : 1;
+    return rc == 0 ? 0 : 1; // a replica that diverged was resynced or expelled
 }

@@ -25,7 +25,7 @@ SHARED=${SWARM_SHARED:-../shared}
 [ -x "$SWARM" ] || { echo "bench-hetero.sh: $SWARM missing; run make" >&2; exit 1; }
 OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT INT TERM
-BATCH=12
+BATCH=${BATCH:-48}  # 24 micro-batches a step: few pipeline bubbles (12 gives 6, and ~0.75 at best)
 T=64
 BABY="--layers 4 --heads 4 --embd 128 --block $T --batch $BATCH --micro-batch 2 --lr 1e-3 --eval-every 0 --iters 100000"
 if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then

@@ -1,0 +1,3 @@
+build-dev/obj/net/msg.o: net/msg.c net/wire.h net/net.h
+net/wire.h:
+net/net.h:

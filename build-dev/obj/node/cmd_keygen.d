@@ -1,0 +1,2 @@
+build-dev/obj/node/cmd_keygen.o: node/cmd_keygen.c net/net.h
+net/net.h:

@@ -1,0 +1,3 @@
+build-dev/obj/node/stage.o: node/stage.c node/node.h blas/blas.h
+node/node.h:
+blas/blas.h:

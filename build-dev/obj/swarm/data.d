@@ -1,0 +1,2 @@
+build-dev/obj/swarm/data.o: swarm/data.c swarm/swarm.h
+swarm/swarm.h:

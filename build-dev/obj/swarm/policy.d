@@ -1,0 +1,2 @@
+build-dev/obj/swarm/policy.o: swarm/policy.c swarm/swarm.h
+swarm/swarm.h:

@@ -1,0 +1,87 @@
+#!/bin/sh
+# test_hostile.sh BUILD - peers that lie, with real processes. Two honest
+# nodes (one per stage) train with five liars of the test-only build
+# (BUILD/swarm-misbehave --misbehave MODE@STEP): one sends a NaN in its
+# activations, one sends them 1000x too large, one lets its parameters drift
+# from its replicas' after each update, one floods the router with
+# messages, one claims a speed 1000x its own. Each is caught (banned,
+# resynced or expelled, its work redone), and every step's loss equals
+# `swarm train`'s (1e-4 relative). Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+LIAR="$BUILD/swarm-misbehave"
+. tests/lib.sh hostile
+
+ITERS=100
+head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $ITERS --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+
+if "$SWARM" node --misbehave nan --join tcp://127.0.0.1:1 --router-key x >"$TMP/flag.txt" 2>&1 \
+    || ! grep -q "unknown flag" "$TMP/flag.txt"; then
+    bad "the swarm binary accepts --misbehave: $(cat "$TMP/flag.txt")"
+else
+    ok "only the test build knows --misbehave ($(cat "$TMP/flag.txt"))"
+fi
+
+"$SWARM" keygen "$TMP/router" >/dev/null
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 7 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 0 --loss-log "$TMP/swarm.txt" \
+    --log-every 1 >"$TMP/router.log" 2>&1 &
+router=$!
+pids="$router"
+endpoint=$(wait_endpoint "$TMP/router.log")
+
+# start_node NAME BINARY [FLAGS...], then wait until the router assigned it
+start_node() {
+    name=$1 bin=$2
+    shift 2
+    "$SWARM" keygen "$TMP/$name" >/dev/null
+    "$bin" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$name" \
+        --threads 1 --name "$name" --slowdown 8 "$@" >"$TMP/$name.log" 2>&1 &
+    pids="$pids $!"
+    for _ in $(seq 1 300); do
+        grep -q "($name, .*) joins stage" "$TMP/router.log" && return 0
+        sleep 0.05
+    done
+    bad "$name was never assigned"
+}
+# joins alternate between the stages (--assign even): liars on both
+start_node honest0 "$SWARM"
+start_node honest1 "$SWARM"
+start_node scale "$LIAR" --misbehave scale@4
+start_node nan "$LIAR" --misbehave nan@4
+start_node drift "$LIAR" --misbehave drift@3
+start_node flood "$LIAR" --misbehave flood@2
+start_node speed "$LIAR" --misbehave speed
+
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$TMP/router.log"; }
+wait "$router"
+rc=$?
+
+# expect NAME PATTERN WHAT: the router's log says it caught NAME
+expect() {
+    line=$(grep -E "\($1\) $2" "$TMP/router.log" | head -n 1)
+    if [ -n "$line" ]; then ok "$3: ${line#swarm router: }"; else bad "$3: no line matching '$2'"; fi
+}
+expect nan "sent a non-finite value.*: banned for" "a NaN in an activation is refused and its sender banned"
+expect scale "sent a tensor of RMS .*: banned for" "activations 1000x too large are refused and their sender banned"
+expect drift "reports checksum .* it fetches their state again" "a replica whose parameters drift is resynced"
+expect drift "diverged from its replicas a second time: expelled" "... and expelled when it drifts again"
+expect flood "flooded the router .*: banned for" "a peer flooding the router is banned"
+expect speed "says it sustains .* the router measures" "a speed claim far above the measured one is not believed"
+
+if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$TMP/router.log"; then
+    ok "router finished $ITERS steps: $(grep -o 'checksum mismatches.*' "$TMP/router.log")"
+else
+    bad "router exit $rc:"; tail -10 "$TMP/router.log"
+fi
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS"; then
+    ok "every step's loss equals swarm train's to 1e-4 relative despite the liars"
+else
+    bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head
+fi
+
+lib_done

@@ -52,7 +52,7 @@ typedef struct {
 // A test build (build/swarm-misbehave, -DSWARM_MISBEHAVE) has --misbehave
 // MODE[@STEP]: from STEP on the node lies in one way, so that tests can
 // watch the router catch it. The swarm binary has no such flag.
-enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED };
+enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE };
 
 typedef struct {
     node_acts_t *acts;        // activations of one micro-batch (micro windows)
@@ -201,7 +201,7 @@ static int s_parse_name(daemon_opts_t *o, const char *arg, char *err, size_t n)
 #ifdef SWARM_MISBEHAVE
 static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
-    static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed" };
+    static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed", "shuffle" };
     const char *at = strchr(arg, '@');
     size_t len = at ? (size_t) (at - arg) : strlen(arg);
     for (int m = 1; m < (int) (sizeof modes / sizeof modes[0]); m++) {
@@ -211,7 +211,7 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
                                         err, n) : 0;
         }
     }
-    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed[@STEP]", arg);
+    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed|shuffle[@STEP]", arg);
     return -EINVAL;
 }
 #endif
@@ -738,7 +738,8 @@ static int s_check_request(daemon_t *d, const net_msg_t *req, int need_step, cha
 }
 
 // A lie about an activation: a NaN in it (sent raw, past the encoder's
-// check), or every value 1000 times too large.
+// check), every value 1000 times too large, or the right values in the
+// wrong places (reversed: finite, of the right size, and wrong).
 static int s_lie_acts(daemon_t *d, net_msg_t *msg, const float *src, const uint32_t *dims)
 {
     size_t count = (size_t) dims[0] * dims[1] * dims[2];
@@ -746,7 +747,8 @@ static int s_lie_acts(daemon_t *d, net_msg_t *msg, const float *src, const uint3
     if (!lie)
         return -ENOMEM;
     for (size_t i = 0; i < count; i++)
-        lie[i] = s_lying(d, MIS_SCALE) ? 1000.0f * src[i] : src[i];
+        lie[i] = s_lying(d, MIS_SCALE) ? 1000.0f * src[i]
+               : s_lying(d, MIS_SHUFFLE) ? src[count - 1 - i] : src[i];
     if (s_lying(d, MIS_NAN))
         lie[count / 2] = NAN;
     int rc = net_msg_add_raw(msg, NET_DTYPE_F32, dims, 3, lie, count * sizeof(float));
@@ -759,7 +761,7 @@ static int s_acts_add(daemon_t *d, net_msg_t *msg, const float *src, const char 
                       size_t n)
 {
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
-    if (s_lying(d, MIS_NAN) || s_lying(d, MIS_SCALE))
+    if (s_lying(d, MIS_NAN) || s_lying(d, MIS_SCALE) || s_lying(d, MIS_SHUFFLE))
         return s_lie_acts(d, msg, src, dims);
     int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 3, src);
     if (rc != 0)
@@ -979,6 +981,17 @@ static int s_on_bwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *
 static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
 {
     int rc = s_check_request(d, req, 1, err, n);
+    char discard[8];
+    if (rc == 0 && net_msg_meta_get(req, "discard", discard, sizeof discard) == 0
+        && !strcmp(discard, "1")) {
+        // the router starts the step over: what was accumulated is void
+        // (every request of the old attempt came before this one)
+        node_stage_grads_zero(d->stage);
+        s_slots_drop(d);
+        d->samples = 0;
+        *reply = s_msg_reply(req, NET_MSG_RESULT);
+        return 0;
+    }
     if (rc == 0 && (rc = node_stage_grads_fetch(d->stage)) != 0)
         snprintf(err, n, "cannot read the gradients from %s: %s", d->be->device, strerror(-rc));
     if (rc != 0)

@@ -28,7 +28,7 @@
 #define MAX_REQS 4096
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
-enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN };
+enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD };
 
 typedef struct {
     net_peer_t who;          // identity: public key
@@ -87,6 +87,13 @@ typedef struct {
     int retry_stage;         // its stage
     unsigned char redo_wanted[NODE_MAX_LAYERS]; // stage work to re-run once a peer is free
     float loss;              // from the last stage
+    // spot verification of a FWD (s_spot_*): the outputs of the peer under
+    // test ([0]) and of up to two other replicas, held until they agree
+    float *spot[3];          // stage outputs (NULL at the last stage: losses only)
+    float spot_loss[3];      // last stage: the losses
+    int spot_peer[3];        // who produced each
+    int spot_n;              // results in
+    int spot_stage;          // stage under test, -1 none
 } mb_t;
 
 typedef struct {
@@ -157,9 +164,13 @@ typedef struct {
     long rms_n[2][NODE_MAX_LAYERS]; // tensors it has seen
     double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
     int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
+    double verify;           // --verify: fraction of FWDs re-run on a second replica
+    int spot_checks;         // FWDs verified
+    int spot_undecided;      // verifications two replicas disagreed on, with no third to decide
+    int restarts;            // steps started over (a liar's outputs had been used)
 } router_t;
 
-enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL };
+enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
 static volatile sig_atomic_t s_stop;
@@ -523,7 +534,9 @@ static void s_mb_clear(router_t *r, mb_t *b)
         free(b->dy[s]);
         b->dy[s] = NULL;
     }
-    *b = (mb_t) { .stage = -1 };
+    for (int k = 0; k < 3; k++)
+        free(b->spot[k]);
+    *b = (mb_t) { .stage = -1, .spot_stage = -1 };
     for (int s = 0; s < r->plan.stages; s++)
         b->grad_peer[s] = -1;
 }
@@ -577,6 +590,17 @@ static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
 
 // The best ready peer of stage s for micro-batch i (prefer: who holds its
 // activations, or -1). -EAGAIN when the stage has none.
+static int s_pick_but(router_t *r, int s, int prefer, const int *not, int nnot)
+{
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    for (int k = 0; k < nnot; k++)
+        if (not[k] >= 0)
+            views[not[k]].ready = 0;
+    int p = swarm_policy_pick(views, r->npeers, s, prefer, (double) r->hp.micro * r->hp.cfg.T);
+    return p < 0 ? -EAGAIN : p;
+}
+
 static int s_pick(router_t *r, int s, int prefer)
 {
     swarm_peer_view_t views[MAX_PEERS];
@@ -703,6 +727,194 @@ static void s_work_done(router_t *r, const req_t *q)
     pe->rate_work = pe->work;
 }
 
+// ---- spot verification ------------------------------------------------------
+// A fraction (--verify) of training FWDs is run again on a second replica of
+// the stage and the micro-batch waits until the two agree (outputs within
+// 1e-3 relative L2; at the last stage, forward-only, losses within 1e-4).
+// When they disagree, a third replica decides; the one it contradicts is
+// expelled, and since that peer's outputs may already have fed other
+// micro-batches of the step, the step starts over without it. With no third
+// replica the disagreement is logged and counted, and the run goes on.
+
+// Whether FWD of micro-batch i at stage s of this step is verified: a fixed
+// draw from (seed, step, i, s), so that a replay checks the same ones.
+static int s_spot_sampled(const router_t *r, int i, int s)
+{
+    if (r->verify <= 0.0 || r->evaluating)
+        return 0;
+    uint64_t x = (uint64_t) r->hp.seed * 0x9e3779b97f4a7c15ull ^ (uint64_t) r->step << 24
+               ^ (uint64_t) i << 8 ^ (uint64_t) s;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (double) (x >> 11) * 0x1p-53 < r->verify;
+}
+
+// The FWD of micro-batch i at stage s again, to peer p: at the last stage
+// forward-only (eval=1: nothing accumulates).
+static int s_spot_send(router_t *r, int i, int s, int p)
+{
+    net_msg_t *m = s_fwd_msg(r, i, s);
+    if (m && s == r->plan.stages - 1 && net_msg_set_meta(m, "eval=1\n") != 0)
+        net_msg_destroy(&m);
+    if (!m)
+        return -ENOMEM;
+    return s_send(r, p, &m, R_VERIFY, i, s);
+}
+
+// Go on with micro-batch i from its first result (the peer under test's).
+static void s_spot_release(router_t *r, int i)
+{
+    mb_t *b = &r->mbs[i];
+    int S = r->plan.stages, s = b->spot_stage;
+    for (int k = 0; k < 3; k++) {
+        free(b->spot[k]);
+        b->spot[k] = NULL;
+    }
+    b->spot_stage = -1;
+    b->spot_n = 0;
+    if (s < S - 1)
+        s_ignore(s_next(r, i, R_FWD, s + 1));
+    else if (S == 1)
+        b->stage = S;
+    else
+        s_ignore(s_next(r, i, R_BWD, S - 2));
+}
+
+// Hold micro-batch i's FWD result from peer q->peer (decoded in scratch, or
+// its loss) and ask another replica; 1 when held, 0 when nobody can check.
+static int s_spot_begin(router_t *r, const req_t *q, float loss)
+{
+    mb_t *b = &r->mbs[q->mb];
+    int last = q->stage == r->plan.stages - 1;
+    int other = s_pick_but(r, q->stage, -1, &q->peer, 1);
+    if (other < 0)
+        return 0;
+    b->spot_stage = q->stage;
+    b->spot_n = 1;
+    b->spot_peer[0] = q->peer;
+    b->spot_loss[0] = loss;
+    b->spot[0] = last ? NULL : s_dup_bytes(r->scratch, r->x_bytes);
+    if (s_spot_send(r, q->mb, q->stage, other) != 0) {
+        s_spot_release(r, q->mb);
+        return 1;
+    }
+    return 1;
+}
+
+static int s_spot_same(const router_t *r, const mb_t *b, int x, int y)
+{
+    if (!b->spot[x] || !b->spot[y])
+        return fabsf(b->spot_loss[x] - b->spot_loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(b->spot_loss[y]));
+    double d = 0.0, n = 0.0;
+    for (size_t j = 0; j < r->x_bytes / sizeof(float); j++) {
+        double e = (double) b->spot[x][j] - b->spot[y][j];
+        d += e * e;
+        n += (double) b->spot[y][j] * b->spot[y][j];
+    }
+    return d <= 1e-6 * (n > 1e-30 ? n : 1e-30);
+}
+
+// A peer caught returning wrong results: expelled for the run.
+static void s_peer_expel(router_t *r, int p, const char *why)
+{
+    peer_t *pe = &r->peers[p];
+    if (pe->state == P_DEAD)
+        return;
+    char line[160];
+    snprintf(line, sizeof line, "%s: expelled for the run", why);
+    r->expelled++;
+    pe->failures++;
+    pe->banned_until = INFINITY;
+    s_peer_dead(r, p, line);
+    snprintf(pe->why, sizeof pe->why, "%s: expelled", why);
+}
+
+// Start the current step over: every replica drops what it accumulated
+// (STEP discard=1) and every micro-batch runs again from the start.
+static void s_step_restart(router_t *r, const char *why)
+{
+    fprintf(stderr, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
+    for (int i = 0; i < MAX_REQS; i++)
+        if (r->reqs[i].id)
+            s_req_done(r, &r->reqs[i]); // their answers are stale now
+    for (int i = 0; i < r->G; i++)
+        s_mb_clear(r, &r->mbs[i]);
+    r->pending = r->redo_pending = 0;
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state != P_READY)
+            continue;
+        net_msg_t *m = net_msg_new(NET_MSG_STEP);
+        net_msg_head(m)->step = (uint64_t) r->step;
+        net_msg_head(m)->stage = (uint32_t) r->peers[p].stage;
+        if (s_meta(m, "discard=1\n") != 0) {
+            net_msg_destroy(&m);
+            continue;
+        }
+        if (s_send(r, p, &m, R_DISCARD, -1, r->peers[p].stage) == 0)
+            r->pending++;
+    }
+    r->restarts++;
+    r->phase = PH_DISCARD;
+}
+
+// A verifying replica's answer (checked; outputs decoded in scratch).
+static void s_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    mb_t *b = &r->mbs[q->mb];
+    char text[64];
+    if (b->spot_stage != q->stage || b->spot_n < 1 || b->spot_n > 2)
+        return; // stale
+    int k = b->spot_n++, s = q->stage;
+    b->spot_peer[k] = q->peer;
+    b->spot_loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
+    b->spot[k] = b->spot[0] ? s_dup_bytes(r->scratch, r->x_bytes) : NULL;
+    const peer_t *a = &r->peers[b->spot_peer[0]], *c = &r->peers[q->peer];
+    if (k == 1 && s_spot_same(r, b, 0, 1)) {
+        r->spot_checks++;
+        s_spot_release(r, q->mb);
+        return;
+    }
+    if (k == 1) {
+        int not[2] = { b->spot_peer[0], q->peer };
+        int third = s_pick_but(r, s, -1, not, 2);
+        fprintf(stderr, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
+                "micro-batch %d%s\n", r->step, s, a->id, a->name, c->id, c->name, q->mb,
+                third >= 0 ? "; asking a third replica" : "; no third replica to decide");
+        if (third < 0 || s_spot_send(r, q->mb, s, third) != 0) {
+            r->spot_undecided++;
+            s_spot_release(r, q->mb);
+        }
+        return;
+    }
+    r->spot_checks++;
+    int liar = s_spot_same(r, b, 0, 2) && !s_spot_same(r, b, 1, 2) ? b->spot_peer[1]
+             : s_spot_same(r, b, 1, 2) && !s_spot_same(r, b, 0, 2) ? b->spot_peer[0] : -1;
+    if (liar < 0) {
+        r->spot_undecided++;
+        s_spot_release(r, q->mb);
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof why, "returned a stage %d forward that two replicas contradict", s);
+    s_peer_expel(r, liar, why);
+    if (r->phase == PH_MB) // not rolled back by the expulsion
+        s_step_restart(r, "a peer whose outputs it used was caught lying");
+}
+
+// A verifying replica is gone before it answered: go on without it.
+static void s_spot_lost(router_t *r, const req_t *q)
+{
+    mb_t *b = &r->mbs[q->mb];
+    if (b->spot_stage == q->stage && b->spot_n >= 1) {
+        if (b->spot_n == 2)
+            r->spot_undecided++;
+        s_spot_release(r, q->mb);
+    }
+}
+
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
 static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
 {
@@ -721,6 +933,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         if (!y)
             return -EPROTO;
         b->in[s + 1] = s_dup_bytes(y, r->x_bytes);
+        if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, 0.0f))
+            return 0; // goes on once a second replica agrees
         return s_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
@@ -731,6 +945,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         if (!isfinite(b->loss))
             return -EPROTO;
         if (S == 1 || r->evaluating) {
+            if (!r->evaluating && s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, b->loss))
+                return 0;
             b->stage = S;
             return 0;
         }
@@ -739,6 +955,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
             return -EPROTO;
         free(b->dy[S - 2]);
         b->dy[S - 2] = s_dup_bytes(dx, r->x_bytes);
+        if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, b->loss))
+            return 0;
         return s_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
@@ -907,11 +1125,7 @@ static void s_consensus(router_t *r)
             r->checksum_mismatches++;
             pe->updated = 0;
             if (++pe->divergences >= 2) {
-                r->expelled++;
-                pe->failures++;
-                pe->banned_until = INFINITY;
-                s_peer_dead(r, p, "diverged from its replicas a second time: expelled for the run");
-                snprintf(pe->why, sizeof pe->why, "diverged from its replicas twice: expelled");
+                s_peer_expel(r, p, "diverged from its replicas a second time");
                 continue;
             }
             r->resyncs++;
@@ -1219,7 +1433,8 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
                                 [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
                                 [R_STATE_GET] = NET_MSG_STATE, [R_STATE] = NET_MSG_RESULT,
-                                [R_ASSIGN] = NET_MSG_RESULT };
+                                [R_ASSIGN] = NET_MSG_RESULT, [R_VERIFY] = NET_MSG_RESULT,
+                                [R_DISCARD] = NET_MSG_RESULT };
     if (h->type == NET_MSG_ERROR) {
         if (net_msg_meta_get(m, "reason", text, sizeof text) != 0)
             snprintf(text, sizeof text, "no reason given");
@@ -1247,6 +1462,16 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         return q->redo ? 0 : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_BWD:
         return q->redo || s == 0 ? 0 : s_check_values(r, m, 0, x_n, s, 1, why, wn);
+    case R_VERIFY:
+        if (s == S - 1) {
+            float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL)
+                                                                           : NAN;
+            if (isfinite(loss) && loss >= 0)
+                return 0;
+            snprintf(why, wn, "sent no finite loss");
+            return -EPROTO;
+        }
+        return s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
         if (r->norm_only[q->peer]) {
             double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
@@ -1323,6 +1548,12 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
         break;
     case R_STATE_GET:
         rc = s_on_state(r, &copy, m);
+        break;
+    case R_VERIFY:
+        s_spot_result(r, &copy, m);
+        break;
+    case R_DISCARD:
+        r->pending--;
         break;
     case R_STATE:
         if (r->phase == PH_GRAD || r->phase == PH_UPDATE) {
@@ -1491,8 +1722,10 @@ static void s_peer_dead(router_t *r, int p, const char *why)
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
         } else if (q.kind == R_FWD || q.kind == R_BWD)
             s_ignore(s_next(r, q.mb, q.kind, q.stage));
-        else if (q.kind == R_STEP || q.kind == R_UPDATE)
+        else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
             r->pending--;
+        else if (q.kind == R_VERIFY)
+            s_spot_lost(r, &q);
         else if (q.kind == R_STATE_GET && q.mb < 0)
             r->ckpt_pending--; // the checkpoint of this step is skipped
         else if (q.kind == R_STATE_GET)
@@ -1549,8 +1782,8 @@ static void s_reap(router_t *r)
         if (q->id && q->kind != R_STATE && q->kind != R_STATE_GET
             && now - q->sent > s_deadline_ms(r, q->peer))
             s_peer_fail(r, q->peer, "missed the deadline of a %s request",
-                        q->kind == R_FWD ? "FWD" : q->kind == R_BWD ? "BWD"
-                        : q->kind == R_STEP ? "STEP" : "UPDATE");
+                        q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
+                        : q->kind == R_UPDATE ? "UPDATE" : "STEP");
     }
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].failed && r->peers[p].state != P_DEAD)
@@ -1656,6 +1889,10 @@ static void s_turn(router_t *r)
     case PH_EVAL:
         s_eval_turn(r);
         break;
+    case PH_DISCARD:
+        if (r->pending <= 0)
+            s_step_begin(r);
+        break;
     }
 }
 
@@ -1713,6 +1950,9 @@ static void s_help(FILE *out)
         "  --tensor-bound K  a peer whose activation or gradient has an RMS above K times\n"
         "                  its stage's running RMS is banned and its work redone\n"
         "                  (default 100; 0 = check finiteness only)\n"
+        "  --verify F      run a fraction F of forwards again on a second replica and\n"
+        "                  compare; a third decides a disagreement and the peer it\n"
+        "                  contradicts is expelled (default 0.05; 0 = never)\n"
         "training flags (as swarm train):\n");
     node_train_help(out);
 }
@@ -1724,12 +1964,14 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     r->listen = "tcp://*:7070";
     r->rebalance_every = 5.0;
     r->tensor_bound = 100.0;
+    r->verify = 0.05;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
+                 || !strcmp(a, "--verify")
                  || !strcmp(a, "--assign");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
@@ -1754,6 +1996,13 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return -EINVAL;
             }
             *(!strcmp(a, "--tensor-bound") ? &r->tensor_bound : &r->rebalance_every) = x;
+        } else if (!strcmp(a, "--verify")) {
+            char *end;
+            r->verify = strtod(v, &end);
+            if (*v == '\0' || *end || !(r->verify >= 0 && r->verify <= 1)) {
+                snprintf(err, n, "--verify %s: expected a fraction 0..1 of forwards to check", v);
+                return -EINVAL;
+            }
         } else if (!strcmp(a, "--assign")) {
             if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
                 snprintf(err, n, "--assign %s: expected speed or even", v);
@@ -1997,6 +2246,8 @@ int cmd_router(int argc, char **argv)
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
            "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs() - r->t_start,
            r->train_time, tps, s_ready_count(r, -1), r->checksum_mismatches, r->resyncs, r->expelled);
+    printf("checks | forwards verified %d, undecided %d | steps started over %d\n", r->spot_checks,
+           r->spot_undecided, r->restarts);
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? r->bytes_in / 1e6 / steps : 0.0,
            steps ? r->bytes_out / 1e6 / steps : 0.0);

@@ -1421,6 +1421,17 @@ static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int 
     return 0;
 }
 
+// The last stage's answer carries a finite, non-negative loss. 0 or -EPROTO.
+static int s_check_loss(const net_msg_t *m, char *why, size_t wn)
+{
+    char text[64];
+    float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
+    if (isfinite(loss) && loss >= 0)
+        return 0;
+    snprintf(why, wn, "sent no finite loss");
+    return -EPROTO;
+}
+
 // Check a reply to request q before anything uses it: the right type, and
 // every tensor of the shape the plan says, finite and of plausible size.
 // 0, or -EPROTO and why.
@@ -1449,12 +1460,8 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     switch (q->kind) {
     case R_FWD:
         if (s == S - 1) {
-            float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL)
-                                                                           : NAN;
-            if (!isfinite(loss) || loss < 0) {
-                snprintf(why, wn, "sent no finite loss");
+            if (s_check_loss(m, why, wn) != 0)
                 return -EPROTO;
-            }
             if (q->redo || S == 1 || r->evaluating)
                 return 0;
             return s_check_values(r, m, 0, x_n, s, 1, why, wn);
@@ -1463,15 +1470,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     case R_BWD:
         return q->redo || s == 0 ? 0 : s_check_values(r, m, 0, x_n, s, 1, why, wn);
     case R_VERIFY:
-        if (s == S - 1) {
-            float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL)
-                                                                           : NAN;
-            if (isfinite(loss) && loss >= 0)
-                return 0;
-            snprintf(why, wn, "sent no finite loss");
-            return -EPROTO;
-        }
-        return s_check_values(r, m, 0, x_n, s, 0, why, wn);
+        return s == S - 1 ? s_check_loss(m, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
         if (r->norm_only[q->peer]) {
             double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)

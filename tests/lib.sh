@@ -44,6 +44,16 @@ losses_match() {
         END { exit bad }'
 }
 
+# check_losses LOG TRAIN N WHAT: ok/bad on losses_match, showing the first
+# differing lines
+check_losses() {
+    if losses_match "$1" "$2" "$3"; then
+        ok "every step's loss equals swarm train's to 1e-4 relative $4"
+    else
+        bad "losses differ $4:"; paste -d' ' "$1" "$2" | head
+    fi
+}
+
 lib_done() {
     echo "$pass passed, $fail failed"
     [ $fail -eq 0 ]

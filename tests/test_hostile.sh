@@ -91,10 +91,6 @@ if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$TMP/router.log"; then
 else
     bad "router exit $rc:"; tail -10 "$TMP/router.log"
 fi
-if losses_match "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS"; then
-    ok "every step's loss equals swarm train's to 1e-4 relative despite the liars"
-else
-    bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head
-fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "despite the liars"
 
 lib_done

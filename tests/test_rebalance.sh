@@ -109,10 +109,6 @@ if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log"; then
 else
     bad "router exit $rc:"; tail -10 "$TMP/router.log"
 fi
-if losses_match "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS"; then
-    ok "every step's loss equals swarm train's to 1e-4 relative through the move and the ban"
-else
-    bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head
-fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "through the move and the ban"
 
 lib_done

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #define KEY_FILE_MAX 4096   // bytes: a key file is one key and a comment
+#define ALLOW_FILE_MAX (16 << 20) // bytes of an allow-list file (about 400,000 keys)
 
 struct net_key_s {
     uint8_t pub[32];                     // Curve25519 public key
@@ -109,9 +110,7 @@ const uint8_t *net_key_secret_raw(const net_key_t *self)
 
 // ---- key files -------------------------------------------------------------
 
-// The one key line of a key file's text (NUL-terminated, edited in place)
-// into z85. 0 or -EINVAL with a reason naming path.
-static int s_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen)
+int net_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen)
 {
     int keys = 0;
     for (char *line = text, *next; line && *line; line = next) {
@@ -180,7 +179,13 @@ static int s_file_read(const char *path, int secret, char *z85, char *err, size_
         goto out_free;
     }
     buf[got] = '\0';
-    rc = s_key_parse(buf, path, z85, err, errlen);
+    if (memchr(buf, '\0', (size_t) got)) {
+        snprintf(err, errlen, "%s: a NUL byte: not a key file; regenerate it with `swarm keygen`",
+                 path);
+        rc = -EINVAL;
+        goto out_free;
+    }
+    rc = net_key_parse(buf, path, z85, err, errlen);
 out_free:
     sodium_free(buf);
 out_close_fd:
@@ -391,30 +396,112 @@ size_t net_allow_size(const net_allow_t *self)
     return n;
 }
 
+// Parse one line of an allow-list: "" for a blank or comment line, else the
+// key's Z85 text (trimmed, NUL-terminated in place).
+static char *s_allow_line(char *line, size_t len)
+{
+    while (len && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r'))
+        line[--len] = '\0';
+    char *start = line + strspn(line, " \t");
+    return *start == '#' ? start + strlen(start) : start;
+}
+
+int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char *path,
+                    char *err, size_t errlen)
+{
+    char line[NET_KEY_Z85_LEN + 64]; // longer lines cannot hold a key
+    int lineno = 0;
+    for (size_t at = 0; at < len;) {
+        const char *eol = memchr(text + at, '\n', len - at);
+        size_t n = eol ? (size_t) (eol - (text + at)) : len - at;
+        lineno++;
+        int rc = -EINVAL;
+        if (n < sizeof line && !memchr(text + at, '\0', n)) {
+            memcpy(line, text + at, n);
+            line[n] = '\0';
+            char *key = s_allow_line(line, n);
+            rc = *key ? net_allow_add(self, key) : 0;
+        }
+        if (rc == -EINVAL)
+            snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters) nor a # comment",
+                     path, lineno, NET_KEY_Z85_LEN);
+        else if (rc < 0)
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, strerror(-rc));
+        if (rc < 0)
+            return rc;
+        at += n + 1;
+    }
+    return 0;
+}
+
+// The keys of an allow-list file in a new list (nothing on error).
+static int s_allow_read(const char *path, net_allow_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = 0;
+    char *text = malloc(ALLOW_FILE_MAX + 1);
+    net_allow_t *fresh = net_allow_new();
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    ssize_t got = 0;
+    if (!text || !fresh) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
+    } else if (fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > ALLOW_FILE_MAX) {
+        rc = -EINVAL;
+        snprintf(err, errlen, "%s: not an allow-list (not a regular file of at most %d bytes)",
+                 path, ALLOW_FILE_MAX);
+    } else if ((got = read(fd, text, ALLOW_FILE_MAX + 1)) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+    } else if (got > ALLOW_FILE_MAX) {
+        rc = -EINVAL; // it grew since fstat
+        snprintf(err, errlen, "%s: more than %d bytes", path, ALLOW_FILE_MAX);
+    } else {
+        rc = net_allow_parse(fresh, text, (size_t) got, path, err, errlen);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(text);
+    if (rc == 0)
+        *out = fresh;
+    else
+        net_allow_destroy(&fresh);
+    return rc;
+}
+
 int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        int rc = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
-        return rc;
+    net_allow_t *fresh = NULL;
+    int rc = s_allow_read(path, &fresh, err, errlen);
+    for (size_t i = 0; rc == 0 && i < fresh->n; i++) {
+        char z85[NET_KEY_Z85_LEN + 1];
+        zmq_z85_encode(z85, fresh->keys[i], 32);
+        rc = net_allow_add(self, z85);
     }
-    char line[256];
-    int rc = 0, lineno = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
-        lineno++;
-        size_t len = strcspn(line, "\r\n");
-        line[len] = '\0';
-        while (len && (line[len - 1] == ' ' || line[len - 1] == '\t'))
-            line[--len] = '\0';
-        char *start = line + strspn(line, " \t");
-        if (*start == '\0' || *start == '#')
-            continue;
-        rc = net_allow_add(self, start);
-        if (rc == -EINVAL)
-            snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters)", path, lineno,
-                     NET_KEY_Z85_LEN);
-    }
-    fclose(f);
+    net_allow_destroy(&fresh);
     return rc;
+}
+
+int net_allow_reload(net_allow_t *self, const char *path, char *err, size_t errlen)
+{
+    net_allow_t *fresh = NULL;
+    int rc = s_allow_read(path, &fresh, err, errlen);
+    if (rc < 0)
+        return rc;
+    // swap the arrays: a reader holding the lock sees all of one list
+    pthread_mutex_lock(&self->lock);
+    uint8_t (*keys)[32] = self->keys;
+    size_t cap = self->cap;
+    self->keys = fresh->keys;
+    self->n = fresh->n;
+    self->cap = fresh->cap;
+    pthread_mutex_unlock(&self->lock);
+    fresh->keys = keys;
+    fresh->cap = cap;
+    net_allow_destroy(&fresh);
+    return 0;
 }

@@ -942,6 +942,53 @@ START_TEST(test_key_allow_list)
 }
 END_TEST
 
+START_TEST(test_key_allow_reload_swaps_or_keeps)
+{
+    s_tmp_t t;
+    s_tmp_open(&t);
+    net_key_t *a = NULL, *b = NULL;
+    char err[512] = "", path[256], text[512];
+    ck_assert_int_eq(net_key_generate(&a), 0);
+    ck_assert_int_eq(net_key_generate(&b), 0);
+    net_allow_t *allow = net_allow_new();
+    ck_assert_int_eq(net_allow_add(allow, net_key_public(a)), 0);
+    snprintf(path, sizeof path, "%s/allow", t.dir);
+    // a bad line, a missing file, a folder: the old list stays, whole
+    snprintf(text, sizeof text, "%s\n%.39s\n", net_key_public(b), net_key_public(a));
+    s_write(path, text, 0644);
+    ck_assert_int_eq(net_allow_reload(allow, path, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "allow:2:"), "%s", err);
+    ck_assert_int_eq(net_allow_load(allow, path, err, sizeof err), -EINVAL); // all or nothing
+    ck_assert_int_eq(net_allow_reload(allow, "/nonexistent/allow", err, sizeof err), -ENOENT);
+    ck_assert_msg(strstr(err, "/nonexistent/allow"), "%s", err);
+    ck_assert_int_eq(net_allow_reload(allow, t.dir, err, sizeof err), -EINVAL);
+    ck_assert_uint_eq(net_allow_size(allow), 1);
+    ck_assert(net_allow_contains(allow, net_key_public(a)));
+    ck_assert(!net_allow_contains(allow, net_key_public(b)));
+    // a good file replaces the list: b in, a out; then an empty list
+    snprintf(text, sizeof text, "# after the edit\r\n%s\r\n", net_key_public(b));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(allow, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(net_allow_size(allow), 1);
+    ck_assert(net_allow_contains(allow, net_key_public(b)));
+    ck_assert(!net_allow_contains(allow, net_key_public(a)));
+    s_write(path, "# nobody\n", 0644);
+    ck_assert_msg(net_allow_reload(allow, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(net_allow_size(allow), 0);
+    // NUL bytes and over-long lines are bad lines, with their numbers
+    ck_assert_int_eq(net_allow_parse(allow, "\n\nab\0c\n", 7, "mem", err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "mem:3:"), "%s", err);
+    memset(text, ' ', 300);
+    memcpy(text + 300, net_key_public(a), NET_KEY_Z85_LEN);
+    ck_assert_int_eq(net_allow_parse(allow, text, 340, "mem", err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "mem:1:"), "%s", err);
+    net_allow_destroy(&allow);
+    net_key_destroy(&a);
+    net_key_destroy(&b);
+    s_tmp_close(&t);
+}
+END_TEST
+
 // ---- transport -------------------------------------------------------------------
 
 typedef struct {
@@ -1073,6 +1120,66 @@ START_TEST(test_transport_wrong_key_gets_nothing)
     net_client_destroy(&intruder);
     net_client_destroy(&misled);
     net_server_destroy(&server);
+    s_keys_close(&k);
+}
+END_TEST
+
+// The allow-list changes while the server runs: a refused key that is added
+// gets in when its client reconnects on its own; an admitted key that is
+// removed has every later message dropped (and counted).
+START_TEST(test_transport_allow_reload_admits_and_revokes)
+{
+    s_keys_t k;
+    s_keys_open(&k);
+    s_tmp_t t;
+    s_tmp_open(&t);
+    char path[256], text[256], err[256] = "";
+    snprintf(path, sizeof path, "%s/allow", t.dir);
+    net_server_t *server = s_server(&k, k.allow, &s_limits);
+    net_client_t *intruder = s_client(server, k.server, k.intruder);
+    s_client_say(intruder, NET_MSG_HELLO);
+    net_peer_t peer;
+    net_msg_t *in = NULL;
+    ck_assert_int_eq(s_server_wait(server, 500, &peer, &in, err, sizeof err), -ETIMEDOUT);
+    // the intruder joins the list, the node leaves it
+    snprintf(text, sizeof text, "%s\n", net_key_public(k.intruder));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    // libzmq does not retry after a refused handshake: the client asks for a new link
+    ck_assert_int_eq(net_client_reconnect(intruder), 0);
+    int rc = -ETIMEDOUT;
+    for (int i = 0; i < 30 && rc == -ETIMEDOUT; i++) {
+        net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
+        int sent = net_client_send(intruder, &m); // -EAGAIN while it has no link
+        ck_assert(sent == 0 || sent == -EAGAIN);
+        rc = s_server_wait(server, 200, &peer, &in, err, sizeof err);
+    }
+    ck_assert_msg(rc == 0, "the newly allowed key got nothing through: %d %s", rc, err);
+    ck_assert_str_eq(peer.key, net_key_public(k.intruder));
+    net_msg_destroy(&in);
+    // a node admitted, then dropped by a reload: refused from then on
+    snprintf(text, sizeof text, "%s\n", net_key_public(k.node));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    net_client_t *node = s_client(server, k.server, k.node);
+    s_client_say(node, NET_MSG_HELLO);
+    ck_assert_int_eq(s_server_wait(server, 2000, &peer, &in, err, sizeof err), 0);
+    net_msg_destroy(&in);
+    s_write(path, "# nobody\n", 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    s_client_say(node, NET_MSG_HEARTBEAT);
+    rc = s_server_wait(server, 1000, &peer, &in, err, sizeof err);
+    ck_assert_int_eq(rc, -EPROTO);
+    ck_assert_msg(strstr(err, "no longer on the allow-list"), "%s", err);
+    ck_assert_str_eq(peer.key, net_key_public(k.node));
+    net_stats_t st;
+    net_server_stats(server, &st);
+    ck_assert_uint_ge(st.revoked, 1);
+    ck_assert_uint_ge(st.auth_denied, 1);
+    net_client_destroy(&intruder);
+    net_client_destroy(&node);
+    net_server_destroy(&server);
+    s_tmp_close(&t);
     s_keys_close(&k);
 }
 END_TEST
@@ -1554,11 +1661,13 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_key_files_round_trip);
     tcase_add_test(tc, test_key_load_refuses_bad_files);
     tcase_add_test(tc, test_key_allow_list);
+    tcase_add_test(tc, test_key_allow_reload_swaps_or_keeps);
     suite_add_tcase(s, tc);
     tc = tcase_create("transport");
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_transport_allowed_key_talks);
     tcase_add_test(tc, test_transport_wrong_key_gets_nothing);
+    tcase_add_test(tc, test_transport_allow_reload_admits_and_revokes);
     tcase_add_test(tc, test_transport_client_without_curve_gets_nothing);
     tcase_add_test(tc, test_transport_open_mode_admits_any_key);
     tcase_add_test(tc, test_transport_identity_is_the_curve_key);

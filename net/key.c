@@ -434,37 +434,68 @@ int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char 
     return 0;
 }
 
+// Read a whole text file of at most max bytes into malloc'ed *text.
+static int s_text_read(const char *path, size_t max, char **text, size_t *len, char *err,
+                       size_t errlen)
+{
+    *text = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        return rc;
+    }
+    int rc = 0;
+    struct stat st;
+    size_t got = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t) st.st_size > max) {
+        rc = -EINVAL;
+        snprintf(err, errlen, "%s: not an allow-list (not a regular file of at most %zu bytes)",
+                 path, max);
+    } else if (!(*text = malloc((size_t) st.st_size + 1))) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
+    }
+    // one byte more than fstat said: a file that grew since is refused
+    while (rc == 0 && got <= (size_t) st.st_size) {
+        ssize_t r = read(fd, *text + got, (size_t) st.st_size + 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        }
+        if (r <= 0)
+            break;
+        got += (size_t) r;
+    }
+    if (rc == 0 && got > (size_t) st.st_size) {
+        rc = -EAGAIN;
+        snprintf(err, errlen, "%s: the file changed while it was read; try again", path);
+    }
+    close(fd);
+    if (rc < 0) {
+        free(*text);
+        *text = NULL;
+    }
+    *len = got;
+    return rc;
+}
+
 // The keys of an allow-list file in a new list (nothing on error).
 static int s_allow_read(const char *path, net_allow_t **out, char *err, size_t errlen)
 {
     *out = NULL;
-    int rc = 0;
-    char *text = malloc(ALLOW_FILE_MAX + 1);
-    net_allow_t *fresh = net_allow_new();
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    struct stat st;
-    ssize_t got = 0;
-    if (!text || !fresh) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = s_text_read(path, ALLOW_FILE_MAX, &text, &len, err, errlen);
+    net_allow_t *fresh = rc == 0 ? net_allow_new() : NULL;
+    if (rc == 0 && !fresh) {
         rc = -ENOMEM;
         snprintf(err, errlen, "%s: out of memory", path);
-    } else if (fd < 0) {
-        rc = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
-    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > ALLOW_FILE_MAX) {
-        rc = -EINVAL;
-        snprintf(err, errlen, "%s: not an allow-list (not a regular file of at most %d bytes)",
-                 path, ALLOW_FILE_MAX);
-    } else if ((got = read(fd, text, ALLOW_FILE_MAX + 1)) < 0) {
-        rc = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
-    } else if (got > ALLOW_FILE_MAX) {
-        rc = -EINVAL; // it grew since fstat
-        snprintf(err, errlen, "%s: more than %d bytes", path, ALLOW_FILE_MAX);
-    } else {
-        rc = net_allow_parse(fresh, text, (size_t) got, path, err, errlen);
     }
-    if (fd >= 0)
-        close(fd);
+    if (rc == 0)
+        rc = net_allow_parse(fresh, text, len, path, err, errlen);
     free(text);
     if (rc == 0)
         *out = fresh;

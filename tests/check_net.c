@@ -6,6 +6,7 @@
  * Run from the repository root (tests/corpus/wire); SWARM_WRITE_CORPUS=1
  * rewrites the seed corpus after a deliberate wire change.
  */
+#include "fuzz.h"
 #include "wire.h"
 
 #include <check.h>
@@ -23,7 +24,7 @@
 #include <unistd.h>
 
 // from tests/fuzz_wire.c
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_wire_one(const uint8_t *data, size_t size);
 int fuzz_wire_decode(const uint8_t *data, size_t size, char *err, size_t errlen);
 size_t fuzz_wire_pack(const net_span_t *frames, size_t n, int strict, uint8_t *out, size_t cap);
 
@@ -1613,8 +1614,7 @@ START_TEST(test_fuzz_seed_corpus_replays)
         ck_assert_ptr_nonnull(f);
         size_t len = fread(buf, 1, sizeof buf, f);
         fclose(f);
-        ck_assert_int_eq(LLVMFuzzerTestOneInput(buf, len), 0); // aborts on a broken promise
-        int rc = fuzz_wire_decode(buf, len, err, sizeof err);
+        int rc = fuzz_wire_decode(buf, len, err, sizeof err); // aborts on a broken promise
         if (strncmp(e->d_name, "ok-", 3) == 0)
             ck_assert_msg(rc == 0, "%s refused: %s", e->d_name, err);
         if (strncmp(e->d_name, "bad-", 4) == 0)
@@ -1625,6 +1625,33 @@ START_TEST(test_fuzz_seed_corpus_replays)
     closedir(d);
     ck_assert_int_ge(files, NET_MSG_TYPE_MAX + N_BAD);
     ck_assert_int_ge(ok, NET_MSG_TYPE_MAX);
+}
+END_TEST
+
+// ---- the other net fuzz targets' seed corpora (tests/fuzz_keys.c, fuzz_meta.c) ----
+
+static const fuzz_target_t s_fuzz_targets[] = {
+    {"keys", fuzz_keys_one, fuzz_keys_seed},
+    {"meta", fuzz_meta_one, fuzz_meta_seed},
+};
+#define N_FUZZ_TARGETS ((int) (sizeof s_fuzz_targets / sizeof s_fuzz_targets[0]))
+
+START_TEST(test_fuzz_target_seeds_are_current)
+{
+    char err[512] = "";
+    int rc = fuzz_corpus_check(&s_fuzz_targets[_i], getenv("SWARM_WRITE_CORPUS") != NULL, err,
+                               sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+}
+END_TEST
+
+START_TEST(test_fuzz_target_corpus_replays)
+{
+    char err[512] = "";
+    int files = 0;
+    int rc = fuzz_corpus_replay(&s_fuzz_targets[_i], &files, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_ge(files, 10);
 }
 END_TEST
 
@@ -1681,6 +1708,8 @@ static Suite *s_suite(void)
     tc = tcase_create("fuzz");
     tcase_add_test(tc, test_fuzz_seed_corpus_is_current);
     tcase_add_test(tc, test_fuzz_seed_corpus_replays);
+    tcase_add_loop_test(tc, test_fuzz_target_seeds_are_current, 0, N_FUZZ_TARGETS);
+    tcase_add_loop_test(tc, test_fuzz_target_corpus_replays, 0, N_FUZZ_TARGETS);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -30,14 +30,23 @@ struct net_key_s {
 static const char s_z85_chars[] =
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 
-// 1 when text is exactly NET_KEY_Z85_LEN Z85 characters.
+// 1 when text is exactly NET_KEY_Z85_LEN Z85 characters that decode: each
+// group of 5 is a base-85 number below 2^32 ("#####" is 85^5 - 1, too big).
 static int s_z85_valid(const char *text, size_t len)
 {
     if (len != NET_KEY_Z85_LEN)
         return 0;
+    uint64_t group = 0;
     for (size_t i = 0; i < len; i++) {
-        if (text[i] == '\0' || !strchr(s_z85_chars, text[i]))
+        const char *digit = text[i] ? strchr(s_z85_chars, text[i]) : NULL;
+        if (!digit)
             return 0;
+        group = group * 85 + (uint64_t) (digit - s_z85_chars);
+        if (i % 5 == 4) {
+            if (group > UINT32_MAX)
+                return 0;
+            group = 0;
+        }
     }
     return 1;
 }

@@ -893,7 +893,9 @@ START_TEST(test_key_load_refuses_bad_files)
     const char *bad[] = {"not a key\n", "", "# only a comment\n", "0123456789\n",
                          "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\n"
                          "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\n",
-                         "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]y\"7\n"};
+                         "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]y\"7\n",
+                         // Z85 characters, but "#/w+9" is over 2^32: no key (found by fuzz_keys)
+                         "2CVWV6D&QXW]Ii55A)@qco0MAyn+73#/w+9Xnrjk\n"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         s_write(path, bad[i], 0600);
         ck_assert_int_eq(net_key_load(t.name, &out, err, sizeof err), -EINVAL);

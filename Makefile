@@ -4,7 +4,8 @@
 #   make deps       install missing Debian packages (apt-get, sudo if needed)
 #   make test       deps, build, unit tests (Check) and integration scripts
 #   make demo       deps, build, train a small model for about a minute, sample
-#   make asan       unit tests under AddressSanitizer + UBSan (build-asan/)
+#   make asan       unit tests under AddressSanitizer + UBSan (build-asan/), and
+#                   a swarm under them while garbage floods its port
 #   make bench      benchmarks (never part of make test)
 #   make fuzz       libFuzzer targets, FUZZ_TIME s each (clang; installs it)
 #   V=1             show full commands
@@ -137,12 +138,15 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check-all
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue
+check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage
 	@sh tests/run.sh $(BUILD)
 
+# the unit tests, then a swarm under ASan while garbage floods its port
 asan:
-	@$(MAKE) --no-print-directory SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm
+	@$(MAKE) --no-print-directory SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm build-asan/garbage
 	@SWARM_UNIT_ONLY=1 sh tests/run.sh build-asan
+	@echo "== tests/test_garbage.sh"
+	@sh tests/test_garbage.sh build-asan
 
 demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/swarm
@@ -152,8 +156,10 @@ bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net
 	@sh scripts/bench-train.sh $(BUILD)
 	@sh scripts/bench-net.sh $(BUILD)
 
-# a test-only misbehaving peer (tests/test_swarm.sh)
+# test-only misbehaving peers (tests/test_swarm.sh, tests/test_garbage.sh)
 $(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+$(BUILD)/garbage: $(BUILD)/obj/tests/garbage.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
@@ -233,6 +239,6 @@ clean:
 	rm -rf build build-asan build-fuzz
 
 help:
-	@sed -n '2,12p' Makefile
+	@sed -n '2,11p' Makefile
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -322,7 +322,7 @@ int net_key_save(const net_key_t *self, const char *name, int force, char *err, 
 
 struct net_allow_s {
     pthread_mutex_t lock;                // guards keys and n (the ZAP thread reads)
-    uint8_t (*keys)[32];                 // (cap, 32) public keys
+    uint8_t (*keys)[32];                 // (cap, 32) public keys, sorted, no duplicates
     size_t n;                            // keys in use
     size_t cap;                          // keys allocated
 };
@@ -345,13 +345,65 @@ void net_allow_destroy(net_allow_t **self_p)
     *self_p = NULL;
 }
 
+// Where key is, or would go, in the sorted keys; *found says which.
+static size_t s_allow_slot(const net_allow_t *self, const uint8_t *key, int *found)
+{
+    size_t lo = 0, hi = self->n;
+    while (lo < hi) { // every message asks: O(log n), whatever the list
+        size_t mid = lo + (hi - lo) / 2;
+        int c = memcmp(self->keys[mid], key, 32);
+        if (c == 0) {
+            *found = 1;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = 0;
+    return lo;
+}
+
 static int s_allow_find(const net_allow_t *self, const uint8_t *key)
 {
-    for (size_t i = 0; i < self->n; i++) {
-        if (memcmp(self->keys[i], key, 32) == 0)
-            return 1;
-    }
+    int found;
+    (void) s_allow_slot(self, key, &found);
+    return found;
+}
+
+// Room for more keys in all. 0 or -ENOMEM. The caller holds the lock.
+static int s_allow_grow(net_allow_t *self, size_t more)
+{
+    if (self->n + more <= self->cap)
+        return 0;
+    size_t cap = self->cap ? self->cap : 16;
+    while (cap < self->n + more)
+        cap *= 2;
+    void *keys = realloc(self->keys, cap * 32);
+    if (!keys)
+        return -ENOMEM;
+    self->keys = keys;
+    self->cap = cap;
     return 0;
+}
+
+static int s_key_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, 32);
+}
+
+// Sort and drop duplicates after keys were appended. The caller holds the lock.
+static void s_allow_sort(net_allow_t *self)
+{
+    if (self->n < 2)
+        return;
+    qsort(self->keys, self->n, 32, s_key_cmp);
+    size_t out = 1;
+    for (size_t i = 1; i < self->n; i++)
+        if (memcmp(self->keys[i], self->keys[out - 1], 32) != 0)
+            memmove(self->keys[out++], self->keys[i], 32);
+    self->n = out;
 }
 
 int net_allow_add(net_allow_t *self, const char *z85)
@@ -359,22 +411,15 @@ int net_allow_add(net_allow_t *self, const char *z85)
     uint8_t key[32];
     if (!z85 || !s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
         return -EINVAL;
-    int rc = 0;
     pthread_mutex_lock(&self->lock);
-    if (s_allow_find(self, key))
-        goto out_unlock;
-    if (self->n == self->cap) {
-        size_t cap = self->cap ? 2 * self->cap : 16;
-        void *keys = realloc(self->keys, cap * 32);
-        if (!keys) {
-            rc = -ENOMEM;
-            goto out_unlock;
-        }
-        self->keys = keys;
-        self->cap = cap;
+    int found;
+    size_t at = s_allow_slot(self, key, &found);
+    int rc = found ? 0 : s_allow_grow(self, 1);
+    if (!found && rc == 0) {
+        memmove(self->keys[at + 1], self->keys[at], (self->n - at) * 32);
+        memcpy(self->keys[at], key, 32);
+        self->n++;
     }
-    memcpy(self->keys[self->n++], key, 32);
-out_unlock:
     pthread_mutex_unlock(&self->lock);
     return rc;
 }
@@ -415,21 +460,35 @@ static char *s_allow_line(char *line, size_t len)
     return *start == '#' ? start + strlen(start) : start;
 }
 
+// Append a Z85 key unsorted (s_allow_sort follows). 0, -EINVAL, -ENOMEM.
+static int s_allow_append(net_allow_t *self, const char *z85)
+{
+    uint8_t key[32];
+    if (!s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
+        return -EINVAL;
+    pthread_mutex_lock(&self->lock);
+    int rc = s_allow_grow(self, 1);
+    if (rc == 0)
+        memcpy(self->keys[self->n++], key, 32);
+    pthread_mutex_unlock(&self->lock);
+    return rc;
+}
+
 int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char *path,
                     char *err, size_t errlen)
 {
     char line[NET_KEY_Z85_LEN + 64]; // longer lines cannot hold a key
-    int lineno = 0;
+    int lineno = 0, rc = 0;
     for (size_t at = 0; at < len;) {
         const char *eol = memchr(text + at, '\n', len - at);
         size_t n = eol ? (size_t) (eol - (text + at)) : len - at;
         lineno++;
-        int rc = -EINVAL;
+        rc = -EINVAL;
         if (n < sizeof line && !memchr(text + at, '\0', n)) {
             memcpy(line, text + at, n);
             line[n] = '\0';
             char *key = s_allow_line(line, n);
-            rc = *key ? net_allow_add(self, key) : 0;
+            rc = *key ? s_allow_append(self, key) : 0;
         }
         if (rc == -EINVAL)
             snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters) nor a # comment",
@@ -437,10 +496,13 @@ int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char 
         else if (rc < 0)
             snprintf(err, errlen, "%s:%d: %s", path, lineno, strerror(-rc));
         if (rc < 0)
-            return rc;
+            break;
         at += n + 1;
     }
-    return 0;
+    pthread_mutex_lock(&self->lock);
+    s_allow_sort(self); // what was appended, bad line or not
+    pthread_mutex_unlock(&self->lock);
+    return rc;
 }
 
 // Read a whole text file of at most max bytes into malloc'ed *text.
@@ -517,11 +579,18 @@ int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen
 {
     net_allow_t *fresh = NULL;
     int rc = s_allow_read(path, &fresh, err, errlen);
-    for (size_t i = 0; rc == 0 && i < fresh->n; i++) {
-        char z85[NET_KEY_Z85_LEN + 1];
-        zmq_z85_encode(z85, fresh->keys[i], 32);
-        rc = net_allow_add(self, z85);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&self->lock);
+    rc = s_allow_grow(self, fresh->n);
+    if (rc == 0) {
+        memcpy(self->keys[self->n], fresh->keys, fresh->n * 32);
+        self->n += fresh->n;
+        s_allow_sort(self);
+    } else {
+        snprintf(err, errlen, "%s: out of memory", path);
     }
+    pthread_mutex_unlock(&self->lock);
     net_allow_destroy(&fresh);
     return rc;
 }

@@ -945,6 +945,38 @@ START_TEST(test_key_allow_list)
 }
 END_TEST
 
+// Keys are kept sorted (every message is looked up): many keys, added in
+// any order, by file or one by one, with duplicates, are all found.
+START_TEST(test_key_allow_list_holds_many_keys)
+{
+    enum { N = 2000 };
+    static char z85[N][NET_KEY_Z85_LEN + 1];
+    static char text[N * (NET_KEY_Z85_LEN + 1) * 2];
+    char err[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t raw[32];
+        for (int b = 0; b < 32; b++)
+            raw[b] = (uint8_t) s_rand32();
+        zmq_z85_encode(z85[i], raw, 32);
+    }
+    for (int i = N - 1; i >= 0; i -= 2) // half of them twice, out of order
+        len += (size_t) sprintf(text + len, "%s\n%s\n", z85[i], z85[N - 1 - i]);
+    net_allow_t *parsed = net_allow_new(), *added = net_allow_new();
+    ck_assert_msg(net_allow_parse(parsed, text, len, "mem", err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < N; i += 2)
+        ck_assert_int_eq(net_allow_add(added, z85[(i * 7919) % N]), 0);
+    ck_assert_uint_eq(net_allow_size(parsed), N);
+    for (int i = 0; i < N; i++) {
+        ck_assert(net_allow_contains(parsed, z85[i]));
+        ck_assert(net_allow_contains(added, z85[(i * 7919) % N]) == (i % 2 == 0));
+    }
+    ck_assert(!net_allow_contains(parsed, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"));
+    net_allow_destroy(&parsed);
+    net_allow_destroy(&added);
+}
+END_TEST
+
 START_TEST(test_key_allow_reload_swaps_or_keeps)
 {
     s_tmp_t t;
@@ -1691,6 +1723,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_key_load_refuses_bad_files);
     tcase_add_test(tc, test_key_allow_list);
     tcase_add_test(tc, test_key_allow_reload_swaps_or_keeps);
+    tcase_add_test(tc, test_key_allow_list_holds_many_keys);
     suite_add_tcase(s, tc);
     tc = tcase_create("transport");
     tcase_set_timeout(tc, 20);

@@ -583,7 +583,7 @@ int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen
         return rc;
     pthread_mutex_lock(&self->lock);
     rc = s_allow_grow(self, fresh->n);
-    if (rc == 0) {
+    if (rc == 0 && fresh->n) { // an empty file: both arrays may still be NULL
         memcpy(self->keys[self->n], fresh->keys, fresh->n * 32);
         self->n += fresh->n;
         s_allow_sort(self);

@@ -28,9 +28,9 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="exitcode=86"
 
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-# a long schedule: the run is stopped once the garbage is over, and its
-# steps compared with the same schedule's first steps in swarm train
-TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 2000 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# a schedule no run here finishes: the router is stopped once the garbage
+# is over, and its steps compared with the same schedule's in swarm train
+TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 100000 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
 
 "$SWARM" keygen "$TMP/router" >/dev/null
 # shellcheck disable=SC2086

@@ -4,9 +4,10 @@
 #   make deps       install missing Debian packages (apt-get, sudo if needed)
 #   make test       deps, build, unit tests (Check) and integration scripts
 #   make demo       deps, build, train a small model for about a minute, sample
-#   make asan       unit tests under AddressSanitizer + UBSan (build-asan/)
+#   make asan       unit tests under AddressSanitizer + UBSan (build-asan/), and
+#                   a swarm under them while garbage floods its port
 #   make bench      benchmarks (never part of make test)
-#   make fuzz       libFuzzer targets (clang)
+#   make fuzz       libFuzzer targets, FUZZ_TIME s each (clang; installs it)
 #   V=1             show full commands
 
 .DEFAULT_GOAL := all
@@ -148,12 +149,15 @@ $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/nod
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/swarm-misbehave
+check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave
 	@sh tests/run.sh $(BUILD)
 
+# the unit tests, then a swarm under ASan while garbage floods its port
 asan:
-	@$(MAKE) --no-print-directory SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm
+	@$(MAKE) --no-print-directory SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm build-asan/garbage
 	@SWARM_UNIT_ONLY=1 sh tests/run.sh build-asan
+	@echo "== tests/test_garbage.sh"
+	@sh tests/test_garbage.sh build-asan
 
 demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/swarm
@@ -163,36 +167,71 @@ bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net
 	@sh scripts/bench-train.sh $(BUILD)
 	@sh scripts/bench-net.sh $(BUILD)
 
-# a test-only misbehaving peer (tests/test_swarm.sh)
+# test-only misbehaving peers (tests/test_swarm.sh, tests/test_garbage.sh)
 $(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+$(BUILD)/garbage: $(BUILD)/obj/tests/garbage.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
-# ---- net: fuzz targets and benchmark (rules for net/ live here) ----------
-# check_net replays the fuzz target's seed corpus (tests/corpus/wire).
-$(BUILD)/check_net: $(BUILD)/obj/tests/fuzz_wire.o
+# ---- fuzz targets, and their seed corpora replayed by the unit tests --------
+# A target per decoder of untrusted bytes (tests/fuzz.h). Without libFuzzer,
+# check_net and check_node replay tests/corpus/<target> through them.
+$(BUILD)/check_net: $(BUILD)/obj/tests/fuzz_wire.o $(BUILD)/obj/tests/fuzz_keys.o \
+                    $(BUILD)/obj/tests/fuzz_meta.o $(BUILD)/obj/tests/fuzz.o
+$(BUILD)/check_node: $(BUILD)/obj/tests/fuzz_files.o $(BUILD)/obj/tests/fuzz_status.o \
+                     $(BUILD)/obj/tests/fuzz.o
 
-# make fuzz [FUZZ_TIME=seconds]: build the libFuzzer target with clang and
-# run it from the seed corpus; new inputs go to build-fuzz/corpus/wire,
-# crashes to build-fuzz/crash-*. Needs only net's pure decoder and codecs.
-FUZZ_CC    ?= clang
-FUZZ_TIME  ?= 60
-FUZZ_BUILD := build-fuzz
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer \
-              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Inet $(ZMQ_CFLAGS)
-FUZZ_SRC   := tests/fuzz_wire.c net/wire.c net/codec.c
+# make fuzz [FUZZ_TIME=seconds per target] [FUZZ_TARGETS="wire keys"]: build
+# each target with clang (libFuzzer, ASan, UBSan) and run it from its seed
+# corpus for FUZZ_TIME seconds; new inputs go to build-fuzz/corpus/<target>,
+# a crash to build-fuzz/crash-<target>-*, and make stops there.
+FUZZ_CC      ?= clang
+FUZZ_TIME    ?= 60
+FUZZ_TARGETS ?= wire files keys meta status
+FUZZ_BUILD   := build-fuzz
+FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-pointer \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -Inet -Inode -Iblas -Iswarm -Itests $(BLAS_CFLAGS) $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
+FUZZ_LIBS    := $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -lpthread
+FUZZ_SRC_wire   := tests/fuzz_wire.c net/wire.c net/codec.c
+FUZZ_SRC_keys   := tests/fuzz_keys.c $(NET_SRC)
+FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC)
+FUZZ_SRC_files  := tests/fuzz_files.c node/files.c node/model.c
+FUZZ_SRC_status := tests/fuzz_status.c node/status.c $(NET_SRC)
+FUZZ_LEN_wire   := 16384
+FUZZ_LEN_files  := 16384
+FUZZ_LEN_keys   := 4096
+FUZZ_LEN_meta   := 4096
+FUZZ_LEN_status := 8192
 
-$(FUZZ_BUILD)/fuzz_wire: $(FUZZ_SRC) net/net.h net/wire.h
+.SECONDEXPANSION:
+$(FUZZ_BUILD)/fuzz_%: $$(FUZZ_SRC_$$*) tests/fuzz.h net/net.h net/wire.h node/node.h
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZ  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC) -lm -o $@
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC_$*) $(FUZZ_LIBS) -o $@
 
-fuzz: $(FUZZ_BUILD)/fuzz_wire
-	@mkdir -p $(FUZZ_BUILD)/corpus/wire
-	cd $(FUZZ_BUILD) && ./fuzz_wire -max_total_time=$(FUZZ_TIME) -max_len=16384 \
-	    -print_final_stats=1 corpus/wire ../tests/corpus/wire
+fuzz: deps-fuzz
+	@$(MAKE) --no-print-directory $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+	@$(MAKE) --no-print-directory -j1 $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
+
+# one target for FUZZ_TIME s, one after the other (the time is per target)
+fuzz-run-%: $(FUZZ_BUILD)/fuzz_%
+	@mkdir -p $(FUZZ_BUILD)/corpus/$*
+	@echo "== fuzz_$*: $(FUZZ_TIME) s from tests/corpus/$*"
+	@$< -max_total_time=$(FUZZ_TIME) -max_len=$(FUZZ_LEN_$*) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/crash-$*- $(FUZZ_BUILD)/corpus/$* tests/corpus/$* \
+	    >$(FUZZ_BUILD)/fuzz_$*.log 2>&1 \
+	    || { tail -40 $(FUZZ_BUILD)/fuzz_$*.log; \
+	         echo "fuzz_$*: a finding: the input is $(FUZZ_BUILD)/crash-$*-*; fix the decoder," \
+	              "then add the input to tests/corpus/$* (as bad-... or ok-...)"; exit 1; }
+	@grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done)" $(FUZZ_BUILD)/fuzz_$*.log
+
+deps-fuzz:
+	@sh scripts/deps.sh fuzz
+.PHONY: deps-fuzz
 
 # make bench-net: loopback round trips and throughput with CURVE, codec MB/s
 $(BUILD)/bench_net: $(BUILD)/obj/tests/bench_net.o $(NET_OBJ)
@@ -202,16 +241,15 @@ $(BUILD)/bench_net: $(BUILD)/obj/tests/bench_net.o $(NET_OBJ)
 bench-net: $(BUILD)/bench_net
 	@sh scripts/bench-net.sh $(BUILD)
 .PHONY: bench-net
-# ---- end net ---------------------------------------------------------------
 
 PREFIX ?= /usr/local
 install: $(BUILD)/swarm
 	install -D -m 755 $(BUILD)/swarm $(DESTDIR)$(PREFIX)/bin/swarm
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 help:
-	@sed -n '2,12p' Makefile
+	@sed -n '2,11p' Makefile
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #define KEY_FILE_MAX 4096   // bytes: a key file is one key and a comment
+#define ALLOW_FILE_MAX (16 << 20) // bytes of an allow-list file (about 400,000 keys)
 
 struct net_key_s {
     uint8_t pub[32];                     // Curve25519 public key
@@ -29,14 +30,23 @@ struct net_key_s {
 static const char s_z85_chars[] =
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 
-// 1 when text is exactly NET_KEY_Z85_LEN Z85 characters.
+// 1 when text is exactly NET_KEY_Z85_LEN Z85 characters that decode: each
+// group of 5 is a base-85 number below 2^32 ("#####" is 85^5 - 1, too big).
 static int s_z85_valid(const char *text, size_t len)
 {
     if (len != NET_KEY_Z85_LEN)
         return 0;
+    uint64_t group = 0;
     for (size_t i = 0; i < len; i++) {
-        if (text[i] == '\0' || !strchr(s_z85_chars, text[i]))
+        const char *digit = text[i] ? strchr(s_z85_chars, text[i]) : NULL;
+        if (!digit)
             return 0;
+        group = group * 85 + (uint64_t) (digit - s_z85_chars);
+        if (i % 5 == 4) {
+            if (group > UINT32_MAX)
+                return 0;
+            group = 0;
+        }
     }
     return 1;
 }
@@ -109,9 +119,7 @@ const uint8_t *net_key_secret_raw(const net_key_t *self)
 
 // ---- key files -------------------------------------------------------------
 
-// The one key line of a key file's text (NUL-terminated, edited in place)
-// into z85. 0 or -EINVAL with a reason naming path.
-static int s_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen)
+int net_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen)
 {
     int keys = 0;
     for (char *line = text, *next; line && *line; line = next) {
@@ -180,7 +188,13 @@ static int s_file_read(const char *path, int secret, char *z85, char *err, size_
         goto out_free;
     }
     buf[got] = '\0';
-    rc = s_key_parse(buf, path, z85, err, errlen);
+    if (memchr(buf, '\0', (size_t) got)) {
+        snprintf(err, errlen, "%s: a NUL byte: not a key file; regenerate it with `swarm keygen`",
+                 path);
+        rc = -EINVAL;
+        goto out_free;
+    }
+    rc = net_key_parse(buf, path, z85, err, errlen);
 out_free:
     sodium_free(buf);
 out_close_fd:
@@ -308,7 +322,7 @@ int net_key_save(const net_key_t *self, const char *name, int force, char *err, 
 
 struct net_allow_s {
     pthread_mutex_t lock;                // guards keys and n (the ZAP thread reads)
-    uint8_t (*keys)[32];                 // (cap, 32) public keys
+    uint8_t (*keys)[32];                 // (cap, 32) public keys, sorted, no duplicates
     size_t n;                            // keys in use
     size_t cap;                          // keys allocated
 };
@@ -331,13 +345,65 @@ void net_allow_destroy(net_allow_t **self_p)
     *self_p = NULL;
 }
 
+// Where key is, or would go, in the sorted keys; *found says which.
+static size_t s_allow_slot(const net_allow_t *self, const uint8_t *key, int *found)
+{
+    size_t lo = 0, hi = self->n;
+    while (lo < hi) { // every message asks: O(log n), whatever the list
+        size_t mid = lo + (hi - lo) / 2;
+        int c = memcmp(self->keys[mid], key, 32);
+        if (c == 0) {
+            *found = 1;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = 0;
+    return lo;
+}
+
 static int s_allow_find(const net_allow_t *self, const uint8_t *key)
 {
-    for (size_t i = 0; i < self->n; i++) {
-        if (memcmp(self->keys[i], key, 32) == 0)
-            return 1;
-    }
+    int found;
+    (void) s_allow_slot(self, key, &found);
+    return found;
+}
+
+// Room for more keys in all. 0 or -ENOMEM. The caller holds the lock.
+static int s_allow_grow(net_allow_t *self, size_t more)
+{
+    if (self->n + more <= self->cap)
+        return 0;
+    size_t cap = self->cap ? self->cap : 16;
+    while (cap < self->n + more)
+        cap *= 2;
+    void *keys = realloc(self->keys, cap * 32);
+    if (!keys)
+        return -ENOMEM;
+    self->keys = keys;
+    self->cap = cap;
     return 0;
+}
+
+static int s_key_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, 32);
+}
+
+// Sort and drop duplicates after keys were appended. The caller holds the lock.
+static void s_allow_sort(net_allow_t *self)
+{
+    if (self->n < 2)
+        return;
+    qsort(self->keys, self->n, 32, s_key_cmp);
+    size_t out = 1;
+    for (size_t i = 1; i < self->n; i++)
+        if (memcmp(self->keys[i], self->keys[out - 1], 32) != 0)
+            memmove(self->keys[out++], self->keys[i], 32);
+    self->n = out;
 }
 
 int net_allow_add(net_allow_t *self, const char *z85)
@@ -345,22 +411,15 @@ int net_allow_add(net_allow_t *self, const char *z85)
     uint8_t key[32];
     if (!z85 || !s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
         return -EINVAL;
-    int rc = 0;
     pthread_mutex_lock(&self->lock);
-    if (s_allow_find(self, key))
-        goto out_unlock;
-    if (self->n == self->cap) {
-        size_t cap = self->cap ? 2 * self->cap : 16;
-        void *keys = realloc(self->keys, cap * 32);
-        if (!keys) {
-            rc = -ENOMEM;
-            goto out_unlock;
-        }
-        self->keys = keys;
-        self->cap = cap;
+    int found;
+    size_t at = s_allow_slot(self, key, &found);
+    int rc = found ? 0 : s_allow_grow(self, 1);
+    if (!found && rc == 0) {
+        memmove(self->keys[at + 1], self->keys[at], (self->n - at) * 32);
+        memcpy(self->keys[at], key, 32);
+        self->n++;
     }
-    memcpy(self->keys[self->n++], key, 32);
-out_unlock:
     pthread_mutex_unlock(&self->lock);
     return rc;
 }
@@ -391,30 +450,167 @@ size_t net_allow_size(const net_allow_t *self)
     return n;
 }
 
-int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen)
+// Parse one line of an allow-list: "" for a blank or comment line, else the
+// key's Z85 text (trimmed, NUL-terminated in place).
+static char *s_allow_line(char *line, size_t len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    while (len && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r'))
+        line[--len] = '\0';
+    char *start = line + strspn(line, " \t");
+    return *start == '#' ? start + strlen(start) : start;
+}
+
+// Append a Z85 key unsorted (s_allow_sort follows). 0, -EINVAL, -ENOMEM.
+static int s_allow_append(net_allow_t *self, const char *z85)
+{
+    uint8_t key[32];
+    if (!s_z85_valid(z85, strlen(z85)) || !zmq_z85_decode(key, z85))
+        return -EINVAL;
+    pthread_mutex_lock(&self->lock);
+    int rc = s_allow_grow(self, 1);
+    if (rc == 0)
+        memcpy(self->keys[self->n++], key, 32);
+    pthread_mutex_unlock(&self->lock);
+    return rc;
+}
+
+int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char *path,
+                    char *err, size_t errlen)
+{
+    char line[NET_KEY_Z85_LEN + 64]; // longer lines cannot hold a key
+    int lineno = 0, rc = 0;
+    for (size_t at = 0; at < len;) {
+        const char *eol = memchr(text + at, '\n', len - at);
+        size_t n = eol ? (size_t) (eol - (text + at)) : len - at;
+        lineno++;
+        rc = -EINVAL;
+        if (n < sizeof line && !memchr(text + at, '\0', n)) {
+            memcpy(line, text + at, n);
+            line[n] = '\0';
+            char *key = s_allow_line(line, n);
+            rc = *key ? s_allow_append(self, key) : 0;
+        }
+        if (rc == -EINVAL)
+            snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters) nor a # comment",
+                     path, lineno, NET_KEY_Z85_LEN);
+        else if (rc < 0)
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, strerror(-rc));
+        if (rc < 0)
+            break;
+        at += n + 1;
+    }
+    pthread_mutex_lock(&self->lock);
+    s_allow_sort(self); // what was appended, bad line or not
+    pthread_mutex_unlock(&self->lock);
+    return rc;
+}
+
+// Read a whole text file of at most max bytes into malloc'ed *text.
+static int s_text_read(const char *path, size_t max, char **text, size_t *len, char *err,
+                       size_t errlen)
+{
+    *text = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
         int rc = -errno;
         snprintf(err, errlen, "%s: %s", path, strerror(-rc));
         return rc;
     }
-    char line[256];
-    int rc = 0, lineno = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
-        lineno++;
-        size_t len = strcspn(line, "\r\n");
-        line[len] = '\0';
-        while (len && (line[len - 1] == ' ' || line[len - 1] == '\t'))
-            line[--len] = '\0';
-        char *start = line + strspn(line, " \t");
-        if (*start == '\0' || *start == '#')
-            continue;
-        rc = net_allow_add(self, start);
-        if (rc == -EINVAL)
-            snprintf(err, errlen, "%s:%d: not a Z85 public key (%d characters)", path, lineno,
-                     NET_KEY_Z85_LEN);
+    int rc = 0;
+    struct stat st;
+    size_t got = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t) st.st_size > max) {
+        rc = -EINVAL;
+        snprintf(err, errlen, "%s: not an allow-list (not a regular file of at most %zu bytes)",
+                 path, max);
+    } else if (!(*text = malloc((size_t) st.st_size + 1))) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
     }
-    fclose(f);
+    // one byte more than fstat said: a file that grew since is refused
+    while (rc == 0 && got <= (size_t) st.st_size) {
+        ssize_t r = read(fd, *text + got, (size_t) st.st_size + 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+        }
+        if (r <= 0)
+            break;
+        got += (size_t) r;
+    }
+    if (rc == 0 && got > (size_t) st.st_size) {
+        rc = -EAGAIN;
+        snprintf(err, errlen, "%s: the file changed while it was read; try again", path);
+    }
+    close(fd);
+    if (rc < 0) {
+        free(*text);
+        *text = NULL;
+    }
+    *len = got;
     return rc;
+}
+
+// The keys of an allow-list file in a new list (nothing on error).
+static int s_allow_read(const char *path, net_allow_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = s_text_read(path, ALLOW_FILE_MAX, &text, &len, err, errlen);
+    net_allow_t *fresh = rc == 0 ? net_allow_new() : NULL;
+    if (rc == 0 && !fresh) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
+    }
+    if (rc == 0)
+        rc = net_allow_parse(fresh, text, len, path, err, errlen);
+    free(text);
+    if (rc == 0)
+        *out = fresh;
+    else
+        net_allow_destroy(&fresh);
+    return rc;
+}
+
+int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen)
+{
+    net_allow_t *fresh = NULL;
+    int rc = s_allow_read(path, &fresh, err, errlen);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&self->lock);
+    rc = s_allow_grow(self, fresh->n);
+    if (rc == 0 && fresh->n) { // an empty file: both arrays may still be NULL
+        memcpy(self->keys[self->n], fresh->keys, fresh->n * 32);
+        self->n += fresh->n;
+        s_allow_sort(self);
+    } else {
+        snprintf(err, errlen, "%s: out of memory", path);
+    }
+    pthread_mutex_unlock(&self->lock);
+    net_allow_destroy(&fresh);
+    return rc;
+}
+
+int net_allow_reload(net_allow_t *self, const char *path, char *err, size_t errlen)
+{
+    net_allow_t *fresh = NULL;
+    int rc = s_allow_read(path, &fresh, err, errlen);
+    if (rc < 0)
+        return rc;
+    // swap the arrays: a reader holding the lock sees all of one list
+    pthread_mutex_lock(&self->lock);
+    uint8_t (*keys)[32] = self->keys;
+    size_t cap = self->cap;
+    self->keys = fresh->keys;
+    self->n = fresh->n;
+    self->cap = fresh->cap;
+    pthread_mutex_unlock(&self->lock);
+    fresh->keys = keys;
+    fresh->cap = cap;
+    net_allow_destroy(&fresh);
+    return 0;
 }

@@ -213,9 +213,16 @@ void net_allow_destroy(net_allow_t **self_p);
 __attribute__((warn_unused_result))
 int net_allow_add(net_allow_t *self, const char *z85);
 // Add every key of a file: one Z85 key per line, '#' comments, blank lines.
+// All or nothing: on error no key of the file was added.
 // 0; -EINVAL with the line number; other -errno.
 __attribute__((warn_unused_result))
 int net_allow_load(net_allow_t *self, const char *path, char *err, size_t errlen);
+// Replace the list with the keys of a file, in one swap under the list's
+// lock: the ZAP thread and net_server_recv see the old list or the new one,
+// never a mix. A file that cannot be read or has a bad line leaves the list
+// as it was. Errors as net_allow_load.
+__attribute__((warn_unused_result))
+int net_allow_reload(net_allow_t *self, const char *path, char *err, size_t errlen);
 int net_allow_contains(const net_allow_t *self, const char *z85);
 size_t net_allow_size(const net_allow_t *self);
 
@@ -244,6 +251,7 @@ typedef struct {
     uint64_t bad;            // messages dropped as malformed or forged
     uint64_t stale;          // replies dropped as stale (client)
     uint64_t auth_denied;    // handshakes the ZAP handler refused (server)
+    uint64_t revoked;        // messages dropped: the sender's key left the allow-list (server)
 } net_stats_t;
 
 typedef struct net_server_s net_server_t;
@@ -251,7 +259,9 @@ typedef struct net_server_s net_server_t;
 typedef struct {
     const char *endpoint;    // bind address, e.g. "tcp://*:7070" or "tcp://127.0.0.1:*"
     const net_key_t *key;    // the router's key pair (copied into zmq)
-    const net_allow_t *allow;// allow-list (borrowed, must outlive the server), NULL = open
+    const net_allow_t *allow;// allow-list (borrowed, must outlive the server), NULL = open;
+                             // checked at every handshake and every message, so a key
+                             // removed by net_allow_reload is refused from then on
     net_limits_t limits;     // what peers may send us
     net_timing_t timing;     // heartbeats and liveness
     int max_peers;           // peers tracked for liveness [4096]
@@ -267,8 +277,9 @@ void net_server_destroy(net_server_t **self_p);
 // The endpoint actually bound, with its port (e.g. "tcp://127.0.0.1:40123").
 const char *net_server_endpoint(const net_server_t *self);
 // Wait until deadline_ms (net_clock_ms) for one message. 0 with *peer and
-// *out; -ETIMEDOUT; -EPROTO a bad message from *peer (dropped, counted,
-// reason in err); -EINTR; other -errno.
+// *out; -ETIMEDOUT; -EPROTO a bad message from *peer, or one whose key is
+// no longer on the allow-list (dropped, counted, reason in err); -EINTR;
+// other -errno.
 __attribute__((warn_unused_result))
 int net_server_recv(net_server_t *self, int64_t deadline_ms, net_peer_t *peer,
                     net_msg_t **out, char *err, size_t errlen);
@@ -309,6 +320,13 @@ int net_client_recv(net_client_t *self, int64_t deadline_ms, net_msg_t **out,
                     char *err, size_t errlen);
 // ms since the router was last heard from (any message), at now_ms.
 int64_t net_client_silence_ms(const net_client_t *self, int64_t now_ms);
+// Drop the link to the router and connect again (a fresh Curve handshake);
+// messages queued for it are dropped. libzmq reconnects by itself after a
+// lost connection, but never after the router refused our key: a node
+// that waits to be put on a private swarm's allow-list calls this now and
+// then. 0 or -zmq_errno().
+__attribute__((warn_unused_result))
+int net_client_reconnect(net_client_t *self);
 void net_client_stats(const net_client_t *self, net_stats_t *out);
 
 // The request helper: give *req a fresh id, send it, wait timeout_ms for

@@ -411,6 +411,14 @@ int net_server_recv(net_server_t *self, int64_t deadline_ms, net_peer_t *peer,
         self->stats.bad++;
         return rc;
     }
+    // ZAP checked the key at the handshake; the list may have changed since
+    if (self->allow && !net_allow_contains(self->allow, peer->key)) {
+        net_frames_close(parts, kept);
+        self->stats.revoked++;
+        snprintf(err, errlen, "peer %.8s: key no longer on the allow-list: message dropped",
+                 peer->key);
+        return -EPROTO;
+    }
     s_peer_t *live = s_peer_find(self, peer->key, 1);
     if (live)
         live->last_ms = net_clock_ms();
@@ -441,6 +449,7 @@ int net_server_send(net_server_t *self, const net_peer_t *peer, net_msg_t **msg)
 struct net_client_s {
     void *ctx;                       // this client's own zmq context
     void *dealer;                    // the DEALER socket
+    char endpoint[256];              // the router's endpoint, as connected
     net_limits_t limits;             // what the router may send
     uint64_t next_id;                // next request id (random start: ids of a
                                      // restarted node do not collide)
@@ -471,11 +480,23 @@ static int s_client_socket(net_client_t *self, const net_client_config_t *c,
         rc = -zmq_errno();
     if (rc < 0)
         return s_fail(err, errlen, rc, "client: socket options");
+    if (strlen(c->endpoint) >= sizeof self->endpoint) {
+        snprintf(err, errlen, "client: endpoint %.64s...: too long", c->endpoint);
+        return -EINVAL;
+    }
+    snprintf(self->endpoint, sizeof self->endpoint, "%s", c->endpoint);
     if (zmq_connect(self->dealer, c->endpoint) != 0) {
         rc = -zmq_errno();
         snprintf(err, errlen, "client: connect %s: %s", c->endpoint, zmq_strerror(-rc));
     }
     return rc;
+}
+
+int net_client_reconnect(net_client_t *self)
+{
+    // after a refused handshake the link is gone already: ENOENT is fine
+    (void) zmq_disconnect(self->dealer, self->endpoint);
+    return zmq_connect(self->dealer, self->endpoint) == 0 ? 0 : -zmq_errno();
 }
 
 int net_client_new(const net_client_config_t *config, net_client_t **out, char *err,

@@ -145,4 +145,17 @@ const uint8_t *net_key_secret_raw(const net_key_t *self);
 // 1 when the raw public key is on the list (the ZAP handler asks).
 int net_allow_contains_raw(const net_allow_t *self, const uint8_t *key);
 
+// ---- key.c's text parsers (the fuzz target calls them) ----------------------
+
+// Add every key of an allow-list's text (len bytes, any bytes) to self;
+// path names it in errors. Stops at the first bad line: 0; -EINVAL with
+// the line number; -ENOMEM.
+__attribute__((warn_unused_result))
+int net_allow_parse(net_allow_t *self, const char *text, size_t len, const char *path,
+                    char *err, size_t errlen);
+// The one key line of a key file's text (NUL-terminated, edited in place)
+// into z85 (NET_KEY_Z85_LEN + 1 bytes). 0 or -EINVAL with a reason naming path.
+__attribute__((warn_unused_result))
+int net_key_parse(char *text, const char *path, char *z85, char *err, size_t errlen);
+
 #endif

@@ -28,6 +28,7 @@
 #define DAEMON_HELLO_MS 2000        // HELLO resend interval until ASSIGN, ms
 #define DAEMON_HEARTBEAT_MS 1000    // HEARTBEAT interval, ms
 #define DAEMON_SILENCE_MS 10000     // router silent this long: say HELLO again, ms
+#define DAEMON_RECONNECT_MS 5000    // no ASSIGN this long: a fresh link (and handshake), ms
 #define DAEMON_BYE_MS 300           // time BYE gets to leave (the socket lingers 0), ms
 #define DAEMON_QUEUE_MAX 4096       // requests held in the local FIFO
 #define DAEMON_SLOTS_MAX 256        // micro-batches of cached activations at most
@@ -94,6 +95,8 @@ typedef struct {
     int64_t hello_at;                      // next HELLO due, net_clock_ms
     int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
     int silent;                            // 1 while the router's silence is logged
+    int64_t reconnect_at;                  // next fresh link while unassigned, net_clock_ms
+    int reconnects;                        // fresh links since the last message
     uint64_t next_id;                      // id of our next request
     uint64_t hello_ids[DAEMON_HELLO_IDS];  // ids of recent HELLOs
     int hello_next;                        // ring index into hello_ids
@@ -1258,8 +1261,11 @@ static void s_on_error(daemon_t *d, const net_msg_t *msg)
     char reason[512];
     if (net_msg_meta_get(msg, "reason", reason, sizeof reason) != 0)
         snprintf(reason, sizeof reason, "(no reason given)");
-    if ((net_msg_head_const(msg)->flags & NET_FLAG_REPLY)
-        && s_is_hello_id(d, net_msg_head_const(msg)->id)) {
+    char fatal[4] = "";
+    if (net_msg_meta_get(msg, "fatal", fatal, sizeof fatal) != 0)
+        fatal[0] = '\0'; // an ERROR that ends the node says fatal=1
+    if (((net_msg_head_const(msg)->flags & NET_FLAG_REPLY)
+         && s_is_hello_id(d, net_msg_head_const(msg)->id)) || !strcmp(fatal, "1")) {
         s_warn("swarm node: the router refused us: %s", reason);
         d->exit_code = 1;
     } else {
@@ -1366,6 +1372,20 @@ static void s_timers(daemon_t *d, int64_t now)
     } else if (quiet <= DAEMON_SILENCE_MS && d->silent) {
         s_log("the router is back");
         d->silent = 0;
+    }
+    if (!d->stage && quiet > DAEMON_RECONNECT_MS && now >= d->reconnect_at) {
+        // a router that refused our key (not yet on its allow-list) ends the
+        // link for good: libzmq does not retry it, so start a fresh one
+        if (d->reconnects++ == 0)
+            s_log("no answer from the router in %d s; connecting again every %d s (a private "
+                  "swarm admits only keys on its allow-list)", DAEMON_RECONNECT_MS / 1000,
+                  DAEMON_RECONNECT_MS / 1000);
+        if (net_client_reconnect(d->client) != 0)
+            s_warn("cannot connect to %s again", d->o.join);
+        d->reconnect_at = now + DAEMON_RECONNECT_MS;
+        d->hello_at = now;
+    } else if (quiet <= DAEMON_RECONNECT_MS) {
+        d->reconnects = 0;
     }
     if ((!d->stage || d->silent) && now >= d->hello_at) {
         s_hello_send(d);

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,66 +184,90 @@ out_close:
 
 // ---- BGPT ------------------------------------------------------------------
 
-int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char *err, size_t errlen)
+// 0 when every one of n floats at p (little-endian) is finite (and, with
+// nonneg, not below zero), else -EINVAL naming the first that is not.
+static int s_values_check(const uint8_t *p, size_t n, int nonneg, const char *name,
+                          const char *what, char *err, size_t errlen)
 {
-    uint8_t *buf = NULL;
-    size_t size = 0;
-    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
-    if (rc != 0)
-        return rc;
+    for (size_t i = 0; i < n; i++) {
+        float x = s_getf(p + 4 * i);
+        if (!isfinite(x) || (nonneg && x < 0.0f)) {
+            snprintf(err, errlen, "%s: %s %zu is %g; the file is corrupt or the run diverged "
+                     "(use an earlier checkpoint)", name, what, i, (double) x);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+int node_bgpt_decode(const uint8_t *buf, size_t size, const char *name, node_bgpt_header_t *hdr,
+                     float **data, char *err, size_t errlen)
+{
     char why[200];
-    rc = -EINVAL;
+    *data = NULL;
+    memset(hdr, 0, sizeof *hdr);
     if (size < BGPT_HEADER) {
-        snprintf(err, errlen, "%s: %zu bytes is shorter than the 64-byte BGPT header", path, size);
-        goto out_free;
+        snprintf(err, errlen, "%s: %zu bytes is shorter than the 64-byte BGPT header", name, size);
+        return -EINVAL;
     }
     if (memcmp(buf, "BGPT", 4) != 0) {
-        snprintf(err, errlen, "%s: not a BGPT weight file (magic is not \"BGPT\")", path);
-        goto out_free;
+        snprintf(err, errlen, "%s: not a BGPT weight file (magic is not \"BGPT\")", name);
+        return -EINVAL;
     }
     if (s_get32(buf + 4) != 1) {
-        snprintf(err, errlen, "%s: BGPT version %u; this build reads version 1", path, s_get32(buf + 4));
-        goto out_free;
+        snprintf(err, errlen, "%s: BGPT version %u; this build reads version 1", name, s_get32(buf + 4));
+        return -EINVAL;
     }
-    memset(hdr, 0, sizeof *hdr);
     hdr->cfg = s_get_config(buf + 8);
     hdr->kind = (int32_t) s_get32(buf + 28);
     hdr->step = (int32_t) s_get32(buf + 32);
     hdr->loss = s_getf(buf + 36);
     if (node_config_check(&hdr->cfg, why, sizeof why) != 0) {
-        snprintf(err, errlen, "%s: bad model shape in header: %s", path, why);
-        goto out_free;
+        snprintf(err, errlen, "%s: bad model shape in header: %s", name, why);
+        return -EINVAL;
     }
     if (hdr->kind != 0 && hdr->kind != 1) {
-        snprintf(err, errlen, "%s: kind %d; expected 0 (weights) or 1 (gradients)", path, hdr->kind);
-        goto out_free;
+        snprintf(err, errlen, "%s: kind %d; expected 0 (weights) or 1 (gradients)", name, hdr->kind);
+        return -EINVAL;
     }
-    if (hdr->step < 0) {
-        snprintf(err, errlen, "%s: negative step %d in header", path, hdr->step);
-        goto out_free;
+    if (hdr->step < 0 || !isfinite(hdr->loss)) {
+        snprintf(err, errlen, "%s: step %d, loss %g in header: expected step >= 0 and a finite "
+                 "loss", name, hdr->step, (double) hdr->loss);
+        return -EINVAL;
     }
     for (int i = 40; i < BGPT_HEADER; i++) {
         if (buf[i] != 0) {
-            snprintf(err, errlen, "%s: header byte %d is not zero; the file is corrupt", path, i);
-            goto out_free;
+            snprintf(err, errlen, "%s: header byte %d is not zero; the file is corrupt", name, i);
+            return -EINVAL;
         }
     }
     size_t n = node_config_params(&hdr->cfg);
     if (size != BGPT_HEADER + 4 * n) {
         snprintf(err, errlen, "%s: %zu bytes, but L=%d H=%d C=%d T=%d needs %zu (%zu parameters); "
                  "the file is truncated or does not match its header",
-                 path, size, hdr->cfg.L, hdr->cfg.H, hdr->cfg.C, hdr->cfg.T, BGPT_HEADER + 4 * n, n);
-        goto out_free;
+                 name, size, hdr->cfg.L, hdr->cfg.H, hdr->cfg.C, hdr->cfg.T, BGPT_HEADER + 4 * n, n);
+        return -EINVAL;
     }
+    int rc = s_values_check(buf + BGPT_HEADER, n, 0, name, hdr->kind ? "gradient" : "parameter",
+                            err, errlen);
+    if (rc != 0)
+        return rc;
     *data = malloc(n * sizeof(float));
     if (!*data) {
-        snprintf(err, errlen, "%s: out of memory for %zu parameters", path, n);
-        rc = -ENOMEM;
-        goto out_free;
+        snprintf(err, errlen, "%s: out of memory for %zu parameters", name, n);
+        return -ENOMEM;
     }
     memcpy(*data, buf + BGPT_HEADER, n * sizeof(float));
-    rc = 0;
-out_free:
+    return 0;
+}
+
+int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char *err, size_t errlen)
+{
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
+    if (rc == 0)
+        rc = node_bgpt_decode(buf, size, path, hdr, data, err, errlen);
     free(buf);
     return rc;
 }
@@ -332,37 +357,60 @@ int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *p
     return node_bgpt_write(path, &bh, params, err, errlen);
 }
 
-int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
-                   float **v, char *err, size_t errlen)
+// The settings of a checkpoint header, each within what its flag accepts.
+static int s_ckpt_meta_check(const node_ckpt_meta_t *m, const char *name, char *err, size_t errlen)
 {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
-    uint8_t *buf = NULL;
-    size_t size = 0;
-    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
-    if (rc != 0)
-        return rc;
+    const long lmax = LONG_MAX / 2;
+    const struct { const char *what; double v, lo, hi; } f[] = {
+        {"step", (double) m->step, 0, (double) lmax},
+        {"iters", (double) m->iters, 0, (double) lmax},
+        {"warmup", (double) m->warmup, 0, (double) lmax},
+        {"batch", (double) m->batch, 1, 1 << 20},
+        {"lr", m->lr, 0, 10},
+        {"min-lr", m->min_lr, 0, 10},
+        {"weight-decay", m->weight_decay, 0, 10},
+        {"grad-clip", m->grad_clip, 0, 1e30},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (!(f[i].v >= f[i].lo && f[i].v <= f[i].hi)) { // NaN fails too
+            const char *fmt = i < 4 ? "%s: %s %.0f in the header is outside %.0f..%.0f; the "
+                                      "checkpoint is corrupt"
+                                    : "%s: %s %g in the header is outside %g..%g; the "
+                                      "checkpoint is corrupt";
+            snprintf(err, errlen, fmt, name, f[i].what, f[i].v, f[i].lo, f[i].hi);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+int node_ckpt_decode(const uint8_t *buf, size_t size, const char *name, node_ckpt_meta_t *meta,
+                     float **params, float **m, float **v, char *err, size_t errlen)
+{
     char why[200];
-    rc = -EINVAL;
+    float **outs[3] = { params, m, v };
+    for (int i = 0; i < 3; i++)
+        if (outs[i])
+            *outs[i] = NULL;
     if (sodium_init() < 0) {
         snprintf(err, errlen, "libsodium failed to initialise");
-        goto out_free;
+        return -EIO;
     }
     if (size < CKPT_HEADER + CKPT_SUM || memcmp(buf, "SWCK", 4) != 0) {
-        snprintf(err, errlen, "%s: not a swarm checkpoint (%zu bytes, bad magic or too short)", path, size);
-        goto out_free;
+        snprintf(err, errlen, "%s: not a swarm checkpoint (%zu bytes, bad magic or too short)", name, size);
+        return -EINVAL;
     }
     uint8_t digest[CKPT_SUM];
     crypto_generichash(digest, CKPT_SUM, buf, size - CKPT_SUM, NULL, 0);
     if (sodium_memcmp(digest, buf + size - CKPT_SUM, CKPT_SUM) != 0) {
         snprintf(err, errlen, "%s: checksum mismatch: the checkpoint is truncated or altered; "
-                 "restore it or start without --resume", path);
-        goto out_free;
+                 "restore it or start without --resume", name);
+        return -EINVAL;
     }
     if (s_get32(buf + 4) != CKPT_VERSION) {
         snprintf(err, errlen, "%s: checkpoint version %u; this build reads version %d",
-                 path, s_get32(buf + 4), CKPT_VERSION);
-        goto out_free;
+                 name, s_get32(buf + 4), CKPT_VERSION);
+        return -EINVAL;
     }
     memset(meta, 0, sizeof *meta);
     meta->cfg = s_get_config(buf + 8);
@@ -376,30 +424,58 @@ int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, floa
     meta->weight_decay = s_getd(buf + 80);
     meta->grad_clip = s_getd(buf + 88);
     if (node_config_check(&meta->cfg, why, sizeof why) != 0) {
-        snprintf(err, errlen, "%s: bad model shape: %s", path, why);
-        goto out_free;
+        snprintf(err, errlen, "%s: bad model shape: %s", name, why);
+        return -EINVAL;
     }
+    int rc = s_ckpt_meta_check(meta, name, err, errlen);
+    if (rc != 0)
+        return rc;
     size_t n = node_config_params(&meta->cfg);
-    if (s_get64(buf + 96) != n || size != CKPT_HEADER + 3 * n * sizeof(float) + CKPT_SUM
-        || meta->step < 0 || meta->batch < 1) {
+    if (s_get64(buf + 96) != n || size != CKPT_HEADER + 3 * n * sizeof(float) + CKPT_SUM) {
         snprintf(err, errlen, "%s: header and size disagree (%zu bytes for %zu parameters)",
-                 path, size, n);
-        goto out_free;
+                 name, size, n);
+        return -EINVAL;
     }
-    float **outs[3] = { params, m, v };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 96 + 8; i < CKPT_HEADER; i++) {
+        if (buf[i] != 0) {
+            snprintf(err, errlen, "%s: header byte %d is not zero; the checkpoint is corrupt", name, i);
+            return -EINVAL;
+        }
+    }
+    static const char *what[3] = { "parameter", "first moment", "second moment" };
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = s_values_check(buf + CKPT_HEADER + (size_t) i * n * sizeof(float), n, i == 2, name,
+                            what[i], err, errlen);
+    for (int i = 0; i < 3 && rc == 0; i++) {
         if (!outs[i])
             continue;
         *outs[i] = malloc(n * sizeof(float));
         if (!*outs[i]) {
-            snprintf(err, errlen, "%s: out of memory", path);
+            snprintf(err, errlen, "%s: out of memory", name);
             rc = -ENOMEM;
-            goto out_free;
+            break;
         }
         memcpy(*outs[i], buf + CKPT_HEADER + (size_t) i * n * sizeof(float), n * sizeof(float));
     }
-    rc = 0;
-out_free:
+    for (int i = 0; rc != 0 && i < 3; i++) {
+        if (outs[i]) {
+            free(*outs[i]);
+            *outs[i] = NULL;
+        }
+    }
+    return rc;
+}
+
+int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
+                   float **v, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = s_read_all(path, MAX_FILE, &buf, &size, err, errlen);
+    if (rc == 0)
+        rc = node_ckpt_decode(buf, size, path, meta, params, m, v, err, errlen);
     free(buf);
     return rc;
 }

@@ -169,9 +169,15 @@ typedef struct {
 } node_bgpt_header_t;
 
 // Read a whole BGPT file: *data gets malloc'ed floats (node_config_params).
-// Every header field and the size are checked; -EINVAL/-EIO with reason.
+// Every header field, the size and every value (finite) are checked;
+// -EINVAL/-EIO/-ENOMEM with reason.
 __attribute__((warn_unused_result))
 int node_bgpt_read(const char *path, node_bgpt_header_t *hdr, float **data, char *err, size_t errlen);
+// The same from size bytes in memory; name stands for the file in errors.
+// *data is NULL on error.
+__attribute__((warn_unused_result))
+int node_bgpt_decode(const uint8_t *buf, size_t size, const char *name, node_bgpt_header_t *hdr,
+                     float **data, char *err, size_t errlen);
 // Write atomically (temporary file, fsync, rename).
 __attribute__((warn_unused_result))
 int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float *data,
@@ -197,11 +203,17 @@ typedef struct {
 __attribute__((warn_unused_result))
 int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *params,
                    const float *m, const float *v, char *err, size_t errlen);
-// Read DIR/checkpoint.bin, verifying size and checksum. m and v may be NULL
-// (sampling). Arrays are malloc'ed.
+// Read DIR/checkpoint.bin, verifying size and checksum, then every header
+// field against the range its flag accepts and every value (finite; second
+// moments >= 0). m and v may be NULL (sampling). Arrays are malloc'ed.
 __attribute__((warn_unused_result))
 int node_ckpt_load(const char *dir, node_ckpt_meta_t *meta, float **params, float **m,
                    float **v, char *err, size_t errlen);
+// The same from size bytes in memory; name stands for the file in errors.
+// The arrays are NULL on error.
+__attribute__((warn_unused_result))
+int node_ckpt_decode(const uint8_t *buf, size_t size, const char *name, node_ckpt_meta_t *meta,
+                     float **params, float **m, float **v, char *err, size_t errlen);
 
 // ---- trainer: the whole model as S stages in one process ----
 
@@ -304,6 +316,16 @@ void node_curve_close(node_curve_t *curve);
 
 // The trainer settings the options describe.
 node_hparams_t node_train_hparams(const node_train_opts_t *o);
+
+// ---- swarm status: the router's STATUS reply ----
+
+// Read a STATUS reply's JSON (len bytes, not NUL-terminated, from the
+// network) as `swarm status` does and, when out is not NULL, write the
+// tables it shows for router addr. 0; -EPROTO with the reason in err;
+// -ENOMEM. The fuzz target and the tests call it.
+__attribute__((warn_unused_result))
+int node_status_show(const char *text, size_t len, const char *addr, FILE *out, char *err,
+                     size_t errlen);
 
 // ---- subcommands ----
 int cmd_train(int argc, char **argv);

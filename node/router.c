@@ -174,6 +174,8 @@ enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
 static volatile sig_atomic_t s_stop;
+static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
+static swarm_loglimit_t s_loglimit;     // lines about what peers send (a flood fills no disk)
 
 // A peer is gone (its work is redone elsewhere); fail also bans it.
 static void s_peer_dead(router_t *r, int p, const char *why);
@@ -187,8 +189,16 @@ static inline void s_ignore(int rc)
 
 static void s_on_signal(int sig)
 {
-    (void) sig;
-    s_stop = 1;
+    if (sig == SIGHUP)
+        s_hup = 1;
+    else
+        s_stop = 1;
+}
+
+// 1 when a line about peer `key` may be logged now (swarm_loglimit_pass).
+static int s_loud(const char *key, char *note, size_t cap)
+{
+    return swarm_loglimit_pass(&s_loglimit, key, net_clock_ms(), note, cap);
 }
 
 static double s_secs(void)
@@ -450,12 +460,14 @@ static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
 // follows when the swarm is between steps (s_joins).
 static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
 {
-    char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0";
+    char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0", note[64];
     if (net_msg_meta_get(hello, "proto", proto, sizeof proto) != 0 || strcmp(proto, "1") != 0) {
         net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
+        s_sanitize(proto);
         s_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
-        fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1\n", who->key,
-                proto[0] ? proto : "missing");
+        if (s_loud(who->key, note, sizeof note))
+            fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
+                    who->key, proto[0] ? proto : "missing", note);
         s_ignore(net_server_send(r->srv, who, &err));
         return;
     }
@@ -1610,6 +1622,7 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
     int p = s_peer_find(r, who);
+    char note[64];
     if (p >= 0)
         r->peers[p].last_seen = net_clock_ms();
     if (p >= 0 && s_flooding(r, p, h))
@@ -1619,8 +1632,9 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
     } else if (h->type == NET_MSG_STATUS) {
         s_status_reply(r, who, m);
     } else if (p < 0) {
-        fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped\n",
-                net_msg_type_name(h->type), who->key);
+        if (s_loud(who->key, note, sizeof note))
+            fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
+                    net_msg_type_name(h->type), who->key, note);
     } else if (h->type == NET_MSG_HEARTBEAT) {
         char q[32];
         if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
@@ -1895,6 +1909,35 @@ static void s_turn(router_t *r)
     }
 }
 
+// SIGHUP: re-read --allow FILE. A peer whose key left it is told so and
+// dropped (net refuses its messages from now on); a file that cannot be
+// read keeps the old list.
+static void s_allow_reload(router_t *r)
+{
+    char err[512];
+    s_hup = 0;
+    if (!r->allow) {
+        fprintf(stderr, "swarm router: SIGHUP: an open swarm has no allow-list to reload\n");
+        return;
+    }
+    if (net_allow_reload(r->allow, r->allow_path, err, sizeof err) != 0) {
+        fprintf(stderr, "swarm router: SIGHUP: %s; keeping the allow-list in use (%zu keys)\n",
+                err, net_allow_size(r->allow));
+        return;
+    }
+    printf("swarm router: allow-list %s reloaded: %zu keys\n", r->allow_path,
+           net_allow_size(r->allow));
+    fflush(stdout);
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state == P_DEAD || net_allow_contains(r->allow, r->peers[p].who.key))
+            continue;
+        net_msg_t *bye = net_msg_new(NET_MSG_ERROR);
+        s_meta(bye, "reason=this node's key was removed from the swarm's allow-list\nfatal=1");
+        s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
+        s_peer_dead(r, p, "was removed from the allow-list: dropped");
+    }
+}
+
 static int s_loop(router_t *r)
 {
     char err[512];
@@ -1907,11 +1950,15 @@ static int s_loop(router_t *r)
             s_on_message(r, &who, m);
             net_msg_destroy(&m);
         } else if (rc == -EPROTO) {
-            fprintf(stderr, "swarm router: bad message from %.8s...: %s\n", who.key, err);
+            char note[64];
+            if (s_loud(who.key, note, sizeof note))
+                fprintf(stderr, "swarm router: bad message from %.8s...: %s%s\n", who.key, err, note);
         } else if (rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN) {
             fprintf(stderr, "swarm router: receive failed: %s\n", strerror(-rc));
             return rc;
         }
+        if (s_hup)
+            s_allow_reload(r);
         s_reap(r);
         // advance through every phase that is ready now, not on the next message
         int before;
@@ -2233,6 +2280,7 @@ int cmd_router(int argc, char **argv)
     struct sigaction sa = { .sa_handler = s_on_signal };
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     r->t_start = s_secs();
     rc = s_loop(r);
     if (isatty(STDERR_FILENO))

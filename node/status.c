@@ -536,6 +536,24 @@ static void s_print_json(FILE *out, const char *text, size_t len)
     fputc('\n', out);
 }
 
+int node_status_show(const char *text, size_t len, const char *addr, FILE *out, char *err,
+                     size_t errlen)
+{
+    status_t *st = malloc(sizeof *st);
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = s_status_parse(text, len, st, err, errlen);
+    if (rc == 0 && out) {
+        s_print_head(out, addr, st);
+        s_print_stages(out, st);
+        s_print_peers(out, st);
+    }
+    free(st);
+    return rc;
+}
+
 // ---- the command ---------------------------------------------------------------
 
 typedef struct {

@@ -73,4 +73,32 @@ int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages);
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
                            double now, double margin, double hold, int *to);
 
+// ---- log limits (pure: time is an argument) ----
+
+#define SWARM_LOGLIMIT_SENDERS 64  // senders tracked at once (the least recent is forgotten)
+
+typedef struct {
+    char key[48];            // the sender, truncated; "" = free
+    double tokens;           // lines it may write now (token bucket)
+    int64_t last_ms;         // when tokens was last brought up to date
+    uint64_t held;           // its lines held back since its last one written
+} swarm_loglimit_sender_t;
+
+// What the router logs about what peers send: a burst of 5 lines, then one
+// line a second per sender, and at most 10 a second (burst 20) in all, so a
+// flood cannot fill a disk. Zeroed = ready.
+typedef struct {
+    swarm_loglimit_sender_t senders[SWARM_LOGLIMIT_SENDERS]; // recent senders
+    double tokens;           // lines anyone may write now
+    int64_t last_ms;         // when tokens was last brought up to date
+    uint64_t held;           // lines held back of senders no longer tracked
+    int started;             // tokens and last_ms are set
+} swarm_loglimit_t;
+
+// May a line about `key` be written at now_ms (any monotonic ms)? 1: write
+// it, followed by note (" (N similar lines not shown)" or ""); 0: it is
+// held back and counted.
+int swarm_loglimit_pass(swarm_loglimit_t *self, const char *key, int64_t now_ms, char *note,
+                        size_t cap);
+
 #endif

@@ -6,6 +6,7 @@
  * Run from the repository root (tests/corpus/wire); SWARM_WRITE_CORPUS=1
  * rewrites the seed corpus after a deliberate wire change.
  */
+#include "fuzz.h"
 #include "wire.h"
 
 #include <check.h>
@@ -23,7 +24,7 @@
 #include <unistd.h>
 
 // from tests/fuzz_wire.c
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_wire_one(const uint8_t *data, size_t size);
 int fuzz_wire_decode(const uint8_t *data, size_t size, char *err, size_t errlen);
 size_t fuzz_wire_pack(const net_span_t *frames, size_t n, int strict, uint8_t *out, size_t cap);
 
@@ -892,7 +893,9 @@ START_TEST(test_key_load_refuses_bad_files)
     const char *bad[] = {"not a key\n", "", "# only a comment\n", "0123456789\n",
                          "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\n"
                          "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\n",
-                         "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]y\"7\n"};
+                         "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]y\"7\n",
+                         // Z85 characters, but "#/w+9" is over 2^32: no key (found by fuzz_keys)
+                         "2CVWV6D&QXW]Ii55A)@qco0MAyn+73#/w+9Xnrjk\n"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         s_write(path, bad[i], 0600);
         ck_assert_int_eq(net_key_load(t.name, &out, err, sizeof err), -EINVAL);
@@ -935,6 +938,85 @@ START_TEST(test_key_allow_list)
     ck_assert_msg(strstr(err, "allow:2:"), "%s", err);
     ck_assert_int_eq(net_allow_add(allow, "x"), -EINVAL);
     net_allow_destroy(&allow);
+    net_allow_destroy(&allow);
+    net_key_destroy(&a);
+    net_key_destroy(&b);
+    s_tmp_close(&t);
+}
+END_TEST
+
+// Keys are kept sorted (every message is looked up): many keys, added in
+// any order, by file or one by one, with duplicates, are all found.
+START_TEST(test_key_allow_list_holds_many_keys)
+{
+    enum { N = 2000 };
+    static char z85[N][NET_KEY_Z85_LEN + 1];
+    static char text[N * (NET_KEY_Z85_LEN + 1) * 2];
+    char err[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t raw[32];
+        for (int b = 0; b < 32; b++)
+            raw[b] = (uint8_t) s_rand32();
+        zmq_z85_encode(z85[i], raw, 32);
+    }
+    for (int i = N - 1; i >= 0; i -= 2) // half of them twice, out of order
+        len += (size_t) sprintf(text + len, "%s\n%s\n", z85[i], z85[N - 1 - i]);
+    net_allow_t *parsed = net_allow_new(), *added = net_allow_new();
+    ck_assert_msg(net_allow_parse(parsed, text, len, "mem", err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < N; i += 2)
+        ck_assert_int_eq(net_allow_add(added, z85[(i * 7919) % N]), 0);
+    ck_assert_uint_eq(net_allow_size(parsed), N);
+    for (int i = 0; i < N; i++) {
+        ck_assert(net_allow_contains(parsed, z85[i]));
+        ck_assert(net_allow_contains(added, z85[(i * 7919) % N]) == (i % 2 == 0));
+    }
+    ck_assert(!net_allow_contains(parsed, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"));
+    net_allow_destroy(&parsed);
+    net_allow_destroy(&added);
+}
+END_TEST
+
+START_TEST(test_key_allow_reload_swaps_or_keeps)
+{
+    s_tmp_t t;
+    s_tmp_open(&t);
+    net_key_t *a = NULL, *b = NULL;
+    char err[512] = "", path[256], text[512];
+    ck_assert_int_eq(net_key_generate(&a), 0);
+    ck_assert_int_eq(net_key_generate(&b), 0);
+    net_allow_t *allow = net_allow_new();
+    ck_assert_int_eq(net_allow_add(allow, net_key_public(a)), 0);
+    snprintf(path, sizeof path, "%s/allow", t.dir);
+    // a bad line, a missing file, a folder: the old list stays, whole
+    snprintf(text, sizeof text, "%s\n%.39s\n", net_key_public(b), net_key_public(a));
+    s_write(path, text, 0644);
+    ck_assert_int_eq(net_allow_reload(allow, path, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "allow:2:"), "%s", err);
+    ck_assert_int_eq(net_allow_load(allow, path, err, sizeof err), -EINVAL); // all or nothing
+    ck_assert_int_eq(net_allow_reload(allow, "/nonexistent/allow", err, sizeof err), -ENOENT);
+    ck_assert_msg(strstr(err, "/nonexistent/allow"), "%s", err);
+    ck_assert_int_eq(net_allow_reload(allow, t.dir, err, sizeof err), -EINVAL);
+    ck_assert_uint_eq(net_allow_size(allow), 1);
+    ck_assert(net_allow_contains(allow, net_key_public(a)));
+    ck_assert(!net_allow_contains(allow, net_key_public(b)));
+    // a good file replaces the list: b in, a out; then an empty list
+    snprintf(text, sizeof text, "# after the edit\r\n%s\r\n", net_key_public(b));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(allow, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(net_allow_size(allow), 1);
+    ck_assert(net_allow_contains(allow, net_key_public(b)));
+    ck_assert(!net_allow_contains(allow, net_key_public(a)));
+    s_write(path, "# nobody\n", 0644);
+    ck_assert_msg(net_allow_reload(allow, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(net_allow_size(allow), 0);
+    // NUL bytes and over-long lines are bad lines, with their numbers
+    ck_assert_int_eq(net_allow_parse(allow, "\n\nab\0c\n", 7, "mem", err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "mem:3:"), "%s", err);
+    memset(text, ' ', 300);
+    memcpy(text + 300, net_key_public(a), NET_KEY_Z85_LEN);
+    ck_assert_int_eq(net_allow_parse(allow, text, 340, "mem", err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "mem:1:"), "%s", err);
     net_allow_destroy(&allow);
     net_key_destroy(&a);
     net_key_destroy(&b);
@@ -1073,6 +1155,66 @@ START_TEST(test_transport_wrong_key_gets_nothing)
     net_client_destroy(&intruder);
     net_client_destroy(&misled);
     net_server_destroy(&server);
+    s_keys_close(&k);
+}
+END_TEST
+
+// The allow-list changes while the server runs: a refused key that is added
+// gets in when its client reconnects on its own; an admitted key that is
+// removed has every later message dropped (and counted).
+START_TEST(test_transport_allow_reload_admits_and_revokes)
+{
+    s_keys_t k;
+    s_keys_open(&k);
+    s_tmp_t t;
+    s_tmp_open(&t);
+    char path[256], text[256], err[256] = "";
+    snprintf(path, sizeof path, "%s/allow", t.dir);
+    net_server_t *server = s_server(&k, k.allow, &s_limits);
+    net_client_t *intruder = s_client(server, k.server, k.intruder);
+    s_client_say(intruder, NET_MSG_HELLO);
+    net_peer_t peer;
+    net_msg_t *in = NULL;
+    ck_assert_int_eq(s_server_wait(server, 500, &peer, &in, err, sizeof err), -ETIMEDOUT);
+    // the intruder joins the list, the node leaves it
+    snprintf(text, sizeof text, "%s\n", net_key_public(k.intruder));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    // libzmq does not retry after a refused handshake: the client asks for a new link
+    ck_assert_int_eq(net_client_reconnect(intruder), 0);
+    int rc = -ETIMEDOUT;
+    for (int i = 0; i < 30 && rc == -ETIMEDOUT; i++) {
+        net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
+        int sent = net_client_send(intruder, &m); // -EAGAIN while it has no link
+        ck_assert(sent == 0 || sent == -EAGAIN);
+        rc = s_server_wait(server, 200, &peer, &in, err, sizeof err);
+    }
+    ck_assert_msg(rc == 0, "the newly allowed key got nothing through: %d %s", rc, err);
+    ck_assert_str_eq(peer.key, net_key_public(k.intruder));
+    net_msg_destroy(&in);
+    // a node admitted, then dropped by a reload: refused from then on
+    snprintf(text, sizeof text, "%s\n", net_key_public(k.node));
+    s_write(path, text, 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    net_client_t *node = s_client(server, k.server, k.node);
+    s_client_say(node, NET_MSG_HELLO);
+    ck_assert_int_eq(s_server_wait(server, 2000, &peer, &in, err, sizeof err), 0);
+    net_msg_destroy(&in);
+    s_write(path, "# nobody\n", 0644);
+    ck_assert_msg(net_allow_reload(k.allow, path, err, sizeof err) == 0, "%s", err);
+    s_client_say(node, NET_MSG_HEARTBEAT);
+    rc = s_server_wait(server, 1000, &peer, &in, err, sizeof err);
+    ck_assert_int_eq(rc, -EPROTO);
+    ck_assert_msg(strstr(err, "no longer on the allow-list"), "%s", err);
+    ck_assert_str_eq(peer.key, net_key_public(k.node));
+    net_stats_t st;
+    net_server_stats(server, &st);
+    ck_assert_uint_ge(st.revoked, 1);
+    ck_assert_uint_ge(st.auth_denied, 1);
+    net_client_destroy(&intruder);
+    net_client_destroy(&node);
+    net_server_destroy(&server);
+    s_tmp_close(&t);
     s_keys_close(&k);
 }
 END_TEST
@@ -1506,8 +1648,7 @@ START_TEST(test_fuzz_seed_corpus_replays)
         ck_assert_ptr_nonnull(f);
         size_t len = fread(buf, 1, sizeof buf, f);
         fclose(f);
-        ck_assert_int_eq(LLVMFuzzerTestOneInput(buf, len), 0); // aborts on a broken promise
-        int rc = fuzz_wire_decode(buf, len, err, sizeof err);
+        int rc = fuzz_wire_decode(buf, len, err, sizeof err); // aborts on a broken promise
         if (strncmp(e->d_name, "ok-", 3) == 0)
             ck_assert_msg(rc == 0, "%s refused: %s", e->d_name, err);
         if (strncmp(e->d_name, "bad-", 4) == 0)
@@ -1518,6 +1659,33 @@ START_TEST(test_fuzz_seed_corpus_replays)
     closedir(d);
     ck_assert_int_ge(files, NET_MSG_TYPE_MAX + N_BAD);
     ck_assert_int_ge(ok, NET_MSG_TYPE_MAX);
+}
+END_TEST
+
+// ---- the other net fuzz targets' seed corpora (tests/fuzz_keys.c, fuzz_meta.c) ----
+
+static const fuzz_target_t s_fuzz_targets[] = {
+    {"keys", fuzz_keys_one, fuzz_keys_seed},
+    {"meta", fuzz_meta_one, fuzz_meta_seed},
+};
+#define N_FUZZ_TARGETS ((int) (sizeof s_fuzz_targets / sizeof s_fuzz_targets[0]))
+
+START_TEST(test_fuzz_target_seeds_are_current)
+{
+    char err[512] = "";
+    int rc = fuzz_corpus_check(&s_fuzz_targets[_i], getenv("SWARM_WRITE_CORPUS") != NULL, err,
+                               sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+}
+END_TEST
+
+START_TEST(test_fuzz_target_corpus_replays)
+{
+    char err[512] = "";
+    int files = 0;
+    int rc = fuzz_corpus_replay(&s_fuzz_targets[_i], &files, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_ge(files, 10);
 }
 END_TEST
 
@@ -1554,11 +1722,14 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_key_files_round_trip);
     tcase_add_test(tc, test_key_load_refuses_bad_files);
     tcase_add_test(tc, test_key_allow_list);
+    tcase_add_test(tc, test_key_allow_reload_swaps_or_keeps);
+    tcase_add_test(tc, test_key_allow_list_holds_many_keys);
     suite_add_tcase(s, tc);
     tc = tcase_create("transport");
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_transport_allowed_key_talks);
     tcase_add_test(tc, test_transport_wrong_key_gets_nothing);
+    tcase_add_test(tc, test_transport_allow_reload_admits_and_revokes);
     tcase_add_test(tc, test_transport_client_without_curve_gets_nothing);
     tcase_add_test(tc, test_transport_open_mode_admits_any_key);
     tcase_add_test(tc, test_transport_identity_is_the_curve_key);
@@ -1572,6 +1743,8 @@ static Suite *s_suite(void)
     tc = tcase_create("fuzz");
     tcase_add_test(tc, test_fuzz_seed_corpus_is_current);
     tcase_add_test(tc, test_fuzz_seed_corpus_replays);
+    tcase_add_loop_test(tc, test_fuzz_target_seeds_are_current, 0, N_FUZZ_TARGETS);
+    tcase_add_loop_test(tc, test_fuzz_target_corpus_replays, 0, N_FUZZ_TARGETS);
     suite_add_tcase(s, tc);
     return s;
 }

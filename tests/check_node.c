@@ -4,6 +4,7 @@
  * Tests that need the reference files skip with a message when ../shared is
  * absent (set SWARM_SHARED to point elsewhere).
  */
+#include "fuzz.h"
 #include "node.h"
 #include "swarm.h"
 
@@ -495,6 +496,53 @@ START_TEST(test_stage_refuses_tokens_outside_vocabulary)
 }
 END_TEST
 
+// ---- status: the router's JSON as swarm status reads it ----
+
+START_TEST(test_status_reads_the_documented_reply_and_refuses_broken_ones)
+{
+    const char *reply = "{\"step\": 12, \"iters\": 2000, \"loss\": 2.41, \"state\": \"training\", "
+        "\"stages\": [{\"stage\": 0, \"replicas\": 2, \"tok_s\": 2600.0, \"queue\": 1}], "
+        "\"peers\": [{\"id\": 3, \"name\": \"desk\\u001b[2J\", \"stage\": 0, \"state\": \"ready\"}]}";
+    char *text = NULL, err[256] = "";
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    ck_assert_int_eq(node_status_show(reply, strlen(reply), "tcp://h:1", out, err, sizeof err), 0);
+    fclose(out);
+    ck_assert_msg(strstr(text, "step 12/2000") && strstr(text, "desk?[2J"), "%s", text);
+    ck_assert_ptr_null(strchr(text, '\033')); // a peer's name cannot drive the terminal
+    free(text);
+    ck_assert_int_eq(node_status_show("{\"step\": 1e999}", 15, "a", NULL, err, sizeof err), -EPROTO);
+    ck_assert_msg(strstr(err, "\"step\" is not a finite number"), "%s", err);
+}
+END_TEST
+
+// ---- the fuzz targets' seed corpora (tests/fuzz_files.c, fuzz_status.c) ----
+
+static const fuzz_target_t s_fuzz_targets[] = {
+    {"files", fuzz_files_one, fuzz_files_seed},
+    {"status", fuzz_status_one, fuzz_status_seed},
+};
+#define N_FUZZ_TARGETS ((int) (sizeof s_fuzz_targets / sizeof s_fuzz_targets[0]))
+
+START_TEST(test_fuzz_target_seeds_are_current)
+{
+    char err[512] = "";
+    int rc = fuzz_corpus_check(&s_fuzz_targets[_i], getenv("SWARM_WRITE_CORPUS") != NULL, err,
+                               sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+}
+END_TEST
+
+START_TEST(test_fuzz_target_corpus_replays)
+{
+    char err[512] = "";
+    int files = 0;
+    int rc = fuzz_corpus_replay(&s_fuzz_targets[_i], &files, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_ge(files, 10);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("node");
@@ -517,6 +565,13 @@ int main(void)
     tcase_add_test(tc, test_bgpt_missing_file_names_path);
     tcase_add_test(tc, test_bgpt_round_trip_is_exact);
     tcase_add_test(tc, test_checkpoint_round_trip_and_corruption_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("status");
+    tcase_add_test(tc, test_status_reads_the_documented_reply_and_refuses_broken_ones);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fuzz");
+    tcase_add_loop_test(tc, test_fuzz_target_seeds_are_current, 0, N_FUZZ_TARGETS);
+    tcase_add_loop_test(tc, test_fuzz_target_corpus_replays, 0, N_FUZZ_TARGETS);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -661,6 +661,58 @@ START_TEST(test_rebalance_counts_stage_cost)
 }
 END_TEST
 
+// ---- log limits ----
+
+START_TEST(test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count)
+{
+    swarm_loglimit_t l = {0};
+    char note[96];
+    int64_t t = 5000;
+    int passed = 0;
+    for (int i = 0; i < 1000; i++) // a flood within one millisecond
+        passed += swarm_loglimit_pass(&l, "keyA", t, note, sizeof note);
+    ck_assert_int_eq(passed, 5);
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "keyA", t + 999, note, sizeof note), 0);
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "keyA", t + 1000, note, sizeof note), 1);
+    ck_assert_str_eq(note, " (996 similar lines not shown)");
+    // one line a second over a minute of flood
+    passed = 0;
+    for (int64_t ms = t + 1001; ms < t + 61000; ms += 1)
+        passed += swarm_loglimit_pass(&l, "keyA", ms, note, sizeof note);
+    ck_assert_int_ge(passed, 59);
+    ck_assert_int_le(passed, 61);
+    // a quiet sender gets its burst back, with nothing held
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "keyA", t + 200000, note, sizeof note), 1);
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "keyA", t + 200000, note, sizeof note), 1);
+    ck_assert_str_eq(note, "");
+}
+END_TEST
+
+START_TEST(test_loglimit_many_senders_share_ten_lines_a_second)
+{
+    swarm_loglimit_t l = {0};
+    char note[96], key[16];
+    int passed = 0;
+    for (int i = 0; i < 1000; i++) { // 1000 fresh keys at once (an open swarm's strangers)
+        snprintf(key, sizeof key, "k%d", i);
+        passed += swarm_loglimit_pass(&l, key, 1000, note, sizeof note);
+    }
+    ck_assert_int_eq(passed, 20);
+    passed = 0;
+    for (int64_t ms = 1000; ms < 11000; ms += 10) { // 10 s of a flood from 1000 keys
+        snprintf(key, sizeof key, "k%d", (int) (ms % 1000));
+        passed += swarm_loglimit_pass(&l, key, ms, note, sizeof note);
+    }
+    ck_assert_int_le(passed, 101);
+    // the forgotten senders' lines are still counted in a later note
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "late", 100000, note, sizeof note), 1);
+    ck_assert_msg(strstr(note, "similar lines not shown"), "%s", note);
+    // time that goes backwards and an empty key change nothing
+    ck_assert_int_eq(swarm_loglimit_pass(&l, "", 50, note, sizeof note), 1);
+    ck_assert_int_eq(swarm_loglimit_pass(&l, NULL, 50, NULL, 0), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("swarm");
@@ -702,6 +754,10 @@ int main(void)
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("loglimit");
+    tcase_add_test(tc, test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count);
+    tcase_add_test(tc, test_loglimit_many_senders_share_ten_lines_a_second);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, test_tinyshakespeare_first_batch_matches_ref_gpt);

@@ -6,6 +6,7 @@
  * end is cut short). An accepted message must re-encode to the same header
  * bytes and, for f32/f16, the same payload: else abort (our bug).
  * Built without libFuzzer (check_net), it replays tests/corpus/wire.
+ * The other decoders' targets are in tests/fuzz_*.c (tests/fuzz.h).
  */
 #include "wire.h"
 
@@ -17,6 +18,7 @@
 #define FUZZ_FRAMES_MAX 7
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_wire_one(const uint8_t *data, size_t size);
 int fuzz_wire_decode(const uint8_t *data, size_t size, char *err, size_t errlen);
 size_t fuzz_wire_pack(const net_span_t *frames, size_t n, int strict, uint8_t *out, size_t cap);
 
@@ -122,9 +124,16 @@ int fuzz_wire_decode(const uint8_t *data, size_t size, char *err, size_t errlen)
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+int fuzz_wire_one(const uint8_t *data, size_t size)
 {
     char err[256];
-    (void) fuzz_wire_decode(data, size, err, sizeof err);
+    return fuzz_wire_decode(data, size, err, sizeof err);
+}
+
+#ifdef SWARM_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    (void) fuzz_wire_one(data, size);
     return 0;
 }
+#endif

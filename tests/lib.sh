@@ -1,6 +1,6 @@
 # lib.sh - what the swarm integration scripts share: pass/fail counters, a
 # scratch folder and the processes a test started (all killed at exit, also
-# stopped ones), waiting for a router's endpoint, and comparing loss logs
+# stopped ones), waiting for a router's endpoint or a log line, and comparing loss logs
 # with `swarm train`'s. Sourced: `. tests/lib.sh NAME` from the repo root.
 pass=0
 fail=0
@@ -20,6 +20,15 @@ wait_endpoint() {
     for _ in $(seq 1 100); do
         e=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$1")
         [ -n "$e" ] && { echo "$e"; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+
+# wait_grep FILE PATTERN SECONDS: until FILE has a line matching PATTERN
+wait_grep() {
+    for _ in $(seq 1 $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
         sleep 0.1
     done
     return 1

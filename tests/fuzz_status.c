@@ -1,0 +1,94 @@
+/* fuzz_status.c - libFuzzer target for `swarm status`'s reading of the
+ * router's STATUS reply: its bounded JSON parser and the tables it prints
+ * (node/status.c), on any bytes.
+ *
+ * Input: the reply's meta text, as it came off the wire. The parser must
+ * accept or refuse it with a reason (-EPROTO), and an accepted reply must
+ * print; anything else aborts. The tables go to /dev/null.
+ */
+#include "fuzz.h"
+#include "node.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fuzz_status_one(const uint8_t *data, size_t size)
+{
+    static FILE *out;
+    if (!out && !(out = fopen("/dev/null", "w")))
+        abort();
+    char err[256] = "";
+    int rc = node_status_show((const char *) data, size, "tcp://fuzz:7070", out, err, sizeof err);
+    if (rc != 0 && (rc != -EPROTO || !err[0]))
+        abort();
+    return rc;
+}
+
+#ifdef SWARM_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    (void) fuzz_status_one(data, size);
+    return 0;
+}
+#endif
+
+// ---- seeds: the router's replies (docs/swarm.md) and broken ones -------------
+
+static const struct {
+    const char *name;
+    const char *text;
+} s_seeds[] = {
+    {"ok-training",
+     "{\"step\": 12, \"iters\": 2000, \"loss\": 2.41, \"loss_avg\": 2.47, \"tok_s\": 5120.0,\n"
+     " \"eta_s\": 300.5, \"state\": \"training\",\n"
+     " \"stages\": [{\"stage\": 0, \"replicas\": 2, \"tok_s\": 2600.0, \"queue\": 1},\n"
+     "            {\"stage\": 1, \"replicas\": 1, \"tok_s\": 2520.0, \"queue\": 0}],\n"
+     " \"peers\": [{\"id\": 3, \"name\": \"desk-1\", \"key\": \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\",\n"
+     "            \"device\": \"cpu: 1 thread\", \"stage\": 0, \"tok_s\": 1300.0, \"inflight\": 1,\n"
+     "            \"heartbeat_age_s\": 0.4, \"state\": \"ready\"}]}"},
+    {"ok-waiting-nulls",
+     "{\"step\": 0, \"iters\": 20, \"loss\": null, \"loss_avg\": null, \"tok_s\": 0, \"eta_s\": null,"
+     " \"state\": \"waiting\", \"stages\": null, \"peers\": []}"},
+    {"ok-empty-object", "{}"},
+    {"ok-unknown-fields-skipped",
+     "{\"new\": {\"a\": [1, 2, {\"b\": true}], \"c\": false}, \"step\": 1e3, \"x\": \"\\u00e9\\n\","
+     " \"peers\": [{\"name\": \"a\\\"b\\\\c\\u0007\", \"extra\": [null]}]}"},
+    {"ok-diverged-loss", "{\"loss\": nan, \"loss_avg\": -inf, \"state\": \"training\"}"},
+    {"ok-long-strings",
+     "{\"state\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\","
+     " \"peers\": [{\"device\": \"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\"}]}"},
+    {"ok-huge-numbers", "{\"step\": 1e308, \"eta_s\": 1e300, \"tok_s\": -1e308, \"peers\": [{\"id\": -0.0}]}"},
+    {"bad-empty", ""},
+    {"bad-not-an-object", "[1, 2, 3]"},
+    {"bad-text-after", "{\"step\": 1} {\"step\": 2}"},
+    {"bad-unclosed-object", "{\"step\": 1,"},
+    {"bad-unclosed-string", "{\"state\": \"traini"},
+    {"bad-control-character", "{\"state\": \"a\tb\"}"},
+    {"bad-escape", "{\"state\": \"\\x41\"}"},
+    {"bad-short-unicode-escape", "{\"state\": \"\\u12\"}"},
+    {"bad-number-overflow", "{\"step\": 1e999}"},
+    {"bad-number-hex", "{\"step\": 0x10}"},
+    {"bad-string-as-number", "{\"step\": \"12\"}"},
+    {"bad-number-as-string", "{\"state\": 12}"},
+    {"bad-stages-not-objects", "{\"stages\": [1, 2]}"},
+    {"bad-missing-colon", "{\"step\" 1}"},
+    {"bad-trailing-comma", "{\"step\": 1,}"},
+    {"bad-too-deep",
+     "{\"x\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}"},
+    {"bad-number-too-long", "{\"step\": 1.00000000000000000000000000000000000000000000000000000000000000000001}"},
+};
+
+int fuzz_status_seed(int i, char *name, size_t namecap, uint8_t *buf, size_t cap, size_t *len)
+{
+    if (i < 0 || (size_t) i >= sizeof s_seeds / sizeof s_seeds[0])
+        return 0;
+    *len = strlen(s_seeds[i].text);
+    if (*len > cap)
+        abort(); // our own seed
+    snprintf(name, namecap, "%s", s_seeds[i].name);
+    memcpy(buf, s_seeds[i].text, *len);
+    return 1;
+}

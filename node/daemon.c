@@ -918,7 +918,7 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     d->norm_only = net_msg_meta_get(req, "norm_only", only, sizeof only) == 0 && !strcmp(only, "1");
     if (d->norm_only)
         snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", d->samples,
-                 d->be->sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
+                 node_sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
     else
         snprintf(meta, sizeof meta, "samples=%ld", d->samples);
     *reply = s_msg_reply(req, NET_MSG_GRAD);

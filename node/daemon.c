@@ -163,7 +163,7 @@ static void s_usage(FILE *out)
         "  --key NAME              this node's key pair NAME.key / NAME.pub, made if\n"
         "                          missing (default: $XDG_CONFIG_HOME/swarm/node)\n"
         "  --name NAME             shown in the router's table (default: the host name)\n"
-        "  --device auto|cpu       compute backend (default auto)\n"
+        "  --device DEV            auto, cpu or cuda[:N] (default auto: a GPU if one works)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --slowdown F            work F times slower (sleeps), to emulate a slower device\n"
         "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
@@ -427,6 +427,8 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         snprintf(err, n, "%s", why); // names --device already
         return -ENODEV;
     }
+    if (why[0])
+        s_log("%s", why); // what --device auto chose
     s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
           net_key_public(d->key));
     d->tok_s_bench = s_bench(d->be);

@@ -137,6 +137,18 @@ $(BUILD)/swarm-cuda.so: $(BUILD)/obj/blas/cuda.o blas/cuda.map
 	$(Q)$(NVCC) -shared -cudart static $< -o $@ $(if $(CUDA_LIB),-L$(CUDA_LIB)) -lcublas \
 	    -Xlinker --version-script=blas/cuda.map,--no-undefined$(if $(CUDA_LIB),$(comma)-rpath$(comma)$(CUDA_LIB))
 
+# The same source on the CPU (tests/cuda_emu.h): check_cuda holds its kernels
+# to the CPU backend in `make test`, on machines without a GPU or nvcc.
+HAVE_CXX := $(shell command -v $(CXX) 2>/dev/null)
+CUDA_EMU := $(if $(HAVE_CXX),$(BUILD)/swarm-cuda-emu.so)
+$(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h tests/cuda_emu.h tests/mk-cuda-emu.sh
+	@mkdir -p $(BUILD)/obj/tests
+	@$(if $(Q),echo "  CXX   $@ (blas/cuda.cu on the CPU)")
+	$(Q)sh tests/mk-cuda-emu.sh blas/cuda.cu $(BUILD)/obj/tests/cuda_emu.cc
+	$(Q)$(CXX) -std=c++17 -O2 -g -U_FORTIFY_SOURCE -fPIC -shared -fvisibility=hidden -Wall -Wextra \
+	    -Werror -Wno-format-truncation -include tests/cuda_emu.h -Iblas $(BLAS_CFLAGS) \
+	    $(BUILD)/obj/tests/cuda_emu.cc -o $@ $(BLAS_LIBS)
+
 # ---- the binary ------------------------------------------------------------
 all: $(BUILD)/swarm $(CUDA_PLUGIN)
 .PHONY: all deps test test-gpu check-all demo asan bench bench-gpu fuzz clean help install
@@ -157,6 +169,7 @@ $(BUILD)/check_%: $(BUILD)/obj/tests/check_%.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OB
 
 # a stand-in plugin: check_blas tests how a plugin is found, loaded and checked
 $(BUILD)/check_blas: | $(BUILD)/fake-cuda.so
+$(BUILD)/check_cuda: | $(CUDA_EMU)
 $(BUILD)/fake-cuda.so: tests/fake_cuda.c blas/blas.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden -Iblas $< -o $@

@@ -746,7 +746,7 @@ __global__ void k_sumsq_partial(double *part, const float *x, size_t n)
         acc += (double) x[i] * x[i];
     tree[threadIdx.x] = acc;
     __syncthreads();
-    for (int half = THREADS / 2; half > 0; half >>= 1) {
+    for (unsigned half = THREADS / 2; half > 0; half >>= 1) {
         if (threadIdx.x < half)
             tree[threadIdx.x] += tree[threadIdx.x + half];
         __syncthreads();

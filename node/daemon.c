@@ -76,6 +76,7 @@ typedef struct {
     int ready;                             // 1 once STATE loaded the stage
     long step;                             // updates applied
     long samples;                          // micro-batches accumulated since UPDATE
+    long samples_total;                    // micro-batches whose gradient it applied, all steps
     int norm_only;                         // the last STEP asked only for the sum of squares
     int32_t *tokens, *targets;             // (micro, T)
     float *x, *dy, *out;                   // (micro, T, C)
@@ -431,9 +432,10 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         s_log("%s", why); // what --device auto chose
     s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
           net_key_public(d->key));
-    d->tok_s_bench = s_bench(d->be);
-    s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape)",
-          d->be->device, d->tok_s_bench);
+    // with --slowdown F, the speed of the device F times slower it plays
+    d->tok_s_bench = s_bench(d->be) / d->o.slowdown;
+    s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape%s)",
+          d->be->device, d->tok_s_bench, d->o.slowdown > 1.0 ? ", with --slowdown" : "");
     rc = s_client_open(d, err, n);
     if (rc == 0)
         s_log("joining %s as '%s'", d->o.join, d->o.name);
@@ -979,6 +981,7 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     rc = node_stage_params_changed(d->stage);
     node_stage_grads_zero(d->stage);
     s_slots_drop(d);
+    d->samples_total += d->samples;
     d->samples = 0;
     d->step = opt.t;
     if (rc != 0) {
@@ -1329,7 +1332,8 @@ static void s_leave(daemon_t *d)
                 net_msg_destroy(&msg);
         }
     }
-    s_log("left the swarm");
+    s_log("left the swarm (%ld micro-batches of gradient computed here on %s)", d->samples_total,
+          d->be->device);
 }
 
 static void s_on_signal(int sig)

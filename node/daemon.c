@@ -76,7 +76,7 @@ typedef struct {
     int ready;                             // 1 once STATE loaded the stage
     long step;                             // updates applied
     long samples;                          // micro-batches accumulated since UPDATE
-    long samples_total;                    // micro-batches whose gradient it applied, all steps
+    long samples_total;                    // micro-batches of gradient computed here, all steps
     int norm_only;                         // the last STEP asked only for the sum of squares
     int32_t *tokens, *targets;             // (micro, T)
     float *x, *dy, *out;                   // (micro, T, C)

@@ -8,6 +8,7 @@
 #   make test-gpu   every CUDA op against the CPU's, the reference files and a
 #                   mixed CPU + GPU swarm on CUDA (skips without a GPU)
 #   make bench      benchmarks (never part of make test)
+#   make bench-gpu  tokens/s on a GPU beside PyTorch fp32 (skips without a GPU)
 #   make fuzz       libFuzzer targets (clang)
 #   V=1             show full commands
 
@@ -259,6 +260,6 @@ clean:
 	rm -rf build build-asan
 
 help:
-	@sed -n '2,14p' Makefile
+	@sed -n '2,13p' Makefile
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,8 +1,9 @@
 /* check_cuda.c - the CUDA backend (the swarm-cuda.so plugin) against the CPU
  * backend: every op, forward and backward, on random inputs of the baby
  * model's sizes and of odd ones, by normalised error max|cuda - cpu| /
- * max|cpu| <= 1e-5; the accumulate/overwrite contract of each op; the same
- * bits from two runs of the same op; memory round trips.
+ * max|cpu| <= 1e-5 (the embedding ops to the bit); the accumulate/overwrite
+ * contract of each op; the same bits from two runs of the same op; memory
+ * round trips.
  *
  * Without a usable GPU every test says SKIP and passes (the reason is
  * printed once). SWARM_CUDA_PLUGIN picks the plugin (make test runs these
@@ -119,6 +120,15 @@ static void s_same_bits(const char *what, blas_backend_t *be, const float *a, co
     ck_assert_msg(memcmp(x, y, n * sizeof(float)) == 0, "%s: two runs differ", what);
     free(x);
     free(y);
+}
+
+// a device buffer of n floats holds exactly the CPU's bits
+static void s_cpu_bits(const char *what, blas_backend_t *be, const float *dev, const float *want,
+                       size_t n)
+{
+    float *got = s_down(be, dev, n);
+    ck_assert_msg(memcmp(got, want, n * sizeof(float)) == 0, "%s: not the CPU's bits", what);
+    free(got);
 }
 
 #define SKIP_WITHOUT_GPU()                                              \
@@ -241,6 +251,10 @@ START_TEST(test_cuda_encoder_matches_the_cpu)
     s_close("encoder_backward dwpe", be, dwpe_d, dwpe, (size_t) T * C);
     s_same_bits("encoder_backward dwte", be, dwte_d, dwte2_d, (size_t) V * C);
     s_same_bits("encoder_backward dwpe", be, dwpe_d, dwpe2_d, (size_t) T * C);
+    // additions only, in the CPU's order: the CPU's bits (docs/cuda.md)
+    s_cpu_bits("encoder_forward", be, out_d, out, (size_t) N * C);
+    s_cpu_bits("encoder_backward dwte", be, dwte_d, dwte, (size_t) V * C);
+    s_cpu_bits("encoder_backward dwpe", be, dwpe_d, dwpe, (size_t) T * C);
     free(tok), free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out);
 }
 END_TEST

@@ -6,7 +6,10 @@
 #   make demo       deps, build, train a small model for about a minute, sample
 #   make asan       unit tests under AddressSanitizer + UBSan (build-asan/), and
 #                   a swarm under them while garbage floods its port
+#   make test-gpu   every CUDA op against the CPU's, the reference files and a
+#                   mixed CPU + GPU swarm on CUDA (skips without a GPU)
 #   make bench      benchmarks (never part of make test)
+#   make bench-gpu  tokens/s on a GPU beside PyTorch fp32 (skips without a GPU)
 #   make fuzz       libFuzzer targets, FUZZ_TIME s each (clang; installs it)
 #   V=1             show full commands
 
@@ -16,6 +19,7 @@ SANITIZER  ?=
 CC         ?= cc
 V          ?= 0
 Q          := $(if $(filter 1,$(V)),,@)
+comma      := ,
 MULTIARCH  := $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 
 ifeq ($(SANITIZER),asan)
@@ -47,12 +51,16 @@ CHECK_CFLAGS  := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS    := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck)
 CUDA_HOME     ?= /usr/local/cuda
 NVCC          := $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
+# GPUs the plugin has machine code for (CUDA 13 still accepts sm_75), and the
+# PTX that newer GPUs compile at load time
+CUDA_ARCHS    ?= 75 80 86 89 90
+CUDA_PTX      ?= 90
 
 QUIET_GOALS := deps clean help
 ifeq ($(filter $(QUIET_GOALS),$(MAKECMDGOALS)),)
 ifeq ($(MAKELEVEL),0)
 $(info openblas: $(BLAS_VARIANT) build ($(if $(filter openmp,$(BLAS_VARIANT)),shares the OpenMP pool with swarm,swarm sets its thread count)))
-$(info nvcc: $(if $(NVCC),found at $(NVCC) (the CUDA plugin is not part of this build yet),not found, CPU backend only))
+$(info nvcc: $(if $(NVCC),found at $(NVCC)$(comma) building the CUDA plugin ($(patsubst %,sm_%,$(CUDA_ARCHS)) + PTX compute_$(CUDA_PTX)),not found$(comma) CPU backend only))
 endif
 endif
 
@@ -109,9 +117,43 @@ $(BUILD)/obj/corpus.o: node/corpus.S $(BUILD)/corpus.txt
 	@$(if $(Q),echo "  AS    $<")
 	$(Q)$(CC) -c -DCORPUS_PATH='"$(BUILD)/corpus.txt"' $< -o $@
 
+# ---- the CUDA plugin -------------------------------------------------------
+# blas/cuda.cu becomes $(BUILD)/swarm-cuda.so, which swarm dlopens at run time
+# (blas/backend.c); cudart is linked in statically, so libcublas is all it
+# needs from the CUDA toolkit at run time. The swarm binary links neither.
+CUDA_ROOT   := $(if $(NVCC),$(abspath $(dir $(NVCC))..))
+CUDA_LIB    := $(firstword $(wildcard $(CUDA_ROOT)/lib64 $(CUDA_ROOT)/targets/x86_64-linux/lib))
+CUDA_PLUGIN := $(if $(NVCC),$(BUILD)/swarm-cuda.so)
+NVCC_FLAGS  := -std=c++17 -O3 -Werror all-warnings \
+               -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-format-truncation \
+               $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+               -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
+
+$(BUILD)/obj/blas/cuda.o: blas/cuda.cu blas/blas.h
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCC_FLAGS) -Iblas -c $< -o $@
+
+$(BUILD)/swarm-cuda.so: $(BUILD)/obj/blas/cuda.o blas/cuda.map
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(NVCC) -shared -cudart static $< -o $@ $(if $(CUDA_LIB),-L$(CUDA_LIB)) -lcublas \
+	    -Xlinker --version-script=blas/cuda.map,--no-undefined$(if $(CUDA_LIB),$(comma)-rpath$(comma)$(CUDA_LIB))
+
+# The same source on the CPU (tests/cuda_emu.h): check_cuda holds its kernels
+# to the CPU backend in `make test`, on machines without a GPU or nvcc.
+HAVE_CXX := $(shell command -v $(CXX) 2>/dev/null)
+CUDA_EMU := $(if $(HAVE_CXX),$(BUILD)/swarm-cuda-emu.so)
+$(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h tests/cuda_emu.h tests/mk-cuda-emu.sh
+	@mkdir -p $(BUILD)/obj/tests
+	@$(if $(Q),echo "  CXX   $@ (blas/cuda.cu on the CPU)")
+	$(Q)sh tests/mk-cuda-emu.sh blas/cuda.cu $(BUILD)/obj/tests/cuda_emu.cc
+	$(Q)$(CXX) -std=c++17 -O2 -g -U_FORTIFY_SOURCE -fPIC -shared -fvisibility=hidden -Wall -Wextra \
+	    -Werror -Wno-format-truncation -include tests/cuda_emu.h -Iblas $(BLAS_CFLAGS) \
+	    $(BUILD)/obj/tests/cuda_emu.cc -o $@ $(BLAS_LIBS)
+
 # ---- the binary ------------------------------------------------------------
-all: $(BUILD)/swarm
-.PHONY: all deps test check-all demo asan bench fuzz clean help install
+all: $(BUILD)/swarm $(CUDA_PLUGIN)
+.PHONY: all deps test test-gpu check-all demo asan bench bench-gpu fuzz clean help install
 
 $(BUILD)/swarm: $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
@@ -126,6 +168,13 @@ $(BUILD)/obj/tests/%.o: tests/%.c
 $(BUILD)/check_%: $(BUILD)/obj/tests/check_%.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(CHECK_LIBS) $(LIBS) -o $@
+
+# a stand-in plugin: check_blas tests how a plugin is found, loaded and checked
+$(BUILD)/check_blas: | $(BUILD)/fake-cuda.so
+$(BUILD)/check_cuda: | $(CUDA_EMU)
+$(BUILD)/fake-cuda.so: tests/fake_cuda.c blas/blas.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden -Iblas $< -o $@
 
 # keep test objects between builds (they are intermediate to the pattern rule)
 .SECONDARY:
@@ -149,8 +198,18 @@ $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/nod
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave
+check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave
 	@sh tests/run.sh $(BUILD)
+
+
+# On a machine with a GPU: every CUDA op against the CPU's (check_cuda), the
+# model tests against the PyTorch reference on CUDA, a swarm of a CPU and a
+# GPU replica. Each part says SKIP and passes where there is no usable GPU.
+test-gpu: $(BUILD)/swarm $(CUDA_PLUGIN) $(BUILD)/check_cuda $(BUILD)/check_node
+	@sh tests/gpu.sh $(BUILD)
+
+bench-gpu: $(BUILD)/swarm $(CUDA_PLUGIN)
+	@sh scripts/bench-gpu.sh $(BUILD)
 
 # the unit tests, then a swarm under ASan while garbage floods its port
 asan:
@@ -243,13 +302,14 @@ bench-net: $(BUILD)/bench_net
 .PHONY: bench-net
 
 PREFIX ?= /usr/local
-install: $(BUILD)/swarm
+install: $(BUILD)/swarm $(CUDA_PLUGIN)
 	install -D -m 755 $(BUILD)/swarm $(DESTDIR)$(PREFIX)/bin/swarm
+	$(if $(CUDA_PLUGIN),install -D -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/swarm/swarm-cuda.so)
 
 clean:
 	rm -rf build build-asan build-fuzz
 
 help:
-	@sed -n '2,11p' Makefile
+	@sed -n '2,14p' Makefile
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

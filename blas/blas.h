@@ -87,9 +87,25 @@ struct blas_backend_s {
 // It sets the thread count of OpenBLAS and of swarm's own loops together.
 blas_backend_t *blas_cpu_backend(int threads);
 
-// Open a backend by name: "cpu", "cuda", "cuda:N" or "auto" (the best that
-// works). Writes a one-line reason into err on failure and returns NULL.
+// Open a backend by name: "cpu", "cuda", "cuda:N" or "auto" (a working GPU,
+// else the CPU). On failure NULL, with one line in err naming --device, the
+// reason and the fix. On success err holds what auto chose and why (e.g.
+// "device auto: cpu (no usable GPU: ...)"), empty for an explicit device:
+// the caller logs it. threads sets the CPU threads for either backend
+// (AdamW runs on the CPU).
 blas_backend_t *blas_backend_open(const char *device, int threads, char *err, size_t errlen);
+
+// ---- the CUDA plugin -------------------------------------------------------
+// BLAS_CUDA_PLUGIN is looked for at $SWARM_CUDA_PLUGIN (only there, when
+// set), else next to the executable, else in <exe dir>/../lib/swarm/. It
+// exports one function, BLAS_CUDA_ENTRY: the backend of device `ordinal`
+// when api_version is the plugin's own and that GPU works; else NULL with a
+// line in err, which starts with "API version" when the versions differ.
+// A process uses one device; the table lives until the process ends.
+#define BLAS_CUDA_PLUGIN "swarm-cuda.so"
+#define BLAS_CUDA_ENTRY "blas_cuda_open"
+typedef blas_backend_t *(*blas_cuda_open_fn)(int api_version, int ordinal, char *err,
+                                             size_t errlen);
 
 // Number of CPU cores available to this process.
 int blas_cpu_count(void);

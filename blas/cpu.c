@@ -485,16 +485,3 @@ blas_backend_t *blas_cpu_backend(int threads)
              threads, threads == 1 ? "" : "s", openblas_get_corename());
     return &s_cpu;
 }
-
-blas_backend_t *blas_backend_open(const char *device, int threads, char *err, size_t errlen)
-{
-    if (!device || !strcmp(device, "cpu") || !strcmp(device, "auto"))
-        return blas_cpu_backend(threads);
-    if (!strncmp(device, "cuda", 4)) {
-        snprintf(err, errlen, "--device %s: this build has no CUDA backend; use --device cpu or auto",
-                 device);
-        return NULL;
-    }
-    snprintf(err, errlen, "--device %s: unknown device; use auto, cpu or cuda[:N]", device);
-    return NULL;
-}

@@ -84,6 +84,7 @@ typedef struct {
     int ready;                             // 1 once STATE loaded the stage
     long step;                             // updates applied
     long samples;                          // micro-batches accumulated since UPDATE
+    long samples_total;                    // micro-batches of gradient computed here, all steps
     int norm_only;                         // the last STEP asked only for the sum of squares
     int32_t *tokens, *targets;             // (micro, T)
     float *x, *dy, *out;                   // (micro, T, C)
@@ -178,7 +179,7 @@ static void s_usage(FILE *out)
         "  --key NAME              this node's key pair NAME.key / NAME.pub, made if\n"
         "                          missing (default: $XDG_CONFIG_HOME/swarm/node)\n"
         "  --name NAME             shown in the router's table (default: the host name)\n"
-        "  --device auto|cpu       compute backend (default auto)\n"
+        "  --device DEV            auto, cpu or cuda[:N] (default auto: a GPU if one works)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --slowdown F            work F times slower (sleeps), to emulate a slower device\n"
         "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
@@ -475,9 +476,12 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         snprintf(err, n, "%s", why); // names --device already
         return -ENODEV;
     }
+    if (why[0])
+        s_log("%s", why); // what --device auto chose
     s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
           net_key_public(d->key));
-    d->tok_s_bench = s_bench(d->be) / d->o.slowdown; // as a slower device would measure
+    // with --slowdown F, the speed of the device F times slower it plays
+    d->tok_s_bench = s_bench(d->be) / d->o.slowdown;
     s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape%s)",
           d->be->device, d->tok_s_bench, d->o.slowdown > 1.0 ? ", with --slowdown" : "");
     rc = s_client_open(d, err, n);
@@ -1006,7 +1010,7 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     d->norm_only = net_msg_meta_get(req, "norm_only", only, sizeof only) == 0 && !strcmp(only, "1");
     if (d->norm_only)
         snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", d->samples,
-                 d->be->sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
+                 node_sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
     else
         snprintf(meta, sizeof meta, "samples=%ld", d->samples);
     *reply = s_msg_reply(req, NET_MSG_GRAD);
@@ -1067,6 +1071,7 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     rc = node_stage_params_changed(d->stage);
     node_stage_grads_zero(d->stage);
     s_slots_drop(d);
+    d->samples_total += d->samples;
     d->samples = 0;
     d->step = opt.t;
     if (rc != 0) {
@@ -1434,7 +1439,8 @@ static void s_leave(daemon_t *d)
                 net_msg_destroy(&msg);
         }
     }
-    s_log("left the swarm");
+    s_log("left the swarm (%ld micro-batches of gradient computed here on %s)", d->samples_total,
+          d->be->device);
 }
 
 static void s_on_signal(int sig)

@@ -158,6 +158,10 @@ void node_stage_adamw(node_stage_t *self, const node_adamw_t *opt);
 double node_lr_at(long it, long iters, long warmup, double lr_max, double lr_min);
 // Clipping factor for a global gradient norm, as torch.nn.utils.clip_grad_norm_.
 float node_clip_scale(double norm, float max_norm);
+// Sum of squares of n host floats, accumulated in double in index order (the
+// global norm of gradients already fetched to the host: the same value
+// whichever device computed them).
+double node_sumsq(const float *x, size_t n);
 
 // ---- BGPT weight files (ref_gpt.py's format) ----
 

@@ -28,6 +28,14 @@ float node_clip_scale(double norm, float max_norm)
     return coef < 1.0f ? coef : 1.0f;
 }
 
+double node_sumsq(const float *x, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double) x[i] * x[i];
+    return s;
+}
+
 // One tensor: torch.optim.AdamW's single-tensor update, in float, with the
 // scalars formed in double as Python forms them.
 static void s_adamw_tensor(float *p, const float *g_raw, float *m, float *v, size_t n,

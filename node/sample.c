@@ -30,7 +30,7 @@ static void s_help(FILE *out)
 {
     fprintf(out,
         "usage: swarm sample --ckpt DIR|FILE.bgpt [--prompt TEXT] [--tokens 500]\n"
-        "                    [--temperature 0.8] [--seed 1337] [--threads N] [--device auto]\n"
+        "                    [--temperature 0.8] [--seed 1337] [--threads N] [--device auto|cpu|cuda[:N]]\n"
         "Generate text from a checkpoint folder (swarm train --save DIR) or a BGPT weight file.\n");
 }
 
@@ -167,6 +167,8 @@ int cmd_sample(int argc, char **argv)
         rc = node_plan_make(&cfg, 1, &plan, err, sizeof err);
     if (rc == 0 && !(be = blas_backend_open(o.device, o.threads, err, sizeof err)))
         rc = -ENODEV;
+    if (rc == 0 && err[0])
+        fprintf(stderr, "swarm sample: %s\n", err); // what --device auto chose
     if (rc == 0 && !(st = node_stage_new(&cfg, &plan, 0, be, err, sizeof err)))
         rc = -ENOMEM;
     if (rc == 0 && !(acts = node_acts_new(st, 1, err, sizeof err)))

@@ -34,6 +34,7 @@ typedef struct {
     double t_start;                       // wall clock at start
     node_curve_t curve;                   // --loss-log and DIR/loss.csv
     int tty;                              // stderr is a terminal
+    char device_note[512];                // what --device auto chose and why, or ""
 } run_t;
 
 static double s_now(void)
@@ -185,6 +186,8 @@ static int s_setup(run_t *r, char *err, size_t n)
         rc = -ENODEV;
         goto out;
     }
+    snprintf(r->device_note, sizeof r->device_note, "%s", err);
+    err[0] = '\0';
     r->trainer = node_trainer_new(&hp, r->be, r->data, err, n);
     if (!r->trainer) {
         rc = -EINVAL;
@@ -248,6 +251,8 @@ int cmd_train(int argc, char **argv)
     }
     const node_train_opts_t *o = &r->o;
     r->tty = isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN");
+    if (r->device_note[0])
+        printf("swarm train: %s\n", r->device_note);
     printf("swarm train | %s | params %zu | flops/token %.0f | L %d H %d C %d T %d B %d "
            "micro %d stages %d iters %ld lr %g seed %llu | data %s (%zu bytes)\n",
            r->be->device, node_config_params(&o->cfg), node_config_flops_per_token(&o->cfg),

@@ -171,8 +171,8 @@ int node_trainer_update(node_trainer_t *self, double *lr)
     int S = self->plan.stages;
     double sumsq = 0.0;
     for (int s = 0; s < S; s++)
-        sumsq += self->be->sumsq(node_stage_grads(self->stage[s]),
-                                 node_stage_param_count(self->stage[s]));
+        sumsq += node_sumsq(node_stage_grads(self->stage[s]),
+                            node_stage_param_count(self->stage[s]));
     node_adamw_t opt = {
         .lr = node_lr_at(self->step, hp->iters, hp->warmup, hp->lr, hp->min_lr),
         .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = (float) hp->weight_decay,

@@ -4,16 +4,19 @@
  * contract of each backward, memory round trips, opening by name and the
  * thread count.
  *
- * It does not test the CUDA plugin (none in this build) nor speed (bench_gemm).
+ * Opening by name is tested with a stand-in plugin (tests/fake_cuda.c); the
+ * CUDA ops are held to these CPU ops by check_cuda, and speed by bench_gemm.
  */
 #include "blas.h"
 
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // Sizes of the small problems: B batch, T time, C channels, H heads,
 // V vocabulary, N = B*T rows, OC output channels.
@@ -206,30 +209,145 @@ END_TEST
 
 // ---- open ------------------------------------------------------------------
 
+// The folder of this test runner, where the build puts the plugins.
+static const char *s_build_dir(void)
+{
+    static char dir[4096];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    ck_assert_msg(n > 0, "readlink /proc/self/exe");
+    dir[n] = '\0';
+    *strrchr(dir, '/') = '\0';
+    return dir;
+}
+
+// SWARM_CUDA_PLUGIN = fake-cuda.so (tests/fake_cuda.c) doing `mode`
+static void s_fake_plugin(const char *mode)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/fake-cuda.so", s_build_dir());
+    ck_assert_msg(access(path, R_OK) == 0, "%s missing: make builds it with the tests", path);
+    setenv("SWARM_CUDA_PLUGIN", path, 1);
+    setenv("FAKE_CUDA_MODE", mode, 1);
+}
+
+// open `device`, expecting failure with every pattern in the message
+static void s_open_fails(const char *device, const char *const *patterns, int count)
+{
+    char err[1024] = "";
+    blas_backend_t *be = blas_backend_open(device, 1, err, sizeof err);
+    ck_assert_msg(be == NULL, "open %s gave a backend", device);
+    for (int i = 0; i < count; i++)
+        ck_assert_msg(strstr(err, patterns[i]) != NULL, "open %s: wanted '%s' in: %s", device,
+                      patterns[i], err);
+}
+
 START_TEST(test_open_cpu_and_auto_give_the_cpu_backend)
 {
+    setenv("SWARM_CUDA_PLUGIN", "/nonexistent/swarm-cuda.so", 1);
     const char *names[] = { "cpu", "auto" };
     for (int i = 0; i < 2; i++) {
-        char err[256] = "";
+        char err[1024] = "";
         blas_backend_t *be = blas_backend_open(names[i], 1, err, sizeof err);
         ck_assert_msg(be != NULL, "open %s: %s", names[i], err);
         ck_assert_str_eq(be->name, "cpu");
         ck_assert_int_eq(be->threads, 1);
+        if (i == 0)
+            ck_assert_msg(err[0] == '\0', "open cpu says: %s", err);
+        else
+            ck_assert_msg(strstr(err, "device auto: cpu (no CUDA plugin: SWARM_CUDA_PLUGIN="
+                                      "/nonexistent/swarm-cuda.so") == err, "auto says: %s", err);
     }
 }
 END_TEST
 
-START_TEST(test_open_cuda_and_unknown_fail_naming_the_flag_value)
+START_TEST(test_open_unknown_devices_fail_naming_the_flag_value)
 {
-    const char *names[] = { "cuda", "cuda:0", "bogus" };
-    for (int i = 0; i < 3; i++) {
-        char err[256] = "";
-        blas_backend_t *be = blas_backend_open(names[i], 1, err, sizeof err);
-        ck_assert_msg(be == NULL, "open %s gave a backend", names[i]);
-        ck_assert_msg(strlen(err) > 0, "open %s: empty error message", names[i]);
-        ck_assert_msg(strstr(err, names[i]) != NULL, "open %s: message does not name it: %s",
-                      names[i], err);
+    const char *names[] = { "bogus", "cuda:", "cuda:x", "cuda:1x", "cuda0", "cuda:-1", "CPU" };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "--device %s: unknown device", names[i]);
+        const char *p[] = { want, "auto, cpu or cuda[:N]" };
+        s_open_fails(names[i], p, 2);
     }
+}
+END_TEST
+
+START_TEST(test_open_cuda_without_a_plugin_says_so_and_what_to_do)
+{
+    setenv("SWARM_CUDA_PLUGIN", "/nonexistent/swarm-cuda.so", 1);
+    const char *p[] = { "--device cuda:1: no CUDA plugin: SWARM_CUDA_PLUGIN=/nonexistent",
+                        "--device cpu" };
+    s_open_fails("cuda:1", p, 2);
+}
+END_TEST
+
+START_TEST(test_open_cuda_gives_a_cuda_backend_or_the_reason)
+{
+    // the plugin this build made (or none): works on a GPU machine, says why not elsewhere
+    unsetenv("SWARM_CUDA_PLUGIN");
+    char err[1024] = "";
+    blas_backend_t *be = blas_backend_open("cuda", 1, err, sizeof err);
+    if (be) {
+        ck_assert_str_eq(be->name, "cuda");
+        ck_assert_int_eq(be->api_version, BLAS_API_VERSION);
+        ck_assert_msg(be->memory > 0 && strlen(be->device) > 0, "device %s", be->device);
+        return;
+    }
+    ck_assert_msg(strstr(err, "--device cuda: ") == err && (strstr(err, "no CUDA plugin")
+                  || strstr(err, "no usable GPU") || strstr(err, "CUDA plugin unusable")),
+                  "open cuda: %s", err);
+}
+END_TEST
+
+START_TEST(test_open_loads_a_plugin_and_sets_its_threads)
+{
+    s_fake_plugin("ok");
+    char err[1024] = "x";
+    blas_backend_t *be = blas_backend_open("cuda:3", 1, err, sizeof err);
+    ck_assert_msg(be != NULL, "open cuda:3 with the fake plugin: %s", err);
+    ck_assert_str_eq(be->device, "fake GPU 3");
+    ck_assert_int_eq(be->threads, 1);
+    ck_assert_msg(err[0] == '\0', "an explicit device says: %s", err);
+    be = blas_backend_open("auto", 1, err, sizeof err);
+    ck_assert_msg(be != NULL && !strcmp(be->device, "fake GPU 0"), "auto: %s", err);
+    ck_assert_str_eq(err, "device auto: cuda (fake GPU 0)");
+}
+END_TEST
+
+START_TEST(test_open_refuses_plugins_that_cannot_serve)
+{
+    // _i: 0 no device, 1 the plugin refuses our version, 2 its table has another
+    // version, 3 not a shared object, 4 a shared object without the entry point
+    static const char *modes[] = { "nodevice", "version", "table" };
+    static const char *want[] = { "no usable GPU: cuda:0: fake has no device",
+                                  "CUDA plugin unusable: API version", "CUDA plugin unusable: its table",
+                                  "CUDA plugin unusable: ", "CUDA plugin unusable: " };
+    char path[4200];
+    if (_i < 3) {
+        s_fake_plugin(modes[_i]);
+    } else if (_i == 3) {
+        snprintf(path, sizeof path, "%s/check_blas.txt", s_build_dir());
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("not a shared object\n", f);
+        fclose(f);
+        setenv("SWARM_CUDA_PLUGIN", path, 1);
+    } else {
+        Dl_info lib; // the C math library: a shared object without our entry point
+        ck_assert_msg(dladdr((void *) &cos, &lib) && lib.dli_fname, "dladdr(cos)");
+        setenv("SWARM_CUDA_PLUGIN", lib.dli_fname, 1);
+    }
+    const char *p[] = { "--device cuda: ", want[_i], "--device cpu" };
+    s_open_fails("cuda", p, 3);
+    char err[1024] = "";
+    blas_backend_t *be = blas_backend_open("auto", 1, err, sizeof err);
+    ck_assert_msg(be && !strcmp(be->name, "cpu"), "auto did not fall back to the cpu: %s", err);
+    ck_assert_msg(strstr(err, "device auto: cpu (") == err && strstr(err, want[_i]),
+                  "auto says: %s", err);
+    if (_i == 4)
+        ck_assert_msg(strstr(err, "no blas_cuda_open()"), "auto says: %s", err);
+    if (_i == 3)
+        unlink(path);
 }
 END_TEST
 
@@ -1038,7 +1156,11 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("open");
     tcase_add_test(tc, test_open_cpu_and_auto_give_the_cpu_backend);
-    tcase_add_test(tc, test_open_cuda_and_unknown_fail_naming_the_flag_value);
+    tcase_add_test(tc, test_open_unknown_devices_fail_naming_the_flag_value);
+    tcase_add_test(tc, test_open_cuda_without_a_plugin_says_so_and_what_to_do);
+    tcase_add_test(tc, test_open_cuda_gives_a_cuda_backend_or_the_reason);
+    tcase_add_test(tc, test_open_loads_a_plugin_and_sets_its_threads);
+    tcase_add_loop_test(tc, test_open_refuses_plugins_that_cannot_serve, 0, 5);
     tcase_add_test(tc, test_thread_count_is_honoured_and_results_agree);
     suite_add_tcase(s, tc);
     tc = tcase_create("encoder");

@@ -2,7 +2,9 @@
  * held to the PyTorch reference files in ../shared/data/ref (ref_gpt.py).
  *
  * Tests that need the reference files skip with a message when ../shared is
- * absent (set SWARM_SHARED to point elsewhere).
+ * absent (set SWARM_SHARED to point elsewhere). The model runs on the CPU
+ * backend, or on SWARM_TEST_DEVICE when set (cuda, cuda:N, or split: the CPU
+ * ops behind separate device memory); `make test-gpu` runs them on a GPU.
  */
 #include "fuzz.h"
 #include "node.h"
@@ -53,6 +55,148 @@ static swarm_data_t *s_shakespeare(void)
     snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", s_shared);
     ck_assert_msg(swarm_data_load(path, &data, err, sizeof err) == 0, "%s", err);
     return data;
+}
+
+// ---- a backend with separate device memory ---------------------------------
+// The CPU's ops on buffers the node code may only reach through upload and
+// download (host_ptr gives NULL), as on a GPU: a missed transfer gives a
+// different result. New device buffers hold NaN, as fresh GPU memory holds
+// garbage, and an op handed a host pointer fails the test.
+
+#define SPLIT_BUFS 1024
+static struct {
+    char *p;            // start of a live device buffer
+    size_t bytes;       // its size
+} s_split_bufs[SPLIT_BUFS];
+static blas_backend_t s_split;
+static blas_backend_t *s_split_cpu; // the ops behind it
+
+static int s_split_is_device(const void *p)
+{
+    for (int i = 0; i < SPLIT_BUFS; i++)
+        if (s_split_bufs[i].p && (const char *) p >= s_split_bufs[i].p
+            && (const char *) p < s_split_bufs[i].p + s_split_bufs[i].bytes)
+            return 1;
+    return 0;
+}
+
+#define SPLIT_DEVICE(p) ck_assert_msg(s_split_is_device(p), "%s: %s is not device memory", __func__, #p)
+
+static int s_split_alloc(blas_backend_t *self, size_t bytes, void **out)
+{
+    int rc = s_split_cpu->buf_alloc(self, bytes, out);
+    if (rc != 0)
+        return rc;
+    memset(*out, 0xff, bytes); // NaN in every float
+    for (int i = 0; i < SPLIT_BUFS; i++)
+        if (!s_split_bufs[i].p) {
+            s_split_bufs[i].p = *out;
+            s_split_bufs[i].bytes = bytes ? bytes : 1;
+            return 0;
+        }
+    ck_abort_msg("split backend: more than %d buffers", SPLIT_BUFS);
+    return -ENOMEM;
+}
+
+static void s_split_free(blas_backend_t *self, void *buf)
+{
+    for (int i = 0; i < SPLIT_BUFS; i++)
+        if (s_split_bufs[i].p == buf)
+            s_split_bufs[i].p = NULL;
+    free(buf);
+    (void) self;
+}
+
+static int s_split_upload(blas_backend_t *self, void *dst, const void *src, size_t bytes)
+{
+    (void) self;
+    SPLIT_DEVICE(dst);
+    ck_assert_msg(!s_split_is_device(src), "upload from device memory");
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int s_split_download(blas_backend_t *self, void *dst, const void *src, size_t bytes)
+{
+    (void) self;
+    SPLIT_DEVICE(src);
+    ck_assert_msg(!s_split_is_device(dst), "download into device memory");
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static void s_split_zero(blas_backend_t *self, void *buf, size_t bytes)
+{
+    (void) self;
+    SPLIT_DEVICE(buf);
+    memset(buf, 0, bytes);
+}
+
+static void *s_split_host_ptr(blas_backend_t *self, void *buf)
+{
+    (void) self, (void) buf;
+    return NULL;
+}
+
+static void s_split_encoder_forward(float *out, const int32_t *tokens, const float *wte,
+                                    const float *wpe, int B, int T, int C)
+{
+    SPLIT_DEVICE(out), SPLIT_DEVICE(tokens), SPLIT_DEVICE(wte), SPLIT_DEVICE(wpe);
+    s_split_cpu->encoder_forward(out, tokens, wte, wpe, B, T, C);
+}
+
+static void s_split_matmul_forward(float *out, const float *inp, const float *weight,
+                                   const float *bias, int N, int C, int OC)
+{
+    SPLIT_DEVICE(out), SPLIT_DEVICE(inp), SPLIT_DEVICE(weight);
+    ck_assert_msg(!bias || s_split_is_device(bias), "matmul bias is not device memory");
+    s_split_cpu->matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+
+static void s_split_crossentropy(float *logits, float *losses, const int32_t *targets,
+                                 int N, int V, float scale)
+{
+    SPLIT_DEVICE(logits), SPLIT_DEVICE(losses), SPLIT_DEVICE(targets);
+    s_split_cpu->crossentropy(logits, losses, targets, N, V, scale);
+}
+
+static double s_split_sumsq(const float *x, size_t n)
+{
+    SPLIT_DEVICE(x);
+    return s_split_cpu->sumsq(x, n);
+}
+
+static blas_backend_t *s_split_backend(int threads)
+{
+    s_split_cpu = blas_cpu_backend(threads);
+    s_split = *s_split_cpu;
+    s_split.name = "split";
+    snprintf(s_split.device, sizeof s_split.device, "split: cpu ops, separate device memory");
+    s_split.buf_alloc = s_split_alloc;
+    s_split.buf_free = s_split_free;
+    s_split.upload = s_split_upload;
+    s_split.download = s_split_download;
+    s_split.zero = s_split_zero;
+    s_split.host_ptr = s_split_host_ptr;
+    s_split.encoder_forward = s_split_encoder_forward;
+    s_split.matmul_forward = s_split_matmul_forward;
+    s_split.crossentropy = s_split_crossentropy;
+    s_split.sumsq = s_split_sumsq;
+    return &s_split;
+}
+
+// The backend the model tests run on: SWARM_TEST_DEVICE, else the CPU.
+static blas_backend_t *s_backend(int threads)
+{
+    const char *dev = getenv("SWARM_TEST_DEVICE");
+    if (!dev || !*dev || !strcmp(dev, "cpu"))
+        return blas_cpu_backend(threads);
+    if (!strcmp(dev, "split"))
+        return s_split_backend(threads);
+    char err[512] = "";
+    blas_backend_t *be = blas_backend_open(dev, threads, err, sizeof err);
+    ck_assert_msg(be != NULL, "SWARM_TEST_DEVICE=%s: %s", dev, err);
+    return be;
 }
 
 static node_hparams_t s_tiny_hparams(int stages, int micro)
@@ -108,7 +252,7 @@ static node_trainer_t *s_tiny_trainer(int i, swarm_data_t *data, float *init)
 {
     char err[512];
     node_hparams_t hp = s_tiny_hparams(s_cuts[i][0], s_cuts[i][1]);
-    node_trainer_t *t = node_trainer_new(&hp, blas_cpu_backend(1), data, err, sizeof err);
+    node_trainer_t *t = node_trainer_new(&hp, s_backend(1), data, err, sizeof err);
     ck_assert_msg(t != NULL, "%s", err);
     ck_assert_int_eq(node_trainer_load(t, init, NULL, NULL, 0), 0);
     return t;
@@ -202,7 +346,7 @@ START_TEST(test_baby_model_in_three_and_four_stages_matches_pytorch)
             .eval_iters = 1,
         };
         char err[256];
-        node_trainer_t *t = node_trainer_new(&hp, blas_cpu_backend(2), data, err, sizeof err);
+        node_trainer_t *t = node_trainer_new(&hp, s_backend(2), data, err, sizeof err);
         ck_assert_msg(t != NULL, "%s", err);
         ck_assert_int_eq(node_trainer_load(t, init, NULL, NULL, 0), 0);
         for (int i = 0; i < 3; i++) {
@@ -217,6 +361,53 @@ START_TEST(test_baby_model_in_three_and_four_stages_matches_pytorch)
     }
     swarm_data_destroy(&data);
     free(init);
+}
+END_TEST
+
+// ---- separate device memory --------------------------------------------------
+
+// 10 steps of the tiny model on the CPU backend and on the same ops behind
+// separate device memory (host_ptr NULL, as on a GPU): every loss, gradient
+// and parameter bit-identical, so the node code uploads parameters and
+// downloads gradients wherever it must.
+START_TEST(test_separate_device_memory_trains_bit_identically)
+{
+    size_t len;
+    const uint8_t *bytes = node_corpus(&len);
+    swarm_data_t *data = swarm_data_wrap(bytes, len, "(built-in corpus)");
+    node_hparams_t hp = s_tiny_hparams(1 + _i, 2 - _i);
+    size_t n = node_config_params(&hp.cfg);
+    float *init = malloc(n * sizeof(float)), *a = malloc(n * sizeof(float));
+    float *b = malloc(n * sizeof(float));
+    ck_assert(init && a && b);
+    for (size_t i = 0; i < n; i++)
+        init[i] = 0.02f * sinf(0.7f * (float) i) + (i % 97 == 0 ? 1.0f : 0.0f);
+    char err[512];
+    node_trainer_t *cpu = node_trainer_new(&hp, blas_cpu_backend(1), data, err, sizeof err);
+    ck_assert_msg(cpu != NULL, "%s", err);
+    ck_assert_int_eq(node_trainer_load(cpu, init, NULL, NULL, 0), 0);
+    float la[10], lb[10];
+    double lr;
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(node_trainer_forward_backward(cpu, &la[i]), 0);
+        ck_assert_int_eq(node_trainer_update(cpu, &lr), 0);
+    }
+    node_trainer_gather(cpu, 0, a);
+    node_trainer_destroy(&cpu);
+    node_trainer_t *split = node_trainer_new(&hp, s_split_backend(1), data, err, sizeof err);
+    ck_assert_msg(split != NULL, "%s", err);
+    ck_assert_int_eq(node_trainer_load(split, init, NULL, NULL, 0), 0);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(node_trainer_forward_backward(split, &lb[i]), 0);
+        ck_assert_int_eq(node_trainer_update(split, &lr), 0);
+        ck_assert_msg(lb[i] == la[i], "step %d: loss %.9g with separate memory, %.9g on the cpu",
+                      i, lb[i], la[i]);
+    }
+    node_trainer_gather(split, 0, b);
+    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "parameters differ after 10 steps");
+    node_trainer_destroy(&split);
+    swarm_data_destroy(&data);
+    free(init), free(a), free(b);
 }
 END_TEST
 
@@ -479,7 +670,7 @@ START_TEST(test_stage_refuses_tokens_outside_vocabulary)
     node_plan_t plan;
     char err[256];
     ck_assert_int_eq(node_plan_make(&cfg, 1, &plan, err, sizeof err), 0);
-    node_stage_t *st = node_stage_new(&cfg, &plan, 0, blas_cpu_backend(1), err, sizeof err);
+    node_stage_t *st = node_stage_new(&cfg, &plan, 0, s_backend(1), err, sizeof err);
     node_acts_t *a = node_acts_new(st, 1, err, sizeof err);
     int32_t tok[4] = {1, 2, 300, 4}, tgt[4] = {1, 2, 3, 4};
     node_stage_in_t in = { .tokens = tok, .targets = tgt };
@@ -553,6 +744,9 @@ int main(void)
     tcase_add_test(tc, test_baby_model_in_three_and_four_stages_matches_pytorch);
     tcase_add_test(tc, test_resumed_run_continues_the_same_curve);
     tcase_add_test(tc, test_stage_refuses_tokens_outside_vocabulary);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("device");
+    tcase_add_loop_test(tc, test_separate_device_memory_trains_bit_identically, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("plan");
     tcase_add_test(tc, test_plan_cuts_contiguous_nonempty_stages);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_build.sh - the Makefile's detection: it says which OpenBLAS build it
-# links and whether nvcc is there, and follows what the machine has.
+# links and whether nvcc is there (and so the CUDA plugin built), and follows
+# what the machine has.
 # Ends with "N passed, N failed".
 unset MAKELEVEL MAKEFLAGS MFLAGS MAKEOVERRIDES
 pass=0
@@ -17,9 +18,19 @@ check "prints the OpenBLAS build" "^openblas: \(openmp\|pthread\) build" "$out"
 check "prints the nvcc detection" "^nvcc: " "$out"
 out=$(PATH=/usr/bin:/bin make -n all CUDA_HOME=/nonexistent 2>&1)
 check "no nvcc when neither PATH nor CUDA_HOME has one" "^nvcc: not found, CPU backend only" "$out"
+out=$(PATH=/usr/bin:/bin make -n -B all V=1 CUDA_HOME=/nonexistent 2>&1)
+if echo "$out" | grep -q "swarm-cuda.so"; then
+    fail=$((fail + 1)); echo "FAIL without nvcc, make still builds the plugin:"; echo "$out" | grep swarm-cuda
+else
+    pass=$((pass + 1)); echo "ok   without nvcc, no CUDA plugin is built"
+fi
 if [ -x /usr/local/cuda/bin/nvcc ]; then
     out=$(PATH=/usr/bin:/bin make -n all CUDA_HOME=/usr/local/cuda 2>&1)
-    check "nvcc found under CUDA_HOME" "^nvcc: found at /usr/local/cuda/bin/nvcc" "$out"
+    check "nvcc found under CUDA_HOME" "^nvcc: found at /usr/local/cuda/bin/nvcc, building the CUDA plugin" "$out"
+    out=$(PATH=/usr/bin:/bin make -n -B build/swarm-cuda.so V=1 CUDA_HOME=/usr/local/cuda 2>&1)
+    check "the plugin: sm_75 to sm_90 and PTX" "gencode arch=compute_75,code=sm_75 .*arch=compute_90,code=compute_90" "$out"
+    check "the plugin: cudart static and cuBLAS" "-cudart static .*-lcublas" "$out"
+    check "the plugin: one exported symbol" "--version-script=blas/cuda.map" "$out"
 fi
 out=$(make -n all OPENBLAS_OMP_DIR=/nonexistent 2>&1)
 check "falls back to pkg-config's OpenBLAS without the OpenMP build" "^openblas: pthread build" "$out"

@@ -109,7 +109,7 @@ $(BUILD)/obj/corpus.o: node/corpus.S $(BUILD)/corpus.txt
 	$(Q)$(CC) -c -DCORPUS_PATH='"$(BUILD)/corpus.txt"' $< -o $@
 
 # ---- the binary ------------------------------------------------------------
-all: $(BUILD)/swarm
+all: $(BUILD)/swarm $(BUILD)/wanproxy
 .PHONY: all deps test check-all demo asan bench fuzz clean help install
 
 $(BUILD)/swarm: $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
@@ -137,7 +137,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check-all
 
-check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue
+check-all: $(BUILD)/swarm $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/wanproxy
 	@sh tests/run.sh $(BUILD)
 
 asan:
@@ -155,6 +155,12 @@ bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net
 # a test-only misbehaving peer (tests/test_swarm.sh)
 $(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+
+# a TCP relay that emulates a slow, far, lossy link where the kernel has no
+# netem (scripts/wan-swarm.sh); it knows nothing of swarm
+$(BUILD)/wanproxy: $(BUILD)/obj/tests/wanproxy.o
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ -lm -o $@
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@

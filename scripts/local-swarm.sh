@@ -13,6 +13,10 @@
 # --speeds gives node i a speed (node --slowdown 1/speed); --chaos SEED
 # SIGKILLs a random node every CHAOS_EVERY s (default 20) and starts a
 # replacement, and in between SIGSTOPs another for 5 s, all drawn from SEED.
+# For scripts/wan-swarm.sh: WRAP=CMD starts the router as `CMD router
+# SWARM...` and node I as `CMD nodeI SWARM...` (CMD must exec it, keeping
+# the pid); LISTEN=EP is the router's --listen (default tcp://127.0.0.1:0);
+# JOIN=EP is where nodes join (default: where the router listens).
 
 me=local-swarm.sh
 usage() {
@@ -87,6 +91,14 @@ node_pids=""
 alive() {
     kill -0 "$1" 2>/dev/null
 }
+# run WHO CMD...: become CMD, through "$WRAP WHO" when WRAP is set; started
+# with & so that $! is CMD's pid
+run() {
+    who=$1
+    shift
+    if [ -n "${WRAP:-}" ]; then exec "$WRAP" "$who" "$@"; fi
+    exec "$@"
+}
 # stop PIDS...: TERM, up to 5 s to leave, then KILL; reaps them all
 stop() {
     for p in "$@"; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
@@ -130,13 +142,13 @@ while [ "$i" -le "$nodes" ]; do
 done
 
 # ---- the router, and the port it picked (bounded: 20 s) ----
-"$SWARM" router --listen tcp://127.0.0.1:0 --key "$TMP/router" --stages "$stages" \
+run router "$SWARM" router --listen "${LISTEN:-tcp://127.0.0.1:0}" --key "$TMP/router" --stages "$stages" \
     ${steps:+--iters "$steps"} --min-nodes "$nodes" "$@" >"$TMP/router.log" 2>&1 &
 router=$!
 endpoint=""
 tries=200
 while [ "$tries" -gt 0 ] && [ -z "$endpoint" ]; do
-    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:\/\/[0-9.]*:[0-9][0-9]*\)$/\1/p' \
         "$TMP/router.log" | head -n 1)
     [ -n "$endpoint" ] && break
     if ! alive "$router"; then
@@ -166,7 +178,7 @@ slowdown_of() {
 }
 start_node() {  # I
     [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
-    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
+    run "node$1" "$SWARM" node --join "${JOIN:-$endpoint}" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
         --threads 1 --name "node$1" --slowdown "$(slowdown_of "$1")" >"$TMP/node$1.log" 2>&1 &
     node_pids="$node_pids $!"
 }

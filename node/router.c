@@ -118,6 +118,8 @@ typedef struct {
     int checksum_mismatches; // steps where replicas disagreed
     int phase;               // PH_*
     int pending;             // STEP or UPDATE replies still to come
+    int update_pending;      // replies to an UPDATE the next step did not wait for
+    long update_step;        // the step that UPDATE closed
     int redo_pending;        // re-runs of a dead peer's work still to come
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
@@ -495,6 +497,22 @@ static void s_window_update(router_t *r)
     r->window_n++;
 }
 
+static void s_step_end(router_t *r);
+static void s_compare_checksums(router_t *r, long step);
+
+// Latency hiding across steps: the next step may start right behind this
+// step's UPDATEs, before the replicas confirm them (a node serves UPDATE
+// before anything sent after it, so the next FWDs see the new parameters);
+// saves a round trip and a half a step. The checksums are compared when the
+// confirmations are in (R_UPDATE requests with mb = 1). Not on the run's
+// last step: the run would end before them.
+static int s_update_pipelined(const router_t *r)
+{
+    long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
+                                                                      : r->hp.iters;
+    return r->step + 1 < stop && r->update_pending == 0;
+}
+
 // ---- micro-batches ---------------------------------------------------------
 
 static void *s_dup_bytes(const void *src, size_t n)
@@ -845,6 +863,7 @@ static void s_step_update(router_t *r)
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
+    int pipelined = s_update_pipelined(r);
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].updated = 0;
         if (!r->in_step[p] || r->peers[p].state != P_READY)
@@ -862,11 +881,17 @@ static void s_step_update(router_t *r)
             net_msg_destroy(&m);
             continue;
         }
-        if (s_send(r, p, &m, R_UPDATE, -1, s) == 0)
+        if (s_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s) == 0)
             r->pending++;
     }
     (void) S;
     r->phase = PH_UPDATE;
+    if (pipelined) {
+        r->update_pending = r->pending;
+        r->update_step = r->step;
+        r->pending = 0;
+        s_step_end(r); // the next step starts now, behind the UPDATEs
+    }
 }
 
 static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
@@ -875,13 +900,17 @@ static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
     if (net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum) != 0
         || strlen(pe->checksum) != 64)
         return -EPROTO;
-    pe->updated = 1;
-    r->pending--;
+    pe->updated = pe->state == P_READY; // not one moved to another stage since
+    if (q->mb != 1) {
+        r->pending--;
+    } else if (--r->update_pending == 0) {
+        s_compare_checksums(r, r->update_step);
+    }
     return 0;
 }
 
-// Replicas of a stage must hold the same bits after the same update.
-static void s_compare_checksums(router_t *r)
+// Replicas of a stage must hold the same bits after the same update (of step).
+static void s_compare_checksums(router_t *r, long step)
 {
     for (int s = 0; s < r->plan.stages; s++) {
         const char *first = NULL;
@@ -892,7 +921,7 @@ static void s_compare_checksums(router_t *r)
                 first = r->peers[p].checksum;
             } else if (strcmp(first, r->peers[p].checksum) != 0) {
                 fprintf(stderr, "swarm router: step %ld: stage %d: peer %d's checksum %.16s "
-                        "differs from its replicas' %.16s\n", r->step, s, r->peers[p].id,
+                        "differs from its replicas' %.16s\n", step, s, r->peers[p].id,
                         r->peers[p].checksum, first);
                 r->checksum_mismatches++;
             }
@@ -958,7 +987,7 @@ static void s_step_end(router_t *r)
     r->last_loss = (float) (loss / r->G);
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
-    s_compare_checksums(r);
+    s_compare_checksums(r, r->step);
     node_curve_add(&r->logs, r->step, r->last_loss, lr);
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
@@ -1252,7 +1281,7 @@ static void s_rollback(router_t *r, int s)
         if (r->peers[p].state == P_READY)
             r->peers[p].state = P_JOINING; // reloads the checkpoint (s_joins)
     }
-    r->pending = r->redo_pending = r->ckpt_pending = 0;
+    r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
     r->started = 0; // joins get the router's copy again
@@ -1278,7 +1307,9 @@ static void s_peer_dead(router_t *r, int p, const char *why)
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
         } else if (q.kind == R_FWD || q.kind == R_BWD)
             s_ignore(s_next(r, q.mb, q.kind, q.stage));
-        else if (q.kind == R_STEP || q.kind == R_UPDATE)
+        else if (q.kind == R_UPDATE && q.mb == 1 && --r->update_pending == 0)
+            s_compare_checksums(r, r->update_step);
+        else if (q.kind == R_STEP || (q.kind == R_UPDATE && q.mb != 1))
             r->pending--;
         else if (q.kind == R_STATE_GET && q.mb < 0)
             r->ckpt_pending--; // the checkpoint of this step is skipped

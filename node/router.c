@@ -471,7 +471,7 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
         unknown_slots[s] |= pe->slots <= 0;
     }
     for (int s = 0; s < S; s++) {
-        in->work[s] = measured[s] == in->replicas[s] && measured[s] ? work[s] / measured[s] : 0.0;
+        in->work[s] = measured[s] ? work[s] / measured[s] : 0.0; // the measured replicas' mean
         if (unknown_slots[s])
             in->slots[s] = 0;
     }

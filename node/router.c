@@ -503,7 +503,7 @@ static void s_compare_checksums(router_t *r, long step);
 // Latency hiding across steps: the next step may start right behind this
 // step's UPDATEs, before the replicas confirm them (a node serves UPDATE
 // before anything sent after it, so the next FWDs see the new parameters);
-// saves a round trip and a half a step. The checksums are compared when the
+// saves a round trip a step. The checksums are compared when the
 // confirmations are in (R_UPDATE requests with mb = 1). Not on the run's
 // last step: the run would end before them.
 static int s_update_pipelined(const router_t *r)

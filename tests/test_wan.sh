@@ -27,6 +27,18 @@ if ! ip netns add "swtest$$" 2>/dev/null; then
 fi
 ip netns del "swtest$$"
 
+# refused, with the reason, when not root (and nothing made)
+if command -v setpriv >/dev/null; then
+    if setpriv --reuid=65534 --regid=65534 --clear-groups sh scripts/wan-swarm.sh -n 2 -s 2 \
+        >"$TMP/noroot.out" 2>&1; then
+        bad "wan-swarm.sh ran as nobody"
+    elif grep -q "needs root" "$TMP/noroot.out"; then
+        ok "not root: $(cat "$TMP/noroot.out")"
+    else
+        bad "wan-swarm.sh as nobody:"; cat "$TMP/noroot.out"
+    fi
+fi
+
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086

@@ -9,12 +9,13 @@
 #  2. the loss after LOSS_STEPS steps with each format against fp32 on the
 #     same data (loopback: the network does not change the numbers);
 #  3. gradient averaging (2 replicas a stage): bytes a step and throughput
-#     over the links with fp32 and fp16 sums, and what fp16 sums cost in loss.
+#     over the links with fp32 and fp16 sums, and what fp16 sums cost in loss
+#     after GRAD_LOSS_STEPS steps.
 # A benchmark: prints ratios and differences, asserts nothing. The links
 # need root (network namespaces); without it those rows say so.
-#   STEPS=30 BIG_BATCH=8 BIG_STEPS=6 LOSS_STEPS=300 DELAY=50ms RATE=50mbit
-#   JITTER=0ms LOSS=0% scripts/bench-wan.sh build
-# About 7 minutes on 2 cores.
+#   STEPS=30 BIG_BATCH=8 BIG_STEPS=6 LOSS_STEPS=300 GRAD_LOSS_STEPS=150
+#   DELAY=50ms RATE=50mbit JITTER=0ms LOSS=0% scripts/bench-wan.sh build
+# About 7 minutes on 2 cores (more when the machine is busy).
 set -u
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -22,6 +23,7 @@ STEPS=${STEPS:-30}
 BIG_BATCH=${BIG_BATCH:-8}
 BIG_STEPS=${BIG_STEPS:-6}
 LOSS_STEPS=${LOSS_STEPS:-300}
+GRAD_LOSS_STEPS=${GRAD_LOSS_STEPS:-150}
 DELAY=${DELAY:-50ms}
 RATE=${RATE:-50mbit}
 JITTER=${JITTER:-0ms}
@@ -101,6 +103,8 @@ table() {
 }
 how=""
 echo "== baby GPT over emulated links: delay $DELAY each way, jitter $JITTER, rate $RATE, loss $LOSS"
+echo "   load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) (loopback is CPU-bound, the links mostly"
+echo "   latency-bound: other work on the machine lowers loopback more and flatters the ratios)"
 [ -n "$wan_ok" ] || echo "   (the link rows need root and network namespaces: skipped)"
 table 12 "$STEPS"
 table $((12 * BIG_BATCH)) "$BIG_STEPS"
@@ -108,34 +112,34 @@ table $((12 * BIG_BATCH)) "$BIG_STEPS"
 echo "(goal: int8 over the links at >= 0.7x loopback for batch 12)"
 
 # ---- 2. loss ----
-# loss_run NAME NODES FLAGS...: LOSS_STEPS steps on loopback, losses in TMP/NAME.txt
+# loss_run NAME NODES STEPS FLAGS...: STEPS steps on loopback, losses in TMP/NAME.txt
 loss_run() {
-    name=$1 nodes=$2
-    shift 2
-    progress "loss, $name: $LOSS_STEPS steps"
+    name=$1 nodes=$2 n=$3
+    shift 3
+    progress "loss, $name: $n steps"
     # shellcheck disable=SC2086
-    sh scripts/local-swarm.sh --build "$BUILD" -n "$nodes" -s 2 --steps "$LOSS_STEPS" $BABY --batch 12 \
-        --eval-every "$LOSS_STEPS" --eval-iters 20 --loss-log "$TMP/$name.txt" "$@" >"$TMP/$name.out" 2>&1
+    sh scripts/local-swarm.sh --build "$BUILD" -n "$nodes" -s 2 --steps "$n" $BABY --batch 12 \
+        --eval-every "$n" --eval-iters 20 --loss-log "$TMP/$name.txt" "$@" >"$TMP/$name.out" 2>&1
 }
-# loss_line NAME REF: the mean loss of the last 50 steps and the val loss at the end, against REF's
+# loss_line NAME REF STEPS: the mean loss of the last 50 steps and the val loss at the end, against REF's
 loss_line() {
-    val=$(sed -n "s/^step *$LOSS_STEPS | train [0-9.]* | val \([0-9.]*\).*/\1/p" "$TMP/$1.out" | tail -1)
-    rval=$(sed -n "s/^step *$LOSS_STEPS | train [0-9.]* | val \([0-9.]*\).*/\1/p" "$TMP/$2.out" | tail -1)
-    paste -d' ' "$TMP/$1.txt" "$TMP/$2.txt" | awk -v n="$LOSS_STEPS" -v name="$1" -v val="${val:-0}" \
+    val=$(sed -n "s/^step *$3 | train [0-9.]* | val \([0-9.]*\).*/\1/p" "$TMP/$1.out" | tail -1)
+    rval=$(sed -n "s/^step *$3 | train [0-9.]* | val \([0-9.]*\).*/\1/p" "$TMP/$2.out" | tail -1)
+    paste -d' ' "$TMP/$1.txt" "$TMP/$2.txt" | awk -v n="$3" -v name="$1" -v val="${val:-0}" \
         -v rval="${rval:-0}" '
         $1 >= n - 50 { a += $2; b += $5; k++ }
         END { if (!k) { printf "%-14s (no losses)\n", name; exit }
               d = (a - b) / k; dv = val - rval
-              printf "%-14s %10.4f %+10.4f %10.4f %+10.4f %s\n", name, a / k, d, val, dv,
+              printf "%-14s %10.4f %+10.6f %10.4f %+10.6f %s\n", name, a / k, d, val, dv,
                      (d < 0.02 && d > -0.02 && dv < 0.02 && dv > -0.02) ? "ok" : "OVER 0.02" }'
 }
 echo
 echo "== loss after $LOSS_STEPS steps, same data and weights (loopback)"
-loss_run fp32 2 --wire fp32
-loss_run fp16 2 --wire fp16
-loss_run int8 2 --wire int8
+loss_run fp32 2 "$LOSS_STEPS" --wire fp32
+loss_run fp16 2 "$LOSS_STEPS" --wire fp16
+loss_run int8 2 "$LOSS_STEPS" --wire int8
 printf "%-14s %10s %10s %10s %10s\n" wire "train*" "vs fp32" "val" "vs fp32"
-for w in fp32 fp16 int8; do loss_line "$w" fp32; done
+for w in fp32 fp16 int8; do loss_line "$w" fp32 "$LOSS_STEPS"; done
 echo "(* mean training loss of the last 50 steps; goal: within 0.02 of fp32)"
 
 # ---- 3. gradient averaging ----
@@ -155,9 +159,10 @@ for g in fp32 fp16; do
     fi
     printf "%-10s %16s %20s %12s\n" "$g" "$(field "$TMP/g" grads)" "$(field "$TMP/g" acts)" "$gt"
 done
-loss_run grads-fp32 4
-loss_run grads-fp16 4 --grad-wire fp16
+loss_run grads-fp32 4 "$GRAD_LOSS_STEPS"
+loss_run grads-fp16 4 "$GRAD_LOSS_STEPS" --grad-wire fp16
+echo "loss after $GRAD_LOSS_STEPS steps (loopback):"
 printf "%-14s %10s %10s %10s %10s\n" sums "train*" "vs fp32" "val" "vs fp32"
-loss_line grads-fp32 grads-fp32
-loss_line grads-fp16 grads-fp32
-echo "bench-wan: $(($(date +%s) - t0)) s"
+loss_line grads-fp32 grads-fp32 "$GRAD_LOSS_STEPS"
+loss_line grads-fp16 grads-fp32 "$GRAD_LOSS_STEPS"
+echo "bench-wan: $(($(date +%s) - t0)) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

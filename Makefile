@@ -152,7 +152,7 @@ $(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h tests/cuda_emu.h tests/mk-c
 	    $(BUILD)/obj/tests/cuda_emu.cc -o $@ $(BLAS_LIBS)
 
 # ---- the binary ------------------------------------------------------------
-all: $(BUILD)/swarm $(CUDA_PLUGIN)
+all: $(BUILD)/swarm $(CUDA_PLUGIN) $(BUILD)/wanproxy
 .PHONY: all deps test test-gpu check-all demo asan bench bench-gpu fuzz clean help install
 
 $(BUILD)/swarm: $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
@@ -198,7 +198,7 @@ $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/nod
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 
-check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave
+check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave $(BUILD)/wanproxy
 	@sh tests/run.sh $(BUILD)
 
 
@@ -231,6 +231,12 @@ $(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 $(BUILD)/garbage: $(BUILD)/obj/tests/garbage.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+
+# a TCP relay that emulates a slow, far, lossy link where the kernel has no
+# netem (scripts/wan-swarm.sh); it knows nothing of swarm
+$(BUILD)/wanproxy: $(BUILD)/obj/tests/wanproxy.o
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ -lm -o $@
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/tests/bench_gemm.o $(BLAS_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@

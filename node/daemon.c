@@ -69,6 +69,8 @@ typedef struct {
     int micro;                // windows per micro-batch
     long peer;                // the router's id for us (logs), -1 unknown
     long step;                // the swarm's step
+    int wire;                 // NET_DTYPE_* of the activations and dx we send (meta wire)
+    int grad_wire;            // NET_DTYPE_* of the gradient sums we send (meta grad_wire)
 } daemon_assign_t;
 
 typedef struct {
@@ -92,6 +94,7 @@ typedef struct {
     int nslots;                            // slots with acts allocated
     uint64_t seq;                          // last slot fill number
     net_msg_t *queue[DAEMON_QUEUE_MAX];    // FIFO of received messages
+    int64_t queue_at[DAEMON_QUEUE_MAX];    // when each arrived, net_clock_ms
     size_t queued;                         // messages in the FIFO
     int64_t hello_at;                      // next HELLO due, net_clock_ms
     int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
@@ -104,6 +107,7 @@ typedef struct {
     double tok_s_bench;                    // tokens/s measured at start
     double tok_s;                          // training tokens/s on its stage (0 = none yet)
     double work_tok, work_s;               // decaying sums behind tok_s (s_tok_s_note)
+    double busy;                           // s: compute of the last FWD/BWD (with --slowdown)
     int exit_code;                         // >= 0: leave the loop with this code
 } daemon_t;
 
@@ -528,6 +532,21 @@ static void s_meta_set(net_msg_t *msg, const char *text)
         abort(); // our own meta is short
 }
 
+// Add "key=value" lines to msg's meta, after what it has.
+__attribute__((format(printf, 2, 3)))
+static void s_meta_add(net_msg_t *msg, const char *fmt, ...)
+{
+    char text[1024];
+    size_t len = 0;
+    const char *old = net_msg_meta(msg, &len);
+    int used = old ? snprintf(text, sizeof text, "%.*s\n", (int) len, old) : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text + used, sizeof text - (size_t) used, fmt, ap);
+    va_end(ap);
+    s_meta_set(msg, text);
+}
+
 static void s_hello_send(daemon_t *d)
 {
     char meta[512];
@@ -547,10 +566,14 @@ static void s_heartbeat_send(daemon_t *d)
 {
     char meta[256];
     double tok_s = d->tok_s > 0 ? d->tok_s : d->tok_s_bench;
+    // micro-batches our activation cache holds (once one has been made)
+    size_t each = d->nslots ? node_acts_bytes(d->slots[0].acts) : 0;
+    size_t slots = each ? ((size_t) d->o.cache_mb << 20) / each : 0;
+    slots = slots > DAEMON_SLOTS_MAX ? DAEMON_SLOTS_MAX : slots < 1 && each ? 1 : slots;
     if (s_lying(d, MIS_SPEED))
         tok_s *= 1000.0;
-    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld",
-             node_stage_index(d->stage), d->queued, tok_s, d->step);
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld\nslots=%zu",
+             node_stage_index(d->stage), d->queued, tok_s, d->step, slots);
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
         net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
         s_meta_set(msg, meta);
@@ -699,7 +722,7 @@ static int s_acts_get(daemon_t *d, const net_msg_t *req, int i, float *dst, cons
 {
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
     int rc = s_tensor_check(req, i, KIND_FLOAT, dims, 3, what, err, n);
-    if (rc == 0 && (rc = net_msg_tensor(req, i, dst, (size_t) dims[0] * dims[1] * dims[2])) != 0)
+    if (rc == 0 && (rc = node_wire_get(req, i, dst, (size_t) dims[0] * dims[1] * dims[2])) != 0)
         snprintf(err, n, "tensor %d (%s): cannot decode (%s)", i, what, strerror(-rc));
     return rc;
 }
@@ -713,6 +736,17 @@ static int s_vector_get(daemon_t *d, const net_msg_t *req, int i, float *dst, co
     int rc = s_tensor_check(req, i, KIND_F32, dims, 1, what, err, n);
     if (rc == 0 && (rc = net_msg_tensor(req, i, dst, count)) != 0)
         snprintf(err, n, "tensor %d (%s): cannot decode (%s)", i, what, strerror(-rc));
+    return rc;
+}
+
+// A stage-sized gradient sum: f32 [n], or the fp16/int8 of --grad-wire.
+static int s_grad_get(daemon_t *d, const net_msg_t *req, int i, float *dst, char *err, size_t n)
+{
+    size_t count = node_stage_param_count(d->stage);
+    uint32_t dims[1] = { count > UINT32_MAX ? 0 : (uint32_t) count };
+    int rc = s_tensor_check(req, i, KIND_FLOAT, dims, 1, "gradient", err, n);
+    if (rc == 0 && (rc = node_wire_get(req, i, dst, count)) != 0)
+        snprintf(err, n, "tensor %d (gradient): cannot decode (%s)", i, strerror(-rc));
     return rc;
 }
 
@@ -769,11 +803,13 @@ static int s_acts_add(daemon_t *d, net_msg_t *msg, const float *src, const char 
 {
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
     if (s_lying(d, MIS_NAN) || s_lying(d, MIS_SCALE) || s_lying(d, MIS_SHUFFLE))
-        return s_lie_acts(d, msg, src, dims);
-    int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 3, src);
+        return s_lie_acts(d, msg, src, dims); // as f32, which the router decodes too
+    int pow2 = 0, rc = node_wire_add(msg, d->as.wire, dims, 3, src, &pow2);
     if (rc != 0)
         snprintf(err, n, "cannot send %s: %s", what,
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
+    else if (pow2 != 0)
+        s_meta_add(msg, "pow2_%d=%d", net_msg_head(msg)->ntensors - 1, pow2);
     return rc;
 }
 
@@ -870,6 +906,7 @@ static void s_tok_s_note(daemon_t *d, double seconds, double part)
     d->work_tok = 0.95 * d->work_tok + part * d->as.micro * d->as.cfg.T;
     d->work_s = 0.95 * d->work_s + seconds;
     d->tok_s = d->work_tok / d->work_s;
+    d->busy = seconds;
 }
 
 // Forward of the inputs in d's buffers into slot; the last stage runs its
@@ -1017,10 +1054,13 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     s_meta_set(*reply, meta);
     if (d->norm_only)
         return 0;
-    rc = net_msg_add_tensor(*reply, NET_DTYPE_F32, dims, 1, node_stage_grads(d->stage));
+    int pow2 = 0;
+    rc = node_wire_add(*reply, d->as.grad_wire, dims, 1, node_stage_grads(d->stage), &pow2);
     if (rc != 0)
         snprintf(err, n, "cannot send the gradient: %s",
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
+    else if (pow2 != 0)
+        s_meta_add(*reply, "pow2_0=%d", pow2);
     return rc;
 }
 
@@ -1061,7 +1101,7 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     if (rc == 0)
         rc = s_update_opts(d, req, &opt, err, n);
     if (rc == 0 && !keep
-        && (rc = s_vector_get(d, req, 0, node_stage_grads(d->stage), "gradient", err, n)))
+        && (rc = s_grad_get(d, req, 0, node_stage_grads(d->stage), err, n)))
         node_stage_grads_zero(d->stage); // a half-copied sum must not mix with new work
     if (rc != 0)
         return rc;
@@ -1147,6 +1187,21 @@ static int s_on_state_get(daemon_t *d, const net_msg_t *req, net_msg_t **reply, 
 
 // ---- ASSIGN ----------------------------------------------------------------
 
+// Meta `key` of ASSIGN: the format of what we send (fp32 when absent).
+static int s_assign_wire(const net_msg_t *msg, const char *key, int *dtype, char *err, size_t n)
+{
+    char text[16], why[128];
+    *dtype = NET_DTYPE_F32;
+    int rc = net_msg_meta_get(msg, key, text, sizeof text);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc != 0 || node_wire_parse(key, text, dtype, why, sizeof why) != 0) {
+        snprintf(err, n, "meta %s: expected fp32, fp16 or int8", key);
+        return -EPROTO;
+    }
+    return 0;
+}
+
 static int s_assign_parse(const net_msg_t *msg, daemon_assign_t *a, char *err, size_t n)
 {
     static const char *const keys[8] = { "V", "T", "C", "L", "H", "S", "stage", "micro" };
@@ -1165,6 +1220,11 @@ static int s_assign_parse(const net_msg_t *msg, daemon_assign_t *a, char *err, s
                              .peer = -1, .step = h->step > LONG_MAX ? -1 : (long) h->step };
     if (s_meta_long(msg, "peer", 0, LONG_MAX, &a->peer, err, n) != 0)
         a->peer = -1; // for logs only
+    rc = s_assign_wire(msg, "wire", &a->wire, err, n);
+    if (rc == 0)
+        rc = s_assign_wire(msg, "grad_wire", &a->grad_wire, err, n);
+    if (rc != 0)
+        return rc;
     rc = -EPROTO;
     if (a->stage >= a->stages)
         snprintf(err, n, "meta stage=%d, but S=%d", a->stage, a->stages);
@@ -1185,7 +1245,7 @@ static int s_assign_same(const daemon_t *d, const daemon_assign_t *a)
     const node_config_t *x = &d->as.cfg, *y = &a->cfg;
     return d->stage && x->V == y->V && x->T == y->T && x->C == y->C && x->L == y->L
         && x->H == y->H && d->as.stages == a->stages && d->as.stage == a->stage
-        && d->as.micro == a->micro;
+        && d->as.micro == a->micro && d->as.wire == a->wire && d->as.grad_wire == a->grad_wire;
 }
 
 static void s_unassign(daemon_t *d)
@@ -1246,9 +1306,10 @@ static void s_on_assign(daemon_t *d, const net_msg_t *msg)
         return;
     }
     s_log("assigned stage %d of %d (peer %ld): blocks %d..%d of L %d, C %d T %d H %d, "
-          "micro %d, %zu parameters, step %ld", a.stage, a.stages, a.peer,
-          d->plan.first[a.stage], d->plan.first[a.stage + 1] - 1, a.cfg.L, a.cfg.C, a.cfg.T,
-          a.cfg.H, a.micro, node_stage_param_count(d->stage), a.step);
+          "micro %d, %zu parameters, step %ld; sends activations as %s, gradients as %s",
+          a.stage, a.stages, a.peer, d->plan.first[a.stage], d->plan.first[a.stage + 1] - 1,
+          a.cfg.L, a.cfg.C, a.cfg.T, a.cfg.H, a.micro, node_stage_param_count(d->stage), a.step,
+          node_wire_name(a.wire), node_wire_name(a.grad_wire));
 }
 
 // ---- dispatch --------------------------------------------------------------
@@ -1300,8 +1361,8 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
     }
 }
 
-// Serve one message (taken).
-static void s_serve(daemon_t *d, net_msg_t **msg_p)
+// Serve one message (taken) that arrived at `arrived` (net_clock_ms).
+static void s_serve(daemon_t *d, net_msg_t **msg_p, int64_t arrived)
 {
     const net_head_t *h = net_msg_head_const(*msg_p);
     net_msg_t *reply = NULL;
@@ -1317,6 +1378,12 @@ static void s_serve(daemon_t *d, net_msg_t **msg_p)
         net_msg_destroy(&reply);
         s_reply_error(d, *msg_p, err);
     }
+    if (reply && (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD)) {
+        // how long we held it and how much of that was work: the router
+        // tells the network's round trip from its own (docs/swarm.md, window)
+        s_meta_add(reply, "held=%.6f\nbusy=%.6f",
+                   (double) (net_clock_ms() - arrived) / 1000.0, d->busy);
+    }
     if (reply)
         (void) s_send(d, &reply, 1);
     net_msg_destroy(msg_p); // other replies are stale or unasked for
@@ -1324,7 +1391,7 @@ static void s_serve(daemon_t *d, net_msg_t **msg_p)
 
 // The next message to serve: a BWD before the FWDs ahead of it, but nothing
 // overtakes a control message (ASSIGN, STATE, STEP, UPDATE, ...).
-static net_msg_t *s_queue_pick(daemon_t *d)
+static net_msg_t *s_queue_pick(daemon_t *d, int64_t *arrived)
 {
     size_t pick = 0;
     for (size_t i = 0; i < d->queued; i++) {
@@ -1335,7 +1402,9 @@ static net_msg_t *s_queue_pick(daemon_t *d)
             break;
     }
     net_msg_t *msg = d->queue[pick];
+    *arrived = d->queue_at[pick];
     memmove(&d->queue[pick], &d->queue[pick + 1], (d->queued - pick - 1) * sizeof *d->queue);
+    memmove(&d->queue_at[pick], &d->queue_at[pick + 1], (d->queued - pick - 1) * sizeof *d->queue_at);
     d->queued--;
     return msg;
 }
@@ -1349,6 +1418,7 @@ static void s_drain(daemon_t *d, int64_t deadline_ms)
         net_msg_t *msg = NULL;
         int rc = net_client_recv(d->client, deadline_ms, &msg, err, sizeof err);
         if (rc == 0) {
+            d->queue_at[d->queued] = net_clock_ms();
             d->queue[d->queued++] = msg;
             deadline_ms = 0; // the rest only if already there
         } else if (rc == -EPROTO) {
@@ -1420,8 +1490,9 @@ static void s_run(daemon_t *d)
         s_timers(d, now);
         s_drain(d, d->queued ? 0 : s_next_due(d, now));
         if (d->queued && !s_stop && d->exit_code < 0) {
-            net_msg_t *msg = s_queue_pick(d);
-            s_serve(d, &msg);
+            int64_t arrived = 0;
+            net_msg_t *msg = s_queue_pick(d, &arrived);
+            s_serve(d, &msg, arrived);
         }
     }
 }

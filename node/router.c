@@ -63,6 +63,10 @@ typedef struct {
     int samples;             // speed samples taken (since it joined or moved)
     double node_tok_s;       // what the node says it sustains (HEARTBEAT)
     double hello_tok_s;      // what it measured at start (HELLO)
+    double rtt;              // s: network round trip (a request's time less its time at
+                             // the node), quick to fall, slow to rise; 0 unknown
+    double busy[2];          // s: compute of one FWD [0] / BWD [1], EMA; 0 unknown
+    int slots;               // micro-batches its activation cache holds; 0 unknown
 } peer_t;
 
 typedef struct {
@@ -94,6 +98,10 @@ typedef struct {
     int spot_peer[3];        // who produced each
     int spot_n;              // results in
     int spot_stage;          // stage under test, -1 none
+    uint8_t in_dtype[NODE_MAX_LAYERS + 1]; // NET_DTYPE_* of in[s] (s > 0)
+    int8_t in_pow2[NODE_MAX_LAYERS + 1];   // its 2^k scale (meta pow2_I)
+    uint8_t dy_dtype[NODE_MAX_LAYERS];     // NET_DTYPE_* of dy[s]
+    int8_t dy_pow2[NODE_MAX_LAYERS];       // its 2^k scale
 } mb_t;
 
 typedef struct {
@@ -125,7 +133,6 @@ typedef struct {
     long step;               // optimizer updates done
     long first;              // step the run started at
     int started;             // training has begun (state lives on the nodes now)
-    size_t x_bytes;          // wire bytes of one (micro, T, C) f32 tensor
     size_t tok_bytes;        // wire bytes of one (micro, T) int32 tensor
     double loss_avg;         // EMA of the loss
     float last_loss;         // last step's loss
@@ -138,6 +145,8 @@ typedef struct {
     int expelled;            // peers expelled for diverging twice
     int phase;               // PH_*
     int pending;             // STEP or UPDATE replies still to come
+    int update_pending;      // replies to an UPDATE the next step did not wait for
+    long update_step;        // the step that UPDATE closed
     int redo_pending;        // re-runs of a dead peer's work still to come
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
@@ -168,6 +177,14 @@ typedef struct {
     int spot_checks;         // FWDs verified
     int spot_undecided;      // verifications two replicas disagreed on, with no third to decide
     int restarts;            // steps started over (a liar's outputs had been used)
+    int wire;                // NET_DTYPE_* of activations and their gradients (--wire)
+    int grad_wire;           // NET_DTYPE_* of replicas' gradient sums (--grad-wire)
+    int window_auto;         // the window follows swarm_policy_window (--window auto)
+    int window_shown;        // the window last logged, 0 none
+    double window_sum;       // sum of the windows steps began with, for the mean
+    long window_n;           // steps begun
+    uint64_t wire_in[3];     // tensor bytes received by class (W_*)
+    uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
 } router_t;
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
@@ -256,6 +273,36 @@ static uint64_t s_payload(const net_msg_t *m)
     return n;
 }
 
+// ---- wire formats: what each kind of tensor travels as ----------------------
+
+enum { W_ACTS = 0, W_GRADS, W_STATE }; // activations and their gradients; gradient sums; state
+
+// Count m's tensor bytes into by[] by what they carry.
+static void s_wire_count(const net_msg_t *m, uint64_t by[3])
+{
+    int type = net_msg_head_const(m)->type;
+    by[type == NET_MSG_GRAD || type == NET_MSG_UPDATE ? W_GRADS
+       : type == NET_MSG_STATE ? W_STATE : W_ACTS] += s_payload(m);
+}
+
+// Floats in one activation tensor (micro, T, C).
+static size_t s_acts_count(const router_t *r)
+{
+    return (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C;
+}
+
+// Append activations kept as wire bytes (dtype, 2^pow2 scale) to m as
+// tensor i: the pow2 goes into meta (*meta, appended).
+static int s_acts_add(const router_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
+                      char *meta, size_t cap)
+{
+    uint32_t dims[3] = { (uint32_t) r->hp.micro, (uint32_t) r->hp.cfg.T, (uint32_t) r->hp.cfg.C };
+    int i = net_msg_head_const(m)->ntensors;
+    if (pow2 != 0)
+        snprintf(meta + strlen(meta), cap - strlen(meta), "pow2_%d=%d\n", i, pow2);
+    return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, s_acts_count(r)));
+}
+
 // Send m to peer p as request kind; 0 or -errno (logged).
 static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
 {
@@ -267,6 +314,7 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
     }
     net_msg_head(*m)->id = q->id;
     r->bytes_out += s_payload(*m);
+    s_wire_count(*m, r->wire_out);
     int rc = net_server_send(r->srv, &r->peers[p].who, m);
     if (rc != 0) {
         // not connected (or its queue is full): dead for this run; the next
@@ -379,8 +427,9 @@ static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     net_msg_head(a)->stage = (uint32_t) stage;
     net_msg_head(a)->step = (uint64_t) r->step;
     const node_config_t *c = &r->hp.cfg;
-    int rc = s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n", c->V,
-                    c->T, c->C, c->L, c->H, r->plan.stages, stage, r->hp.micro, pe->id);
+    int rc = s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
+                    "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
+                    r->hp.micro, pe->id, node_wire_name(r->wire), node_wire_name(r->grad_wire));
     if (rc == 0)
         rc = net_server_send(r->srv, &pe->who, &a);
     net_msg_destroy(&a);
@@ -524,6 +573,91 @@ static void s_joins(router_t *r)
     }
 }
 
+// ---- the window: micro-batches in flight ----------------------------------
+
+// A FWD/BWD reply's meta held= (s at the node) and busy= (s of compute):
+// the rest of its time dt was the network's round trip.
+static void s_peer_timing(peer_t *pe, int bwd, const net_msg_t *m, double dt)
+{
+    char text[2][32];
+    if (net_msg_meta_get(m, "held", text[0], sizeof text[0]) != 0
+        || net_msg_meta_get(m, "busy", text[1], sizeof text[1]) != 0)
+        return; // a node that does not say
+    double held = strtod(text[0], NULL), busy = strtod(text[1], NULL);
+    if (!(held >= 0 && held < 1e6 && busy >= 0 && busy < 1e6))
+        return;
+    // a request that reached a busy node waited in its socket, which looks
+    // like network: follow a lower sample at once, a higher one slowly
+    double net = dt > held ? dt - held : 0.0;
+    pe->rtt = pe->rtt > 0 && net > pe->rtt ? 0.95 * pe->rtt + 0.05 * net : net;
+    pe->busy[bwd] = pe->busy[bwd] > 0 ? 0.8 * pe->busy[bwd] + 0.2 * busy : busy;
+}
+
+// What swarm_policy_window needs, from the ready peers' measurements.
+static void s_window_in(const router_t *r, swarm_window_in_t *in)
+{
+    int S = r->plan.stages, unknown_slots[NODE_MAX_LAYERS] = {0};
+    *in = (swarm_window_in_t) { .stages = S, .micro_batches = r->G };
+    double work[NODE_MAX_LAYERS] = {0};
+    int measured[NODE_MAX_LAYERS] = {0};
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        int s = pe->stage;
+        if (pe->state != P_READY || pe->failed || s < 0 || s >= S)
+            continue;
+        in->replicas[s]++;
+        in->rtt = pe->rtt > in->rtt ? pe->rtt : in->rtt; // the slowest link sets the pace
+        // the last stage's backward runs inside its FWD
+        if (pe->busy[0] > 0 && (s == S - 1 || pe->busy[1] > 0)) {
+            work[s] += pe->busy[0] + (s == S - 1 ? 0.0 : pe->busy[1]);
+            measured[s]++;
+        }
+        in->slots[s] += pe->slots;
+        unknown_slots[s] |= pe->slots <= 0;
+    }
+    for (int s = 0; s < S; s++) {
+        in->work[s] = measured[s] ? work[s] / measured[s] : 0.0; // the measured replicas' mean
+        if (unknown_slots[s])
+            in->slots[s] = 0;
+    }
+}
+
+// At the start of a step, with --window auto: the window for the swarm as
+// it is now; said when it changes by a quarter or more.
+static void s_window_update(router_t *r)
+{
+    if (r->window_auto) {
+        swarm_window_in_t in;
+        s_window_in(r, &in);
+        r->window = swarm_policy_window(&in);
+        if (!r->window_shown || 4 * abs(r->window - r->window_shown) >= r->window_shown) {
+            printf("swarm router: step %ld: window %d of %d micro-batches (round trip %.0f ms%s)\n",
+                   r->step, r->window, r->G, 1000.0 * in.rtt,
+                   in.work[0] > 0 ? "" : ", stages not measured yet");
+            fflush(stdout);
+            r->window_shown = r->window;
+        }
+    }
+    r->window_sum += r->window;
+    r->window_n++;
+}
+
+static void s_step_end(router_t *r);
+static void s_consensus(router_t *r, long step);
+
+// Latency hiding across steps: the next step may start right behind this
+// step's UPDATEs, before the replicas confirm them (a node serves UPDATE
+// before anything sent after it, so the next FWDs see the new parameters);
+// saves a round trip a step. The checksums are compared when the
+// confirmations are in (R_UPDATE requests with mb = 1). Not on the run's
+// last step: the run would end before them.
+static int s_update_pipelined(const router_t *r)
+{
+    long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
+                                                                      : r->hp.iters;
+    return r->step + 1 < stop && r->update_pending == 0;
+}
+
 // ---- micro-batches ---------------------------------------------------------
 
 static void *s_dup_bytes(const void *src, size_t n)
@@ -557,23 +691,26 @@ static void s_mb_clear(router_t *r, mb_t *b)
 static net_msg_t *s_fwd_msg(router_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
-    int S = r->plan.stages, T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
+    int S = r->plan.stages, T = r->hp.cfg.T, micro = r->hp.micro;
     net_msg_t *m = net_msg_new(NET_MSG_FWD);
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
     h->stage = (uint32_t) s;
     h->mb = (uint32_t) (r->evaluating ? EVAL_MB + i : i);
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
-    uint32_t x_dims[3] = { (uint32_t) micro, (uint32_t) T, (uint32_t) C };
+    char meta[256] = "";
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
+                    : s_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0 && s == S - 1) {
         rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
-        if (rc == 0 && r->evaluating)
-            rc = s_meta(m, "eval=1\n");
-        else if (rc == 0)
-            rc = s_meta(m, "scale=%a\n", 1.0f / (float) ((double) r->hp.batch * T));
+        if (r->evaluating)
+            strcat(meta, "eval=1\n");
+        else
+            snprintf(meta + strlen(meta), sizeof meta - strlen(meta), "scale=%a\n",
+                     1.0f / (float) ((double) r->hp.batch * T));
     }
+    if (rc == 0 && meta[0])
+        rc = s_meta(m, "%s", meta);
     if (rc != 0)
         net_msg_destroy(&m);
     return m;
@@ -583,18 +720,20 @@ static net_msg_t *s_fwd_msg(router_t *r, int i, int s)
 static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
-    int T = r->hp.cfg.T, C = r->hp.cfg.C, micro = r->hp.micro;
+    int T = r->hp.cfg.T, micro = r->hp.micro;
     net_msg_t *m = net_msg_new(NET_MSG_BWD);
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
     h->stage = (uint32_t) s;
     h->mb = (uint32_t) i;
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
-    uint32_t x_dims[3] = { (uint32_t) micro, (uint32_t) T, (uint32_t) C };
+    char meta[128] = "";
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->in[s], r->x_bytes);
+                    : s_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0)
-        rc = net_msg_add_raw(m, NET_DTYPE_F32, x_dims, 3, b->dy[s], r->x_bytes);
+        rc = s_acts_add(r, m, b->dy[s], b->dy_dtype[s], b->dy_pow2[s], meta, sizeof meta);
+    if (rc == 0 && meta[0])
+        rc = s_meta(m, "%s", meta);
     if (rc != 0)
         net_msg_destroy(&m);
     return m;
@@ -706,15 +845,26 @@ static int s_mb_start(router_t *r, int i)
     return rc;
 }
 
-// The tensor i of a reply as wire bytes of the expected size, or NULL.
-static const void *s_tensor_bytes(const net_msg_t *m, int i, int dtype, size_t want)
+// Keep tensor 0 of a FWD/BWD reply, activations or their gradient in any
+// float format, as its wire bytes in *dst (replacing what was there) with
+// its format and scale; the next stage decodes it. -EPROTO when it is not.
+static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_t *dtype,
+                       int8_t *pow2)
 {
     const net_head_t *h = net_msg_head_const(m);
     size_t bytes = 0;
-    if (i >= h->ntensors || h->tensors[i].dtype != dtype)
-        return NULL;
-    const void *p = net_msg_raw(m, i, &bytes);
-    return p && bytes == want ? p : NULL;
+    int k = 0, dt = h->ntensors > 0 ? h->tensors[0].dtype : 0;
+    if ((dt != NET_DTYPE_F32 && dt != NET_DTYPE_F16 && dt != NET_DTYPE_I8)
+        || node_wire_pow2(m, 0, &k) != 0)
+        return -EPROTO;
+    const void *p = net_msg_raw(m, 0, &bytes);
+    if (!p || bytes != net_codec_bytes(dt, s_acts_count(r)))
+        return -EPROTO;
+    free(*dst);
+    *dst = s_dup_bytes(p, bytes);
+    *dtype = (uint8_t) dt;
+    *pow2 = (int8_t) k;
+    return 0;
 }
 
 // A peer's speed is measured, not believed: training tokens of work it
@@ -808,7 +958,7 @@ static int s_spot_begin(router_t *r, const req_t *q, float loss)
     b->spot_n = 1;
     b->spot_peer[0] = q->peer;
     b->spot_loss[0] = loss;
-    b->spot[0] = last ? NULL : s_dup_bytes(r->scratch, r->x_bytes);
+    b->spot[0] = last ? NULL : s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float));
     if (s_spot_send(r, q->mb, q->stage, other) != 0) {
         s_spot_release(r, q->mb);
         return 1;
@@ -821,7 +971,7 @@ static int s_spot_same(const router_t *r, const mb_t *b, int x, int y)
     if (!b->spot[x] || !b->spot[y])
         return fabsf(b->spot_loss[x] - b->spot_loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(b->spot_loss[y]));
     double d = 0.0, n = 0.0;
-    for (size_t j = 0; j < r->x_bytes / sizeof(float); j++) {
+    for (size_t j = 0; j < s_acts_count(r); j++) {
         double e = (double) b->spot[x][j] - b->spot[y][j];
         d += e * e;
         n += (double) b->spot[y][j] * b->spot[y][j];
@@ -882,7 +1032,7 @@ static void s_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
     int k = b->spot_n++, s = q->stage;
     b->spot_peer[k] = q->peer;
     b->spot_loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
-    b->spot[k] = b->spot[0] ? s_dup_bytes(r->scratch, r->x_bytes) : NULL;
+    b->spot[k] = b->spot[0] ? s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float)) : NULL;
     const peer_t *a = &r->peers[b->spot_peer[0]], *c = &r->peers[q->peer];
     if (k == 1 && s_spot_same(r, b, 0, 1)) {
         r->spot_checks++;
@@ -933,6 +1083,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     mb_t *b = &r->mbs[q->mb];
     int S = r->plan.stages, s = q->stage;
     s_work_done(r, q);
+    s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
+                  (double) (net_clock_ms() - q->sent) / 1000.0);
     int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
     if (accumulates)
         b->grad_peer[s] = q->peer;
@@ -941,10 +1093,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         return 0;
     }
     if (q->kind == R_FWD && s < S - 1) {
-        const void *y = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
-        if (!y)
+        if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
             return -EPROTO;
-        b->in[s + 1] = s_dup_bytes(y, r->x_bytes);
         if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, 0.0f))
             return 0; // goes on once a second replica agrees
         return s_next(r, q->mb, R_FWD, s + 1);
@@ -962,11 +1112,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
             b->stage = S;
             return 0;
         }
-        const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
-        if (!dx)
+        if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
             return -EPROTO;
-        free(b->dy[S - 2]);
-        b->dy[S - 2] = s_dup_bytes(dx, r->x_bytes);
         if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, b->loss))
             return 0;
         return s_next(r, q->mb, R_BWD, S - 2);
@@ -975,11 +1122,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         b->stage = S; // through
         return 0;
     }
-    const void *dx = s_tensor_bytes(m, 0, NET_DTYPE_F32, r->x_bytes);
-    if (!dx)
+    if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)
         return -EPROTO;
-    free(b->dy[s - 1]);
-    b->dy[s - 1] = s_dup_bytes(dx, r->x_bytes);
     return s_next(r, q->mb, R_BWD, s - 1);
 }
 
@@ -993,6 +1137,7 @@ static void s_step_begin(router_t *r)
         r->got_grad[p] = r->in_step[p] = 0; // nobody's gradient of this step is in yet
     r->phase = PH_MB;
     r->step_t0 = s_secs();
+    s_window_update(r);
 }
 
 // Keep `window` micro-batches in flight; when all are through, ask for the
@@ -1075,6 +1220,7 @@ static void s_step_update(router_t *r)
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
+    int pipelined = s_update_pipelined(r);
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].updated = 0;
         if (!r->in_step[p] || r->peers[p].state != P_READY)
@@ -1084,18 +1230,25 @@ static void s_step_update(router_t *r)
         net_msg_t *m = net_msg_new(NET_MSG_UPDATE);
         net_msg_head(m)->step = (uint64_t) r->step;
         net_msg_head(m)->stage = (uint32_t) s;
+        int pow2 = 0;
         if ((!r->norm_only[p]
-             && net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, r->grad_sum + r->stage_off[s]) != 0)
-            || s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\n", lr, (double) scale,
-                      r->hp.weight_decay, r->step + 1) != 0) {
+             && node_wire_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s], &pow2) != 0)
+            || s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
+                      r->hp.weight_decay, r->step + 1, pow2) != 0) {
             net_msg_destroy(&m);
             continue;
         }
-        if (s_send(r, p, &m, R_UPDATE, -1, s) == 0)
+        if (s_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s) == 0)
             r->pending++;
     }
     (void) S;
     r->phase = PH_UPDATE;
+    if (pipelined) {
+        r->update_pending = r->pending;
+        r->update_step = r->step;
+        r->pending = 0;
+        s_step_end(r); // the next step starts now, behind the UPDATEs
+    }
 }
 
 static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
@@ -1104,8 +1257,12 @@ static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
     if (net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum) != 0
         || strlen(pe->checksum) != 64)
         return -EPROTO;
-    pe->updated = 1;
-    r->pending--;
+    pe->updated = pe->state == P_READY; // not one moved to another stage since
+    if (q->mb != 1) {
+        r->pending--;
+    } else if (--r->update_pending == 0) {
+        s_consensus(r, r->update_step);
+    }
     return 0;
 }
 
@@ -1114,7 +1271,7 @@ static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
 // replica that joined first); a replica that reports another is resynced
 // from one that agrees (it fetches the stage's state again between steps)
 // and expelled for the rest of the run if it diverges a second time.
-static void s_consensus(router_t *r)
+static void s_consensus(router_t *r, long step)
 {
     for (int s = 0; s < r->plan.stages; s++) {
         int best = -1, best_votes = 0;
@@ -1141,10 +1298,17 @@ static void s_consensus(router_t *r)
                 continue;
             }
             r->resyncs++;
-            fprintf(stderr, "swarm router: step %ld: stage %d: peer %d (%s) reports checksum %.16s, "
-                    "%d of its replicas %.16s: it fetches their state again\n", r->step, s, pe->id,
-                    pe->name, pe->checksum, best_votes, r->peers[best].checksum);
-            pe->state = P_JOINING; // s_joins asks a replica that agrees
+            char why[160];
+            snprintf(why, sizeof why, "reports checksum %.16s after step %ld, %d of its replicas "
+                     "%.16s: it fetches their state again", pe->checksum, step, best_votes,
+                     r->peers[best].checksum);
+            // the next step may have begun (pipelined updates): what it did
+            // there is redone by the others, as for a peer that died
+            s_peer_dead(r, p, why);
+            if (pe->state == P_DEAD && !isinf(pe->banned_until)) {
+                pe->state = P_JOINING; // s_joins asks a replica that agrees
+                pe->banned_until = 0;
+            }
         }
     }
 }
@@ -1207,7 +1371,7 @@ static void s_step_end(router_t *r)
     r->last_loss = (float) (loss / r->G);
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
-    s_consensus(r);
+    s_consensus(r, r->step);
     node_curve_add(&r->logs, r->step, r->last_loss, lr);
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
@@ -1407,7 +1571,7 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
 static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
-    int rc = net_msg_tensor(m, i, r->scratch, n);
+    int rc = node_wire_get(m, i, r->scratch, n);
     if (rc != 0) {
         // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
         snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value"
@@ -1451,7 +1615,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
 {
     const net_head_t *h = net_msg_head_const(m);
     int S = r->plan.stages, s = q->stage;
-    size_t x_n = r->x_bytes / sizeof(float);
+    size_t x_n = s_acts_count(r);
     char text[128];
     static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
                                 [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
@@ -1495,7 +1659,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         // the largest stage's size: a peer may move between stages
         if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(r->max_stage_n * sizeof(float))))
             abort();
-        int rc = net_msg_tensor(m, 0, r->peer_grad[q->peer], r->stage_n[s]);
+        int rc = node_wire_get(m, 0, r->peer_grad[q->peer], r->stage_n[s]);
         if (rc != 0) {
             snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
                                             : "sent a gradient of the wrong shape or type");
@@ -1646,6 +1810,8 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
         }
         if (r->peers[p].state == P_DEAD)
             s_on_dead_peer(r, p, m);
+        if (net_msg_meta_get(m, "slots", q, sizeof q) == 0)
+            r->peers[p].slots = atoi(q) >= 0 && atoi(q) <= r->G ? atoi(q) : r->G;
     } else if (h->type == NET_MSG_BYE) {
         s_peer_dead(r, p, "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
@@ -1707,7 +1873,7 @@ static void s_rollback(router_t *r, int s)
         if (r->peers[p].state == P_READY)
             r->peers[p].state = P_JOINING; // reloads the checkpoint (s_joins)
     }
-    r->pending = r->redo_pending = r->ckpt_pending = 0;
+    r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
     r->started = 0; // joins get the router's copy again
@@ -1735,7 +1901,10 @@ static void s_peer_dead(router_t *r, int p, const char *why)
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
         } else if (q.kind == R_FWD || q.kind == R_BWD)
             s_ignore(s_next(r, q.mb, q.kind, q.stage));
-        else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
+        else if (q.kind == R_UPDATE && q.mb == 1) {
+            if (--r->update_pending == 0)
+                s_consensus(r, r->update_step);
+        } else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
             r->pending--;
         else if (q.kind == R_VERIFY)
             s_spot_lost(r, &q);
@@ -1947,6 +2116,7 @@ static int s_loop(router_t *r)
         int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
         if (rc == 0) {
             r->bytes_in += s_payload(m);
+            s_wire_count(m, r->wire_in);
             s_on_message(r, &who, m);
             net_msg_destroy(&m);
         } else if (rc == -EPROTO) {
@@ -1977,7 +2147,8 @@ static void s_help(FILE *out)
 {
     fprintf(out,
         "usage: swarm router --stages S [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
-        "                    [--min-nodes N] [--window W] [training flags of swarm train]\n"
+        "                    [--min-nodes N] [--window auto|W] [--wire F] [--grad-wire F]\n"
+        "                    [training flags of swarm train]\n"
         "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
         "  --listen EP     where nodes connect (default tcp://*:7070; port 0 picks a free one)\n"
         "  --key NAME      router key pair NAME.key/NAME.pub (default: created under\n"
@@ -1985,7 +2156,12 @@ static void s_help(FILE *out)
         "  --allow FILE    private swarm: only these public keys (one per line) may join\n"
         "  --open          open swarm: any key may join (the default)\n"
         "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
-        "  --window W      micro-batches in flight (default: all of a step)\n"
+        "  --window auto|W micro-batches in flight: auto (the default) keeps every stage\n"
+        "                  busy across the measured round trips, within the step and\n"
+        "                  the nodes' activation caches; W fixes it\n"
+        "  --wire F        activations and their gradients between stages as fp32 (the\n"
+        "                  default, exact), fp16 or int8 (blockwise)\n"
+        "  --grad-wire F   replicas' gradient sums as fp32 (the default) or fp16\n"
         "  --assign speed|even  stage for a joining node: the one with the least\n"
         "                  throughput, by the speed nodes report (speed, the default), or\n"
         "                  the one with the fewest nodes (even: rebalancing then moves\n"
@@ -2003,22 +2179,45 @@ static void s_help(FILE *out)
     node_train_help(out);
 }
 
+// --wire, --grad-wire, --window: 1 when `a` is one of them (set from v),
+// 0 when it is not, -EINVAL for a bad value.
+static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, size_t n)
+{
+    long x;
+    if (!strcmp(a, "--wire") || !strcmp(a, "--grad-wire"))
+        return node_wire_parse(a + 2, v, !strcmp(a, "--wire") ? &r->wire : &r->grad_wire, err,
+                               n) == 0 ? 1 : -EINVAL;
+    if (strcmp(a, "--window") != 0)
+        return 0;
+    r->window_auto = !strcmp(v, "auto");
+    if (r->window_auto)
+        return 1;
+    if (node_parse_long("window", v, 1, 1L << 20, &x, err, n) != 0) {
+        snprintf(err, n, "--window %s: expected auto or a whole number of micro-batches >= 1", v);
+        return -EINVAL;
+    }
+    r->window = (int) x;
+    return 1;
+}
+
 // Take the router's own flags out of argv; the rest are training flags.
 static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t n)
 {
-    int out = 1;
+    int out = 1, rc;
     r->listen = "tcp://*:7070";
     r->rebalance_every = 5.0;
     r->tensor_bound = 100.0;
     r->verify = 0.05;
+    r->wire = r->grad_wire = NET_DTYPE_F32;
+    r->window_auto = 1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
-                 || !strcmp(a, "--verify")
-                 || !strcmp(a, "--assign");
+                 || !strcmp(a, "--verify") || !strcmp(a, "--assign")
+                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
             return -EINVAL;
@@ -2029,11 +2228,14 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
             r->key_name = v;
         } else if (!strcmp(a, "--allow")) {
             r->allow_path = v;
-        } else if (!strcmp(a, "--min-nodes") || !strcmp(a, "--window")) {
+        } else if ((rc = s_wire_flag(r, a, v, err, n)) != 0) {
+            if (rc < 0)
+                return rc;
+        } else if (!strcmp(a, "--min-nodes")) {
             long x;
             if (node_parse_long(a + 2, v, 0, MAX_PEERS, &x, err, n) != 0)
                 return -EINVAL;
-            *(!strcmp(a, "--window") ? &r->window : &r->min_nodes) = (int) x;
+            r->min_nodes = (int) x;
         } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
             char *end;
             double x = strtod(v, &end);
@@ -2149,10 +2351,9 @@ static int s_layout(router_t *r, char *err, size_t n)
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     if (r->window <= 0 || r->window > r->G)
-        r->window = r->G;
-    r->x_bytes = (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C * sizeof(float);
+        r->window = r->G; // and with --window auto, until the peers are measured
     r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
-    if (!(r->scratch = malloc(r->x_bytes))) {
+    if (!(r->scratch = malloc(s_acts_count(r) * sizeof(float)))) {
         snprintf(err, n, "out of memory for a (%d, %d, %d) activation", r->hp.micro, r->hp.cfg.T,
                  r->hp.cfg.C);
         return -ENOMEM;
@@ -2195,6 +2396,19 @@ static int s_listen(router_t *r, char *err, size_t n)
     printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));
     fflush(stdout);
     return 0;
+}
+
+// Bytes on the wire per step by what they carry and in which format, and
+// the window.
+static void s_wire_summary(const router_t *r, long steps)
+{
+    double k = steps > 0 ? 1e6 * steps : 1e6;
+    printf("wire | activations %s: %.3f MB/step in, %.3f out | gradient sums %s: %.3f in, "
+           "%.3f out | state: %.3f in, %.3f out | window %s, mean %.1f of %d\n",
+           node_wire_name(r->wire), r->wire_in[W_ACTS] / k, r->wire_out[W_ACTS] / k,
+           node_wire_name(r->grad_wire), r->wire_in[W_GRADS] / k, r->wire_out[W_GRADS] / k,
+           r->wire_in[W_STATE] / k, r->wire_out[W_STATE] / k, r->window_auto ? "auto" : "fixed",
+           r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window, r->G);
 }
 
 // The loss curve of this run as an SVG line plot in DIR/loss.svg.
@@ -2298,6 +2512,7 @@ int cmd_router(int argc, char **argv)
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? r->bytes_in / 1e6 / steps : 0.0,
            steps ? r->bytes_out / 1e6 / steps : 0.0);
+    s_wire_summary(r, steps);
     s_plot(r);
     s_teardown(r);
     free(r);

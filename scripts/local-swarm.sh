@@ -14,6 +14,10 @@
 # SIGKILLs a random node every CHAOS_EVERY s (default 20) and starts a
 # replacement of the same speed, and in between SIGSTOPs another for 5 s
 # (CHAOS_STALL=0: no stalls), all drawn from SEED.
+# For scripts/wan-swarm.sh: WRAP=CMD starts the router as `CMD router
+# SWARM...` and node I as `CMD nodeI SWARM...` (CMD must exec it, keeping
+# the pid); LISTEN=EP is the router's --listen (default tcp://127.0.0.1:0);
+# JOIN=EP is where nodes join (default: where the router listens).
 
 me=local-swarm.sh
 usage() {
@@ -88,6 +92,14 @@ node_pids=""
 alive() {
     kill -0 "$1" 2>/dev/null
 }
+# run WHO CMD...: become CMD, through "$WRAP WHO" when WRAP is set; started
+# with & so that $! is CMD's pid
+run() {
+    who=$1
+    shift
+    if [ -n "${WRAP:-}" ]; then exec "$WRAP" "$who" "$@"; fi
+    exec "$@"
+}
 # stop PIDS...: TERM, up to 5 s to leave, then KILL; reaps them all
 stop() {
     for p in "$@"; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
@@ -131,13 +143,13 @@ while [ "$i" -le "$nodes" ]; do
 done
 
 # ---- the router, and the port it picked (bounded: 20 s) ----
-"$SWARM" router --listen tcp://127.0.0.1:0 --key "$TMP/router" --stages "$stages" \
+run router "$SWARM" router --listen "${LISTEN:-tcp://127.0.0.1:0}" --key "$TMP/router" --stages "$stages" \
     ${steps:+--iters "$steps"} --min-nodes "$nodes" "$@" >"$TMP/router.log" 2>&1 &
 router=$!
 endpoint=""
 tries=200
 while [ "$tries" -gt 0 ] && [ -z "$endpoint" ]; do
-    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
+    endpoint=$(sed -n 's/^swarm router: listening on \(tcp:\/\/[0-9.]*:[0-9][0-9]*\)$/\1/p' \
         "$TMP/router.log" | head -n 1)
     [ -n "$endpoint" ] && break
     if ! alive "$router"; then
@@ -169,7 +181,7 @@ node_slow=""  # "pid:slowdown" of every node started
 start_node() {  # I [SLOWDOWN]
     [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
     slow=${2:-$(slowdown_of "$1")}
-    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
+    run "node$1" "$SWARM" node --join "${JOIN:-$endpoint}" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
         --threads 1 --name "node$1" --slowdown "$slow" >"$TMP/node$1.log" 2>&1 &
     node_pids="$node_pids $!"
     node_slow="$node_slow $!:$slow"

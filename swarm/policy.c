@@ -2,10 +2,12 @@
  * (no I/O, no clock: time is an argument), so they can be tested exactly.
  *
  * Routing picks the replica with the earliest projected finish; assignment
- * puts a joining node on the stage with the least total throughput.
+ * puts a joining node on the stage with the least total throughput; the
+ * window is how many micro-batches keep every stage busy.
  */
 #include "swarm.h"
 
+#include <math.h>
 #include <stddef.h>
 
 // Projected seconds until a new request of `tokens` would finish on p.
@@ -126,4 +128,28 @@ int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, co
     }
     *to = weak;
     return best;
+}
+
+int swarm_policy_window(const swarm_window_in_t *in)
+{
+    int S = in->stages, G = in->micro_batches;
+    if (G < 1)
+        return 1;
+    if (S < 1 || S > SWARM_WINDOW_STAGES)
+        return G;
+    double cycle = (2.0 * S - 1.0) * (in->rtt > 0.0 ? in->rtt : 0.0), beat = 0.0;
+    for (int s = 0; s < S; s++) {
+        if (!(in->work[s] > 0.0) || in->replicas[s] < 1)
+            return G; // not measured yet: everything in flight, as before
+        cycle += in->work[s];
+        double each = in->work[s] / in->replicas[s];
+        beat = each > beat ? each : beat;
+    }
+    // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001
+    double need = ceil(cycle / beat - 1e-9) + 1.0;
+    int window = need < (double) G ? (int) need : G;
+    for (int s = 0; s + 1 < S; s++)
+        if (in->slots[s] > 0 && in->slots[s] < window)
+            window = in->slots[s];
+    return window > 1 ? window : 1;
 }

@@ -101,4 +101,28 @@ typedef struct {
 int swarm_loglimit_pass(swarm_loglimit_t *self, const char *key, int64_t now_ms, char *note,
                         size_t cap);
 
+// The window: how many micro-batches the router keeps in flight. Enough to
+// keep the bottleneck stage busy while the others and the network work
+// (Little's law), bounded by the step and by the activation caches.
+#define SWARM_WINDOW_STAGES 256
+
+typedef struct {
+    int stages;                          // S, 1..SWARM_WINDOW_STAGES
+    int micro_batches;                   // G: micro-batches of the step (the upper bound)
+    double rtt;                          // s: a round trip router <-> node, network only
+    double work[SWARM_WINDOW_STAGES];    // s: compute of one micro-batch at stage s on one
+                                         // replica (forward + backward); <= 0 unknown
+    int replicas[SWARM_WINDOW_STAGES];   // ready replicas of stage s
+    int slots[SWARM_WINDOW_STAGES];      // micro-batches stage s's replicas can cache in
+                                         // all; <= 0 unknown (no bound)
+} swarm_window_in_t;
+
+// The window for `in`: ceil(cycle / beat) + 1, where cycle = the stages' work
+// plus 2S - 1 router round trips (a micro-batch's time from its first FWD
+// to its last BWD) and beat = max over stages of work / replicas (how often
+// the bottleneck finishes one), clamped to 1..G and to the smallest cache
+// of the stages 0..S-2 (the last stage caches nothing). G when a stage's
+// work is unknown (nothing measured yet: every micro-batch of the step).
+int swarm_policy_window(const swarm_window_in_t *in);
+
 #endif

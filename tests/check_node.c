@@ -7,6 +7,7 @@
  * ops behind separate device memory); `make test-gpu` runs them on a GPU.
  */
 #include "fuzz.h"
+#include "net.h"
 #include "node.h"
 #include "swarm.h"
 
@@ -734,6 +735,108 @@ START_TEST(test_fuzz_target_corpus_replays)
 }
 END_TEST
 
+// ---- tensors on the wire (node/tensors.c) -----------------------------------
+
+// n values spread over [lo, 2 lo) x sign, from a fixed sequence
+static void s_spread(float *x, size_t n, float lo)
+{
+    uint32_t st = 7;
+    for (size_t i = 0; i < n; i++) {
+        st = st * 1664525u + 1013904223u;
+        x[i] = lo * (1.0f + (float) (st >> 8) / 16777216.0f) * (st & 1 ? -1.0f : 1.0f);
+    }
+}
+
+// Append src as dtype with its pow2 in meta, as router and node do.
+static net_msg_t *s_wire_msg(int dtype, const float *src, uint32_t n, int *pow2)
+{
+    net_msg_t *m = net_msg_new(NET_MSG_RESULT);
+    uint32_t dims[1] = { n };
+    ck_assert_int_eq(node_wire_add(m, dtype, dims, 1, src, pow2), 0);
+    char meta[32];
+    snprintf(meta, sizeof meta, "pow2_0=%d", *pow2);
+    ck_assert_int_eq(net_msg_set_meta(m, meta), 0);
+    return m;
+}
+
+START_TEST(test_wire_fp16_keeps_gradient_sized_values_to_its_rounding)
+{
+    // activation gradients are ~1e-5: below fp16's normal range, where plain
+    // fp16 would keep a few bits; scaled by 2^k they keep 11
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    ck_assert_ptr_nonnull(y);
+    for (float lo = 1e-9f; lo < 1e4f; lo *= 97.0f) {
+        s_spread(x, N, lo);
+        int pow2 = 0;
+        net_msg_t *m = s_wire_msg(NET_DTYPE_F16, x, N, &pow2);
+        ck_assert_int_eq(node_wire_get(m, 0, y, N), 0);
+        double worst = 0.0;
+        for (int i = 0; i < N; i++)
+            worst = fmax(worst, fabs((double) y[i] - x[i]) / fabs((double) x[i]));
+        ck_assert_msg(worst <= ldexp(1.0, -11), "values ~%g: relative error %g > 2^-11 (k %d)",
+                      lo, worst, pow2);
+        net_msg_destroy(&m);
+    }
+    free(x);
+    free(y);
+}
+END_TEST
+
+START_TEST(test_wire_fp32_and_int8_take_no_scale_and_fp32_is_exact)
+{
+    float x[300], y[300];
+    s_spread(x, 300, 3e-6f);
+    int pow2 = 1;
+    net_msg_t *m = s_wire_msg(NET_DTYPE_F32, x, 300, &pow2);
+    ck_assert_int_eq(pow2, 0);
+    ck_assert_int_eq(node_wire_get(m, 0, y, 300), 0);
+    ck_assert_int_eq(memcmp(x, y, sizeof x), 0);
+    net_msg_destroy(&m);
+    m = s_wire_msg(NET_DTYPE_I8, x, 300, &pow2);
+    ck_assert_int_eq(pow2, 0);
+    net_msg_destroy(&m);
+    // an all-zero fp16 tensor needs no scale either
+    memset(x, 0, sizeof x);
+    m = s_wire_msg(NET_DTYPE_F16, x, 300, &pow2);
+    ck_assert_int_eq(pow2, 0);
+    ck_assert_int_eq(node_wire_get(m, 0, y, 300), 0);
+    ck_assert_float_eq(y[17], 0.0f);
+    net_msg_destroy(&m);
+}
+END_TEST
+
+START_TEST(test_wire_refuses_bad_scales_and_what_they_would_make_infinite)
+{
+    float x[4] = { 1.0f, -2.0f, 3e38f, 0.5f }, y[4];
+    uint32_t dims[1] = { 4 };
+    const char *metas[] = { "pow2_0=101", "pow2_0=-101", "pow2_0=x", "pow2_0=", "pow2_0=3.5",
+                            "pow2_0=-1" /* 3e38 x 2 overflows */ };
+    for (size_t i = 0; i < sizeof metas / sizeof metas[0]; i++) {
+        net_msg_t *m = net_msg_new(NET_MSG_RESULT);
+        ck_assert_int_eq(net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, x), 0);
+        ck_assert_int_eq(net_msg_set_meta(m, metas[i]), 0);
+        ck_assert_msg(node_wire_get(m, 0, y, 4) == -EPROTO, "%s accepted", metas[i]);
+        net_msg_destroy(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_wire_parse_knows_three_formats_and_names_the_flag)
+{
+    int dtype = 0;
+    char err[128] = "";
+    ck_assert_int_eq(node_wire_parse("wire", "fp16", &dtype, err, sizeof err), 0);
+    ck_assert_int_eq(dtype, NET_DTYPE_F16);
+    ck_assert_int_eq(node_wire_parse("wire", "int8", &dtype, err, sizeof err), 0);
+    ck_assert_int_eq(dtype, NET_DTYPE_I8);
+    ck_assert_str_eq(node_wire_name(dtype), "int8");
+    ck_assert_int_eq(node_wire_parse("grad-wire", "bf16", &dtype, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "--grad-wire bf16: expected fp32, fp16 or int8");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("node");
@@ -766,6 +869,12 @@ int main(void)
     tc = tcase_create("fuzz");
     tcase_add_loop_test(tc, test_fuzz_target_seeds_are_current, 0, N_FUZZ_TARGETS);
     tcase_add_loop_test(tc, test_fuzz_target_corpus_replays, 0, N_FUZZ_TARGETS);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("wire");
+    tcase_add_test(tc, test_wire_fp16_keeps_gradient_sized_values_to_its_rounding);
+    tcase_add_test(tc, test_wire_fp32_and_int8_take_no_scale_and_fp32_is_exact);
+    tcase_add_test(tc, test_wire_refuses_bad_scales_and_what_they_would_make_infinite);
+    tcase_add_test(tc, test_wire_parse_knows_three_formats_and_names_the_flag);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

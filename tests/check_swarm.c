@@ -713,6 +713,66 @@ START_TEST(test_loglimit_many_senders_share_ten_lines_a_second)
 }
 END_TEST
 
+static swarm_window_in_t s_window_in(int stages, int G, double rtt, double work)
+{
+    swarm_window_in_t in = { .stages = stages, .micro_batches = G, .rtt = rtt };
+    for (int s = 0; s < stages; s++)
+        in.work[s] = work, in.replicas[s] = 1;
+    return in;
+}
+
+START_TEST(test_window_is_the_whole_step_until_every_stage_is_measured)
+{
+    swarm_window_in_t in = s_window_in(2, 6, 0.001, 0.010);
+    in.work[1] = 0.0;
+    ck_assert_int_eq(swarm_policy_window(&in), 6);
+    in.work[1] = 0.010;
+    in.replicas[1] = 0;
+    ck_assert_int_eq(swarm_policy_window(&in), 6);
+}
+END_TEST
+
+START_TEST(test_window_covers_the_round_trips_at_the_bottleneck_pace)
+{
+    // loopback: 2 stages of 10 ms, 1 ms round trips: a micro-batch takes
+    // 20 + 3 x 1 = 23 ms, one finishes every 10 ms: 3 in flight, 1 spare
+    swarm_window_in_t in = s_window_in(2, 6, 0.001, 0.010);
+    ck_assert_int_eq(swarm_policy_window(&in), 4);
+    // 100 ms round trips: 20 + 300 ms a micro-batch: 32 + 1, within G = 48
+    in = s_window_in(2, 48, 0.100, 0.010);
+    ck_assert_int_eq(swarm_policy_window(&in), 33);
+    // but never more than the step has
+    in.micro_batches = 6;
+    ck_assert_int_eq(swarm_policy_window(&in), 6);
+    // a second replica of the slow stage halves its beat: twice as many
+    in = s_window_in(2, 100, 0.100, 0.010);
+    in.work[0] = 0.020;
+    in.replicas[0] = 2;
+    ck_assert_int_eq(swarm_policy_window(&in), 34); // beat max(10, 10) ms, cycle 330 ms
+    in.replicas[0] = 1;
+    ck_assert_int_eq(swarm_policy_window(&in), 18); // beat 20 ms: ceil(16.5) + 1
+}
+END_TEST
+
+START_TEST(test_window_is_bounded_by_the_activation_caches_but_not_below_one)
+{
+    swarm_window_in_t in = s_window_in(3, 48, 0.100, 0.010);
+    ck_assert_int_eq(swarm_policy_window(&in), 48); // 30 + 500 ms / 10 ms + 1 = 54
+    in.slots[1] = 12;
+    ck_assert_int_eq(swarm_policy_window(&in), 12);
+    in.slots[0] = 7;
+    ck_assert_int_eq(swarm_policy_window(&in), 7);
+    // the last stage runs its backward at once and caches nothing
+    in.slots[0] = in.slots[1] = 0;
+    in.slots[2] = 1;
+    ck_assert_int_eq(swarm_policy_window(&in), 48);
+    in.slots[0] = 1;
+    ck_assert_int_eq(swarm_policy_window(&in), 1);
+    in.micro_batches = 0;
+    ck_assert_int_eq(swarm_policy_window(&in), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("swarm");
@@ -758,6 +818,11 @@ int main(void)
     tc = tcase_create("loglimit");
     tcase_add_test(tc, test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count);
     tcase_add_test(tc, test_loglimit_many_senders_share_ten_lines_a_second);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("window");
+    tcase_add_test(tc, test_window_is_the_whole_step_until_every_stage_is_measured);
+    tcase_add_test(tc, test_window_covers_the_round_trips_at_the_bottleneck_pace);
+    tcase_add_test(tc, test_window_is_bounded_by_the_activation_caches_but_not_below_one);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, test_tinyshakespeare_first_batch_matches_ref_gpt);

@@ -119,6 +119,17 @@ expect_error "status with no router" "no answer from tcp://127.0.0.1:9 within 4 
 expect_error "node without --join" "--join" node --router-key "$TMP/k1.pub"
 expect_error "node with a bad router key" "$TMP/nokey.pub" node --join tcp://127.0.0.1:9 --router-key "$TMP/nokey.pub"
 expect_error "router with stages > layers" "--stages 9" router --stages 9 --layers 2 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+expect_error "router with an unknown wire format" "--wire bf16: expected fp32, fp16 or int8" \
+    router --wire bf16 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+expect_error "router with a bad window" "--window 0: expected auto or a whole number" \
+    router --window 0 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+if sh scripts/wan-swarm.sh -n 2 -s 2 --delay 50 >"$TMP/out" 2>&1; then
+    bad "wan-swarm.sh took --delay 50"
+elif grep -q "^wan-swarm.sh: --delay 50: '50' is not a value like 50ms$" "$TMP/out"; then
+    ok "wan-swarm.sh with a delay without unit: $(cat "$TMP/out")"
+else
+    bad "wan-swarm.sh --delay 50:"; cat "$TMP/out"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

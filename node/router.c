@@ -126,6 +126,7 @@ typedef struct {
     net_server_t *srv;       // ROUTER
     peer_t peers[MAX_PEERS]; // every node seen
     int npeers;              // used entries
+    int next_peer_id;        // ids for logs, in join order (entries may be reused)
     req_t reqs[MAX_REQS];    // outstanding requests
     uint64_t next_id;        // request ids
     mb_t *mbs;               // [G] micro-batches of the current step
@@ -505,6 +506,21 @@ static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
     }
 }
 
+// A full peer table makes room: the entry of the peer dead longest whose
+// ban is over (a banned peer keeps its entry, so that its ban holds).
+static int s_peer_slot_free(const router_t *r)
+{
+    int best = -1;
+    double now = s_secs();
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        if (pe->state == P_DEAD && pe->inflight == 0 && pe->banned_until <= now
+            && (best < 0 || pe->last_seen < r->peers[best].last_seen))
+            best = p;
+    }
+    return best;
+}
+
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
 // follows when the swarm is between steps (s_joins).
 static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
@@ -525,12 +541,15 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
     int p = s_peer_find(r, who);
     if (p < 0) {
-        if (r->npeers == MAX_PEERS) {
-            fprintf(stderr, "swarm router: peer table full (%d); ignoring %s\n", MAX_PEERS, name);
+        p = r->npeers < MAX_PEERS ? r->npeers++ : s_peer_slot_free(r);
+        if (p < 0) {
+            fprintf(stderr, "swarm router: peer table full (%d, none of them dead and unbanned); "
+                    "ignoring %s\n", MAX_PEERS, name);
             return;
         }
-        p = r->npeers++;
-        r->peers[p] = (peer_t) { .who = *who, .id = p + 1, .stage = -1, .moved_at = -1e30 };
+        free(r->peer_grad[p]);
+        r->peer_grad[p] = NULL;
+        r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
     }
     peer_t *pe = &r->peers[p];
     s_sanitize(name);

@@ -15,7 +15,9 @@
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
-#   SECONDS_RUN=60 SLOW=2 scripts/bench-hetero.sh build
+# Every run checkpoints every 10 steps (a rollback costs 10 steps at most);
+# the chaos line counts rollbacks too.
+#   SECONDS_RUN=60 SLOW=2 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
 set -eu
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -65,13 +67,16 @@ best_bound() {
 run() {
     name=$1 dur=$2
     shift 2
+    case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     envs=""
     while [ "$1" != "--" ]; do envs="$envs $1"; shift; done
     shift
     echo "bench-hetero.sh: $name: $dur s ..." >&2
     # shellcheck disable=SC2086
+    # checkpoints every 10 steps: a stage that loses every replica (a kill
+    # of the last one) rolls back 10 steps at most, not to the start
     env KEEP=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
-        $BABY "$@" >"$OUT/$name.log" 2>&1 &
+        $BABY --save "$OUT/ckpt-$name" --save-every 10 "$@" >"$OUT/$name.log" 2>&1 &
     pid=$!
     dir=""
     for _ in $(seq 1 100); do
@@ -104,6 +109,8 @@ run() {
     bound=$(field "$b" bound_tok_s)
     best=$(best_bound "$b")
     moves=$(grep -c "moving peer" "$OUT/$name.log" || true)
+    rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)
+    [ "$rollbacks" -gt 0 ] && echo "bench-hetero.sh: $name: $rollbacks rollback(s) to a checkpoint" >&2
     kills=$(grep -c "chaos: SIGKILL" "$OUT/$name.log" || true)
     tok=$(awk -v a="${sa:-0}" -v b="${sb:-0}" -v ta="$ta" -v tb="$tb" -v bt="$BATCH" -v t="$T" \
         'BEGIN { printf "%.0f", (b - a) * bt * t / (tb - ta) }')

@@ -1668,26 +1668,7 @@ static const fuzz_target_t s_fuzz_targets[] = {
     {"keys", fuzz_keys_one, fuzz_keys_seed},
     {"meta", fuzz_meta_one, fuzz_meta_seed},
 };
-#define N_FUZZ_TARGETS ((int) (sizeof s_fuzz_targets / sizeof s_fuzz_targets[0]))
-
-START_TEST(test_fuzz_target_seeds_are_current)
-{
-    char err[512] = "";
-    int rc = fuzz_corpus_check(&s_fuzz_targets[_i], getenv("SWARM_WRITE_CORPUS") != NULL, err,
-                               sizeof err);
-    ck_assert_msg(rc == 0, "%s", err);
-}
-END_TEST
-
-START_TEST(test_fuzz_target_corpus_replays)
-{
-    char err[512] = "";
-    int files = 0;
-    int rc = fuzz_corpus_replay(&s_fuzz_targets[_i], &files, err, sizeof err);
-    ck_assert_msg(rc == 0, "%s", err);
-    ck_assert_int_ge(files, 10);
-}
-END_TEST
+FUZZ_CORPUS_TESTS
 
 // ---- runner ----------------------------------------------------------------------
 

@@ -40,4 +40,27 @@ int fuzz_corpus_check(const fuzz_target_t *t, int write_it, char *err, size_t er
 // -1 with the first that is not in err. *files gets the count.
 int fuzz_corpus_replay(const fuzz_target_t *t, int *files, char *err, size_t errlen);
 
+// In a Check runner with a `static const fuzz_target_t s_fuzz_targets[]`:
+// the two loop tests over it (register them with tcase_add_loop_test over
+// 0..N_FUZZ_TARGETS): the seeds are current, and the corpus replays.
+#define N_FUZZ_TARGETS ((int) (sizeof s_fuzz_targets / sizeof s_fuzz_targets[0]))
+#define FUZZ_CORPUS_TESTS                                                                      \
+    START_TEST(test_fuzz_target_seeds_are_current)                                             \
+    {                                                                                          \
+        char err[512] = "";                                                                    \
+        int rc = fuzz_corpus_check(&s_fuzz_targets[_i], getenv("SWARM_WRITE_CORPUS") != NULL, \
+                                   err, sizeof err);                                           \
+        ck_assert_msg(rc == 0, "%s", err);                                                     \
+    }                                                                                          \
+    END_TEST                                                                                   \
+    START_TEST(test_fuzz_target_corpus_replays)                                                \
+    {                                                                                          \
+        char err[512] = "";                                                                    \
+        int files = 0;                                                                         \
+        int rc = fuzz_corpus_replay(&s_fuzz_targets[_i], &files, err, sizeof err);             \
+        ck_assert_msg(rc == 0, "%s", err);                                                     \
+        ck_assert_int_ge(files, 10);                                                           \
+    }                                                                                          \
+    END_TEST
+
 #endif

@@ -11,7 +11,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh gpu-swarm
+. tests/lib.sh
 
 STEPS=${GPU_SWARM_STEPS:-20}
 FLAGS="--layers 2 --heads 4 --embd 64 --block 32 --batch 8 --micro-batch 2 --warmup 2 --lr 1e-2 --eval-every 0"

@@ -1,11 +1,12 @@
 # lib.sh - what the swarm integration scripts share: pass/fail counters, a
 # scratch folder and the processes a test started (all killed at exit, also
 # stopped ones), waiting for a router's endpoint or a log line, and comparing loss logs
-# with `swarm train`'s. Sourced: `. tests/lib.sh NAME` from the repo root.
+# with `swarm train`'s. Sourced: `. tests/lib.sh` from the repo root.
 pass=0
 fail=0
 pids=""
-TMP=$(mktemp -d "/tmp/swarm-$1.XXXXXX")
+# (named after the script: `.` passes no arguments in every shell)
+TMP=$(mktemp -d "/tmp/swarm-$(basename "$0" .sh).XXXXXX")
 lib_cleanup() {
     for p in $pids; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
@@ -51,6 +52,15 @@ losses_match() {
     [ "$(wc -l <"$TMP/final.txt")" -eq "$3" ] && paste -d' ' "$TMP/final.txt" "$2" | awk '
         { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $4 || $1 != $3) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
         END { exit bad }'
+}
+
+# tiny_reference ITERS LR: the tiny test model's flags in TINY (on 30 kB of
+# the built-in corpus) and its `swarm train` losses in $TMP/train.txt
+tiny_reference() {
+    head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+    TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $1 --warmup 2 --lr $2 --eval-every 0 --data $TMP/data.txt"
+    # shellcheck disable=SC2086
+    "$BUILD/swarm" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
 }
 
 # check_losses LOG TRAIN N WHAT: ok/bad on losses_match, showing the first

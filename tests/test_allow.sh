@@ -10,7 +10,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh allow
+. tests/lib.sh
 
 STEPS=100000
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"

@@ -11,7 +11,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh cuda
+. tests/lib.sh
 unset SWARM_CUDA_PLUGIN SWARM_CUDA_TF32 SWARM_TEST_DEVICE MAKELEVEL MAKEFLAGS MFLAGS
 
 PLUGIN="$BUILD/swarm-cuda.so"

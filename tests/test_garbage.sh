@@ -12,7 +12,7 @@ BUILD=${1:-build-asan}
 SWARM="$BUILD/swarm"
 GARBAGE="$BUILD/garbage"
 GARBAGE_TIME=${GARBAGE_TIME:-30}
-. tests/lib.sh garbage
+. tests/lib.sh
 
 if ! ldd "$SWARM" 2>/dev/null | grep -q libasan; then
     echo "SKIP: $SWARM is not an AddressSanitizer build (make asan runs this test)"

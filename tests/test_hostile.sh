@@ -12,13 +12,10 @@
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
-. tests/lib.sh hostile
+. tests/lib.sh
 
 ITERS=100
-head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $ITERS --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
-# shellcheck disable=SC2086
-"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+tiny_reference "$ITERS" 1e-3
 
 if "$SWARM" node --misbehave nan --join tcp://127.0.0.1:1 --router-key x >"$TMP/flag.txt" 2>&1 \
     || ! grep -q "unknown flag" "$TMP/flag.txt"; then

@@ -11,13 +11,10 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh rebalance
+. tests/lib.sh
 
 ITERS=300
-head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $ITERS --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
-# shellcheck disable=SC2086
-"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+tiny_reference "$ITERS" 1e-3
 
 "$SWARM" keygen "$TMP/router" >/dev/null
 # shellcheck disable=SC2086

@@ -6,7 +6,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh rollback
+. tests/lib.sh
 
 head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"

@@ -13,7 +13,7 @@
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
-. tests/lib.sh wan
+. tests/lib.sh
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "SKIP test_wan: needs root (network namespaces); run make test as root to include it"

@@ -13,6 +13,8 @@
 #   rebalance joins by count, rebalancing on (the router must find the split)
 #   default   joins by speed, rebalancing on (the defaults)
 #   noverify  the defaults without spot verification (--verify 0): its cost
+#   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
+#             what the gradient exchange between steps costs
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
@@ -130,6 +132,7 @@ run speed "$RUN" -- --rebalance-every 0
 run rebalance "$RUN" -- --assign even
 run default "$RUN" --
 run noverify "$RUN" -- --verify 0
+run gradfp16 "$RUN" -- --grad-wire fp16
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11

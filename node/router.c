@@ -3,9 +3,12 @@
  * every micro-batch through the stages (a window of them in flight), sums
  * each stage's gradients over its replicas, and has every replica apply the
  * same AdamW update; replicas' checksums are compared after every step.
+ * Nothing a peer sends is used before it is checked; peers that fail,
+ * stall, lie or die are banned, resynced or expelled and their work is
+ * redone elsewhere, so every step averages exactly its micro-batches.
  *
- * The protocol is docs/swarm.md. Peer failures beyond resending a request
- * are not handled here yet; the router does no compute of its own.
+ * The protocol and its failure handling are docs/swarm.md; the threat
+ * model is SECURITY.md. The router does no compute of its own.
  */
 #include "node.h"
 #include "net.h"

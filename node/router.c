@@ -1002,18 +1002,27 @@ static int s_spot_same(const router_t *r, const mb_t *b, int x, int y)
 }
 
 // A peer caught returning wrong results: expelled for the run.
-static void s_peer_expel(router_t *r, int p, const char *why)
+// Peer p failed: it is dead and refused for `seconds` (INFINITY: for the
+// run); the log says `line`, swarm status `why`. Its work is redone.
+static void s_peer_ban(router_t *r, int p, double seconds, const char *why, const char *line)
 {
     peer_t *pe = &r->peers[p];
-    if (pe->state == P_DEAD)
-        return;
-    char line[160];
-    snprintf(line, sizeof line, "%s: expelled for the run", why);
-    r->expelled++;
     pe->failures++;
-    pe->banned_until = INFINITY;
+    pe->banned_until = s_secs() + seconds;
+    pe->ban_told = 0;
     s_peer_dead(r, p, line);
-    snprintf(pe->why, sizeof pe->why, "%s: expelled", why);
+    snprintf(pe->why, sizeof pe->why, "%s", why);
+}
+
+static void s_peer_expel(router_t *r, int p, const char *why)
+{
+    if (r->peers[p].state == P_DEAD)
+        return;
+    char line[160], shown[128];
+    snprintf(line, sizeof line, "%s: expelled for the run", why);
+    snprintf(shown, sizeof shown, "%s: expelled", why);
+    r->expelled++;
+    s_peer_ban(r, p, INFINITY, shown, line);
 }
 
 // Start the current step over: every replica drops what it accumulated
@@ -1327,10 +1336,7 @@ static void s_consensus(router_t *r, long step)
             // the next step may have begun (pipelined updates): what it did
             // there is redone by the others, as for a peer that died
             s_peer_dead(r, p, why);
-            if (pe->state == P_DEAD && !isinf(pe->banned_until)) {
-                pe->state = P_JOINING; // s_joins asks a replica that agrees
-                pe->banned_until = 0;
-            }
+            pe->state = P_JOINING; // s_joins asks a replica that agrees
         }
     }
 }
@@ -1704,9 +1710,8 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         return 0;
     case R_STATE_GET:
         for (int i = 0; i < 3; i++) {
-            const net_head_t *hh = net_msg_head_const(m);
-            if (hh->ntensors != 3 || hh->tensors[i].ndims != 1 || hh->tensors[i].dtype != NET_DTYPE_F32
-                || hh->tensors[i].dims[0] != r->stage_n[s]) {
+            if (h->ntensors != 3 || h->tensors[i].ndims != 1 || h->tensors[i].dtype != NET_DTYPE_F32
+                || h->tensors[i].dims[0] != r->stage_n[s]) {
                 snprintf(why, wn, "sent a stage state of the wrong shape");
                 return -EPROTO;
             }
@@ -1786,10 +1791,11 @@ static int s_flooding(router_t *r, int p, const net_head_t *h)
         pe->burst_from = now;
         pe->burst = 0;
     }
-    if (++pe->burst <= ROUTER_BURST || pe->state == P_DEAD)
-        return pe->state == P_DEAD && pe->burst > ROUTER_BURST; // banned: dropped unread
-    s_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
-    return 1;
+    if (++pe->burst <= ROUTER_BURST)
+        return 0;
+    if (pe->state != P_DEAD)
+        s_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
+    return 1; // over the limit: dropped unread
 }
 
 // The speed a node reports is used only for the bound in swarm status; one
@@ -1958,13 +1964,10 @@ static void s_peer_fail(router_t *r, int p, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    pe->failures++;
     pe->ban_s = pe->ban_s > 0 ? fmin(2.0 * pe->ban_s, 600.0) : 5.0;
-    pe->banned_until = s_secs() + pe->ban_s;
-    pe->ban_told = 0;
-    snprintf(line, sizeof line, "%s: banned for %.0f s (failure %d)", why, pe->ban_s, pe->failures);
-    s_peer_dead(r, p, line);
-    snprintf(pe->why, sizeof pe->why, "%s", why);
+    snprintf(line, sizeof line, "%s: banned for %.0f s (failure %d)", why, pe->ban_s,
+             pe->failures + 1);
+    s_peer_ban(r, p, pe->ban_s, why, line);
 }
 
 // A request's deadline: 20 times what the peer's measured speed says it

@@ -1,3 +1,0 @@
-build-dev/obj/net/codec.o: net/codec.c net/wire.h net/net.h
-net/wire.h:
-net/net.h:

@@ -1,3 +1,0 @@
-build-dev/obj/net/msg.o: net/msg.c net/wire.h net/net.h
-net/wire.h:
-net/net.h:

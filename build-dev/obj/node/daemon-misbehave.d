@@ -1,5 +1,0 @@
-build-dev/obj/node/daemon-misbehave.o: node/daemon.c net/net.h \
- node/node.h blas/blas.h
-net/net.h:
-node/node.h:
-blas/blas.h:

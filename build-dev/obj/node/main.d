@@ -1,3 +1,0 @@
-build-dev/obj/node/main.o: node/main.c node/node.h blas/blas.h
-node/node.h:
-blas/blas.h:

@@ -1,3 +1,0 @@
-build-dev/obj/node/stage.o: node/stage.c node/node.h blas/blas.h
-node/node.h:
-blas/blas.h:

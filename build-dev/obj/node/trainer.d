@@ -1,5 +1,0 @@
-build-dev/obj/node/trainer.o: node/trainer.c node/node.h blas/blas.h \
- swarm/swarm.h
-node/node.h:
-blas/blas.h:
-swarm/swarm.h:

@@ -8,7 +8,9 @@
 # last lines and exits with the router's status. Flags it does not know go
 # to `swarm router` (e.g. --layers 2 --embd 32 --batch 8).
 # Environment: BUILD (default build), SWARM (default $BUILD/swarm), KEEP=1
-# keeps the folder of keys and logs, TIMEOUT (s, default 3600) bounds the run.
+# keeps the folder of keys and logs, TIMEOUT (s, default 3600) bounds the run,
+# ORDERED=1 starts each node once the one before it has joined (join order,
+# and so the split of --assign even, is then the nodes' order).
 # It does not pick a port: the router binds port 0 and says which it got.
 # --speeds gives node i a speed (node --slowdown 1/speed); --chaos SEED
 # SIGKILLs a random node every CHAOS_EVERY s (default 20) and starts a
@@ -21,7 +23,7 @@
 
 me=local-swarm.sh
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
 }
 die() {
     echo "$me: $*" >&2
@@ -193,6 +195,13 @@ slowdown_of_pid() {
 i=1
 while [ "$i" -le "$nodes" ]; do
     start_node "$i"
+    if [ "${ORDERED:-0}" = 1 ]; then # joined (bounded: 30 s) before the next starts
+        tries=300
+        while [ "$tries" -gt 0 ] && ! grep -q "^swarm router: peer [0-9]* (node$i, .*) joins" "$TMP/router.log"; do
+            sleep 0.1
+            tries=$((tries - 1))
+        done
+    fi
     i=$((i + 1))
 done
 next_node=$((nodes + 1))

@@ -353,6 +353,46 @@ static int s_peer_find(router_t *r, const net_peer_t *who)
     return -1;
 }
 
+// Training work of request q in micro-batch tokens (a forward a third, a
+// backward two thirds, the last stage's fused pair all of it, control 0).
+static double s_req_work(const router_t *r, const req_t *q)
+{
+    int last = q->stage == r->plan.stages - 1;
+    if (q->kind == R_BWD)
+        return 2.0 / 3.0;
+    if (q->kind == R_VERIFY)
+        return 1.0 / 3.0;
+    if (q->kind == R_FWD)
+        return last && !r->evaluating ? 1.0 : 1.0 / 3.0;
+    return 0.0;
+}
+
+// What each peer holds, in training tokens (swarm_peer_view_t.backlog):
+// its FWD/BWD requests in flight, and the backward it owes for every
+// forward it ran this step whose BWD is not sent yet (the router prefers to
+// send it there, where the activations are).
+static void s_backlog(const router_t *r, double *backlog)
+{
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    for (int p = 0; p < r->npeers; p++)
+        backlog[p] = 0.0;
+    for (int i = 0; i < MAX_REQS; i++)
+        if (r->reqs[i].id != 0)
+            backlog[r->reqs[i].peer] += tokens * s_req_work(r, &r->reqs[i]);
+    if (r->evaluating || !r->mbs)
+        return;
+    int S = r->plan.stages;
+    for (int i = 0; i < r->G; i++) {
+        const mb_t *b = &r->mbs[i];
+        // stages whose forward ran (or runs) and whose backward is not sent:
+        // in forward up to the stage it is at, in backward below it
+        int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
+        for (int k = 0; k < owed && k < S - 1; k++)
+            if (b->fwd_peer[k] >= 0 && b->fwd_peer[k] < r->npeers)
+                backlog[b->fwd_peer[k]] += tokens * 2.0 / 3.0;
+    }
+}
+
 // The peer table as the policy sees it. For routing (optimistic) a ready
 // peer the router has not measured yet is taken to be as fast as the
 // fastest measured peer of its stage, so that it gets work and is measured
@@ -360,7 +400,8 @@ static int s_peer_find(router_t *r, const net_peer_t *who)
 // run); rebalancing sees the speeds as measured.
 static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[NODE_MAX_LAYERS] = {0};
+    double fastest[NODE_MAX_LAYERS] = {0}, backlog[MAX_PEERS];
+    s_backlog(r, backlog);
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
         if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
@@ -373,8 +414,8 @@ static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
             tok_s = fastest[p->stage];
         v[i] = (swarm_peer_view_t) {
             .stage = p->stage, .ready = p->state == P_READY && !p->failed,
-            .joining = p->state == P_JOINING,
-            .inflight = p->inflight, .queue = p->queue, .tok_s = tok_s, .moved_at = p->moved_at,
+            .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
+            .backlog = backlog[i], .tok_s = tok_s, .moved_at = p->moved_at,
         };
     }
 }
@@ -620,7 +661,7 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
 {
     int S = r->plan.stages, unknown_slots[NODE_MAX_LAYERS] = {0};
     *in = (swarm_window_in_t) { .stages = S, .micro_batches = r->G };
-    double work[NODE_MAX_LAYERS] = {0};
+    double work[NODE_MAX_LAYERS] = {0}, rate[NODE_MAX_LAYERS] = {0};
     int measured[NODE_MAX_LAYERS] = {0};
     for (int p = 0; p < r->npeers; p++) {
         const peer_t *pe = &r->peers[p];
@@ -631,7 +672,9 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
         in->rtt = pe->rtt > in->rtt ? pe->rtt : in->rtt; // the slowest link sets the pace
         // the last stage's backward runs inside its FWD
         if (pe->busy[0] > 0 && (s == S - 1 || pe->busy[1] > 0)) {
-            work[s] += pe->busy[0] + (s == S - 1 ? 0.0 : pe->busy[1]);
+            double each = pe->busy[0] + (s == S - 1 ? 0.0 : pe->busy[1]);
+            work[s] += each;
+            rate[s] += 1.0 / each;
             measured[s]++;
         }
         in->slots[s] += pe->slots;
@@ -639,6 +682,8 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
     }
     for (int s = 0; s < S; s++) {
         in->work[s] = measured[s] ? work[s] / measured[s] : 0.0; // the measured replicas' mean
+        // every replica busy (the unmeasured ones as fast as the mean)
+        in->pace[s] = measured[s] ? 1.0 / (rate[s] * in->replicas[s] / measured[s]) : 0.0;
         if (unknown_slots[s])
             in->slots[s] = 0;
     }
@@ -761,31 +806,31 @@ static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
     return m;
 }
 
-// The best ready peer of stage s for micro-batch i (prefer: who holds its
-// activations, or -1). -EAGAIN when the stage has none.
-static int s_pick_but(router_t *r, int s, int prefer, const int *not, int nnot)
+// The best ready peer of stage s, but none of not[], for `work` (of a
+// micro-batch's training work: 1/3 a forward alone; a forward and the
+// backward it brings, or a backward recomputed away from its activations,
+// 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
+static int s_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot)
 {
     swarm_peer_view_t views[MAX_PEERS];
     s_views(r, views);
     for (int k = 0; k < nnot; k++)
         if (not[k] >= 0)
             views[not[k]].ready = 0;
-    int p = swarm_policy_pick(views, r->npeers, s, prefer, (double) r->hp.micro * r->hp.cfg.T);
+    int p = swarm_policy_pick(views, r->npeers, s, prefer, work * r->hp.micro * r->hp.cfg.T);
     return p < 0 ? -EAGAIN : p;
 }
 
-static int s_pick(router_t *r, int s, int prefer)
+static int s_pick(router_t *r, int s, int prefer, double work)
 {
-    swarm_peer_view_t views[MAX_PEERS];
-    s_views(r, views);
-    int p = swarm_policy_pick(views, r->npeers, s, prefer, (double) r->hp.micro * r->hp.cfg.T);
-    return p < 0 ? -EAGAIN : p;
+    return s_pick_but(r, s, prefer, work, NULL, 0);
 }
 
 // FWD of micro-batch i at stage s to the best ready peer.
 static int s_fwd(router_t *r, int i, int s)
 {
-    int p = s_pick(r, s, -1);
+    // a training forward brings its backward (the last stage runs both)
+    int p = s_pick(r, s, -1, r->evaluating ? 1.0 / 3.0 : 1.0);
     net_msg_t *m = p >= 0 ? s_fwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
@@ -794,10 +839,28 @@ static int s_fwd(router_t *r, int i, int s)
     return s_send(r, p, &m, R_FWD, i, s);
 }
 
-// BWD of micro-batch i at stage s (< S-1), preferring its forward's peer.
+// Forwards of this step not yet sent to stage s.
+static int s_forwards_left(const router_t *r, int s)
+{
+    int n = 0;
+    for (int i = 0; i < r->G; i++)
+        n += r->mbs[i].stage < s && !r->mbs[i].backward;
+    return n;
+}
+
+// BWD of micro-batch i at stage s (< S-1), to its forward's peer, which
+// holds the activations. Once the stage has no forwards left to do this
+// step, a replica that would be through everything it holds sooner, even
+// recomputing the forward, takes it instead: a slow replica's backwards
+// do not hold up the end of the step.
 static int s_bwd(router_t *r, int i, int s)
 {
-    int p = s_pick(r, s, r->mbs[i].fwd_peer[s]);
+    int holder = r->mbs[i].fwd_peer[s];
+    int p = holder >= 0 && holder < r->npeers && r->peers[holder].state == P_READY
+                    && !r->peers[holder].failed && r->peers[holder].stage == s
+                    && s_forwards_left(r, s) > 0
+                ? holder
+                : s_pick(r, s, holder, 1.0);
     net_msg_t *m = p >= 0 ? s_bwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
@@ -811,7 +874,7 @@ static int s_bwd(router_t *r, int i, int s)
 static int s_redo(router_t *r, int i, int s)
 {
     int last = s == r->plan.stages - 1;
-    int p = s_pick(r, s, -1);
+    int p = s_pick(r, s, -1, 1.0);
     net_msg_t *m = p < 0 ? NULL : last ? s_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
     if (!m)
         return p < 0 ? p : -ENOMEM;
@@ -973,7 +1036,7 @@ static int s_spot_begin(router_t *r, const req_t *q, float loss)
 {
     mb_t *b = &r->mbs[q->mb];
     int last = q->stage == r->plan.stages - 1;
-    int other = s_pick_but(r, q->stage, -1, &q->peer, 1);
+    int other = s_pick_but(r, q->stage, -1, 1.0 / 3.0, &q->peer, 1);
     if (other < 0)
         return 0;
     b->spot_stage = q->stage;
@@ -1072,7 +1135,7 @@ static void s_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
     }
     if (k == 1) {
         int not[2] = { b->spot_peer[0], q->peer };
-        int third = s_pick_but(r, s, -1, not, 2);
+        int third = s_pick_but(r, s, -1, 1.0 / 3.0, not, 2);
         fprintf(stderr, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
                 "micro-batch %d%s\n", r->step, s, a->id, a->name, c->id, c->name, q->mb,
                 third >= 0 ? "; asking a third replica" : "; no third replica to decide");

@@ -10,14 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 
-// Projected seconds until a new request of `tokens` would finish on p.
-static double s_finish(const swarm_peer_view_t *p, double tokens)
-{
-    double rate = p->tok_s > 1.0 ? p->tok_s : 1.0;
-    return (double) (p->inflight + p->queue + 1) * tokens / rate;
-}
-
-int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double tokens)
+int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double work)
 {
     int best = -1;
     double best_t = 0.0;
@@ -25,12 +18,12 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
         const swarm_peer_view_t *p = &peers[i];
         if (!p->ready || p->stage != stage)
             continue;
-        double t = s_finish(p, tokens);
-        // the peer that ran the forward keeps its activations: it wins ties
-        // and anything up to one extra request of delay
-        if (i == prefer)
-            t -= tokens / (p->tok_s > 1.0 ? p->tok_s : 1.0);
-        if (best < 0 || t < best_t) {
+        // seconds until it is through everything it holds and this; the
+        // peer holding the activations has the work counted already and
+        // wins ties
+        double rate = p->tok_s > 1.0 ? p->tok_s : 1.0;
+        double t = (p->backlog + (i == prefer ? 0.0 : work)) / rate;
+        if (best < 0 || t < best_t || (t == best_t && i == prefer)) {
             best = i;
             best_t = t;
         }
@@ -142,7 +135,7 @@ int swarm_policy_window(const swarm_window_in_t *in)
         if (!(in->work[s] > 0.0) || in->replicas[s] < 1)
             return G; // not measured yet: everything in flight, as before
         cycle += in->work[s];
-        double each = in->work[s] / in->replicas[s];
+        double each = in->pace[s] > 0.0 ? in->pace[s] : in->work[s] / in->replicas[s];
         beat = each > beat ? each : beat;
     }
     // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001

@@ -49,14 +49,20 @@ typedef struct {
     int joining;      // assigned, loading its state
     int inflight;     // requests we have outstanding at it
     int queue;        // requests it reported queued
+    double backlog;   // training tokens of work it holds: requests in flight
+                      // and the backwards it owes for forwards it ran
     double tok_s;     // tokens per second, EMA
     double moved_at;  // seconds (caller's clock) of its last stage move; -1e30 never
 } swarm_peer_view_t;
 
-// The ready peer of `stage` with the earliest projected finish for a
-// request of `tokens` tokens; `prefer` (an index or -1) holds the request's
-// activations and wins near-ties. -1 when the stage has no ready peer.
-int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double tokens);
+// The ready peer of `stage` that would finish all it holds soonest if
+// given `work` more training tokens of work: (backlog + work) / tok_s.
+// `prefer` (an index or -1) already holds this work in its backlog (a
+// backward it owes for the forward it ran): it finishes at backlog / tok_s,
+// and loses only to a peer that would be done before that even with the
+// work recomputed. Balancing finish times is what makes every replica of a
+// stage end a step together. -1 when the stage has no ready peer.
+int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double work);
 // The stage a joining node should serve: least total throughput of its
 // ready and joining peers, then fewest replicas, then the lowest index.
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);
@@ -113,14 +119,17 @@ typedef struct {
     double work[SWARM_WINDOW_STAGES];    // s: compute of one micro-batch at stage s on one
                                          // replica (forward + backward); <= 0 unknown
     int replicas[SWARM_WINDOW_STAGES];   // ready replicas of stage s
+    double pace[SWARM_WINDOW_STAGES];    // s: how often stage s's replicas together finish a
+                                         // micro-batch, 1 / sum of 1 / their work (uneven
+                                         // replicas); <= 0: work / replicas
     int slots[SWARM_WINDOW_STAGES];      // micro-batches stage s's replicas can cache in
                                          // all; <= 0 unknown (no bound)
 } swarm_window_in_t;
 
 // The window for `in`: ceil(cycle / beat) + 1, where cycle = the stages' work
 // plus 2S - 1 router round trips (a micro-batch's time from its first FWD
-// to its last BWD) and beat = max over stages of work / replicas (how often
-// the bottleneck finishes one), clamped to 1..G and to the smallest cache
+// to its last BWD) and beat = max over stages of the pace (how often the
+// bottleneck finishes one), clamped to 1..G and to the smallest cache
 // of the stages 0..S-2 (the last stage caches nothing). G when a stage's
 // work is unknown (nothing measured yet: every micro-batch of the step).
 int swarm_policy_window(const swarm_window_in_t *in);

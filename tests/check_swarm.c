@@ -556,25 +556,54 @@ START_TEST(test_pick_prefers_earliest_projected_finish)
     // the fastest ready peer of stage 0; the faster stage-1 and the
     // not-ready peers do not count
     ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
-    // two requests queued at the fast one: (2+1)/3000 > 1/1000
-    p[1].inflight = 2;
+    // work it already holds: (1536 + 768) / 3000 = 0.77 s < 0.768 / 1 s?
+    // no: 0.768 s on the slow one is sooner
+    p[1].backlog = 1536;
     ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 0);
-    p[1].inflight = 0;
+    // a little less and the fast one is sooner again
+    p[1].backlog = 1500;
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
+    // the count of requests in flight or queued is not what counts: their work is
+    p[1].backlog = 0;
+    p[1].inflight = 3;
     p[1].queue = 3;
-    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 0);
+    ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
     ck_assert_int_eq(swarm_policy_pick(p, 4, 2, -1, 768), -1);
+}
+END_TEST
+
+START_TEST(test_pick_balances_finish_times_of_uneven_replicas)
+{
+    // a fast and an 8x slower replica share a stage: handing out forwards
+    // (each bringing its backward, 768 tokens of work) one by one by
+    // earliest finish, the slow one gets about its share and both finish
+    // close together
+    swarm_peer_view_t p[2] = { s_view(0, 1, 0, 8000), s_view(0, 1, 0, 1000) };
+    int got[2] = { 0, 0 };
+    for (int k = 0; k < 18; k++) {
+        int i = swarm_policy_pick(p, 2, 0, -1, 768);
+        ck_assert_int_ge(i, 0);
+        got[i]++;
+        p[i].backlog += 768;
+    }
+    ck_assert_int_eq(got[0], 16);
+    ck_assert_int_eq(got[1], 2);
+    double t0 = p[0].backlog / 8000, t1 = p[1].backlog / 1000;
+    ck_assert_msg(fabs(t0 - t1) <= 768.0 / 1000, "finishes %.3f and %.3f s", t0, t1);
 }
 END_TEST
 
 START_TEST(test_pick_keeps_backward_on_the_forward_peer_when_close)
 {
     swarm_peer_view_t p[2] = { s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1100) };
-    // without a preference the faster one; with one, the peer holding the
-    // activations wins a near-tie
+    // without a preference the faster one; the peer holding the activations
+    // has the backward in its backlog already and wins unless another would
+    // be through everything, recomputing the forward too, before it
+    p[0].backlog = 512;
     ck_assert_int_eq(swarm_policy_pick(p, 2, 0, -1, 768), 1);
     ck_assert_int_eq(swarm_policy_pick(p, 2, 0, 0, 768), 0);
-    // but not when it is far behind
-    p[0].inflight = 5;
+    // but not when it is far behind (a straggler at the end of a step)
+    p[0].backlog = 5 * 768;
     ck_assert_int_eq(swarm_policy_pick(p, 2, 0, 0, 768), 1);
 }
 END_TEST
@@ -751,6 +780,16 @@ START_TEST(test_window_covers_the_round_trips_at_the_bottleneck_pace)
     ck_assert_int_eq(swarm_policy_window(&in), 34); // beat max(10, 10) ms, cycle 330 ms
     in.replicas[0] = 1;
     ck_assert_int_eq(swarm_policy_window(&in), 18); // beat 20 ms: ceil(16.5) + 1
+    // uneven replicas of 5 and 40 ms (mean 22.5) finish one every
+    // 1 / (1/5 + 1/40) = 4.44 ms together, not 22.5 / 2: the 10 ms stage
+    // is the bottleneck and the window is that of one 10 ms beat
+    in.work[0] = 0.0225;
+    in.replicas[0] = 2;
+    in.pace[0] = 1.0 / (1.0 / 0.005 + 1.0 / 0.040);
+    ck_assert_int_eq(swarm_policy_window(&in), 35); // ceil((22.5 + 10 + 300) / 10) + 1
+    // unknown pace: the mean over the replicas, 22.5 / 2 = 11.25 ms the beat
+    in.pace[0] = 0.0;
+    ck_assert_int_eq(swarm_policy_window(&in), 31); // ceil(332.5 / 11.25) + 1
 }
 END_TEST
 
@@ -809,6 +848,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("policy");
     tcase_add_test(tc, test_pick_prefers_earliest_projected_finish);
+    tcase_add_test(tc, test_pick_balances_finish_times_of_uneven_replicas);
     tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);

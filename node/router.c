@@ -155,6 +155,7 @@ typedef struct {
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
     int in_step[MAX_PEERS];  // it was sent this step's STEP
+    int stepped[NODE_MAX_LAYERS]; // the stage's replicas were sent this step's STEP
     int norm_only[MAX_PEERS];// its stage has no other replica: it keeps its gradient
     double peer_sumsq[MAX_PEERS]; // with norm_only: its gradient's sum of squares
     int ckpt_pending;        // STATE replies still to come for a checkpoint
@@ -1229,13 +1230,73 @@ static void s_step_begin(router_t *r)
         s_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++)
         r->got_grad[p] = r->in_step[p] = 0; // nobody's gradient of this step is in yet
+    memset(r->stepped, 0, sizeof r->stepped);
+    r->pending = 0;
     r->phase = PH_MB;
     r->step_t0 = s_secs();
     s_window_update(r);
 }
 
-// Keep `window` micro-batches in flight; when all are through, ask for the
-// gradients.
+// Every micro-batch's gradient work at stage s has been sent this step:
+// its BWD (the last stage: its FWD, which runs the backward too).
+static int s_stage_sent(const router_t *r, int s)
+{
+    int S = r->plan.stages;
+    for (int i = 0; i < r->G; i++) {
+        const mb_t *b = &r->mbs[i];
+        if (b->stage == S)
+            continue;
+        if (b->stage < 0 || (s < S - 1 ? !(b->backward && b->stage <= s)
+                                       : !(b->backward || b->stage == S - 1)))
+            return 0;
+        if (b->retry_kind || b->redo_wanted[s])
+            return 0;
+    }
+    return 1;
+}
+
+// STEP to every ready replica of stage s: send your gradient (a stage's
+// only replica keeps it and sends its norm).
+static void s_step_ask(router_t *r, int s)
+{
+    r->stepped[s] = 1;
+    int only = s_ready_count(r, s) == 1;
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state != P_READY || r->peers[p].stage != s)
+            continue;
+        r->in_step[p] = 0;
+        r->got_grad[p] = 0;
+        net_msg_t *m = net_msg_new(NET_MSG_STEP);
+        net_msg_head(m)->step = (uint64_t) r->step;
+        net_msg_head(m)->stage = (uint32_t) s;
+        r->norm_only[p] = only;
+        if (only && s_meta(m, "norm_only=1\n") != 0) {
+            net_msg_destroy(&m);
+            continue;
+        }
+        if (s_send(r, p, &m, R_STEP, -1, s) == 0) {
+            r->in_step[p] = 1;
+            r->pending++;
+        }
+    }
+}
+
+// Every STEP of this step is void (a dead peer's work is being redone, and
+// the survivors' sums must include it): they are asked again.
+static void s_step_unask(router_t *r)
+{
+    for (int k = 0; k < MAX_REQS; k++)
+        if (r->reqs[k].id && r->reqs[k].kind == R_STEP)
+            s_req_done(r, &r->reqs[k]); // their answers are stale now
+    for (int q = 0; q < r->npeers; q++)
+        if (r->peers[q].state != P_DEAD)
+            r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
+    memset(r->stepped, 0, sizeof r->stepped);
+    r->pending = 0;
+}
+
+// Keep `window` micro-batches in flight; ask each stage for its gradients
+// once its work is all sent; when all are through, sum them (PH_GRAD).
 static void s_step_micro(router_t *r)
 {
     s_retry(r);
@@ -1253,28 +1314,18 @@ static void s_step_micro(router_t *r)
             flying++;
         }
     }
-    if (done < r->G || r->redo_pending > 0)
-        return;
-    r->pending = 0;
-    for (int p = 0; p < r->npeers; p++) {
-        r->in_step[p] = 0;
-        r->got_grad[p] = 0;
-        if (r->peers[p].state != P_READY)
-            continue;
-        net_msg_t *m = net_msg_new(NET_MSG_STEP);
-        net_msg_head(m)->step = (uint64_t) r->step;
-        net_msg_head(m)->stage = (uint32_t) r->peers[p].stage;
-        // a stage's only replica keeps its gradient: nothing to sum
-        r->norm_only[p] = s_ready_count(r, r->peers[p].stage) == 1;
-        if (r->norm_only[p] && s_meta(m, "norm_only=1\n") != 0) {
-            net_msg_destroy(&m);
-            continue;
-        }
-        if (s_send(r, p, &m, R_STEP, -1, r->peers[p].stage) == 0) {
-            r->in_step[p] = 1;
-            r->pending++;
-        }
+    // a stage with all its gradient work sent is asked for its gradients
+    // now: the STEP queues behind that work at each replica (served in
+    // order), so the later stages' sums travel while stage 0 finishes its
+    // backwards, and over slow links the STEP is not a round trip late
+    int stepped = 0;
+    for (int s = 0; s < S; s++) {
+        if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s))
+            s_step_ask(r, s);
+        stepped += r->stepped[s];
     }
+    if (done < r->G || r->redo_pending > 0 || stepped < S)
+        return;
     r->phase = PH_GRAD;
 }
 
@@ -1821,7 +1872,8 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
         r->pending--;
         break;
     case R_STATE:
-        if (r->phase == PH_GRAD || r->phase == PH_UPDATE) {
+        if (r->phase == PH_GRAD || r->phase == PH_UPDATE
+            || (r->phase == PH_MB && r->peers[p].stage >= 0 && r->stepped[r->peers[p].stage])) {
             // loaded the step's state, but the step's update has begun without
             // it: it would be one update behind; fetch again between steps
             break;
@@ -1932,13 +1984,8 @@ static void s_redo_lost(router_t *r, int p)
             redone++;
         }
     }
-    if (r->phase == PH_GRAD) {
-        for (int k = 0; k < MAX_REQS; k++)
-            if (r->reqs[k].id && r->reqs[k].kind == R_STEP)
-                s_req_done(r, &r->reqs[k]); // their answers are stale now
-        for (int q = 0; q < r->npeers; q++)
-            if (r->peers[q].state != P_DEAD)
-                r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
+    if (redone > 0 || r->in_step[p]) { // the sums must include the re-runs
+        s_step_unask(r);
         r->phase = PH_MB;
     }
     fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "

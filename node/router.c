@@ -308,6 +308,8 @@ static int s_acts_add(const router_t *r, net_msg_t *m, const void *bytes, int dt
     return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, s_acts_count(r)));
 }
 
+static void s_step_unask(router_t *r);
+
 // Send m to peer p as request kind; 0 or -errno (logged).
 static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
 {
@@ -329,6 +331,11 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
                     r->peers[p].name, strerror(-rc));
         r->peers[p].failed = 1;
         s_req_done(r, q);
+    } else if ((kind == R_BWD || (kind == R_FWD && stage == r->plan.stages - 1 && !r->evaluating))
+               && stage >= 0 && stage < r->plan.stages && r->stepped[stage]) {
+        // gradient work for a stage already asked for its gradients (a dead
+        // peer's request sent again): its replicas' answers would miss it
+        s_step_unask(r);
     }
     return rc;
 }
@@ -1293,6 +1300,8 @@ static void s_step_unask(router_t *r)
             r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
+    if (r->phase == PH_GRAD)
+        r->phase = PH_MB;
 }
 
 // Keep `window` micro-batches in flight; ask each stage for its gradients
@@ -1984,10 +1993,8 @@ static void s_redo_lost(router_t *r, int p)
             redone++;
         }
     }
-    if (redone > 0 || r->in_step[p]) { // the sums must include the re-runs
+    if (redone > 0 || r->in_step[p]) // the sums must include the re-runs
         s_step_unask(r);
-        r->phase = PH_MB;
-    }
     fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "
             "other replicas\n", r->step, redone);
 }

@@ -51,9 +51,10 @@ typedef struct {
 } daemon_opts_t;
 
 // A test build (build/swarm-misbehave, -DSWARM_MISBEHAVE) has --misbehave
-// MODE[@STEP]: from STEP on the node lies in one way, so that tests can
-// watch the router catch it. The swarm binary has no such flag.
-enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE };
+// MODE[@STEP]: from STEP on the node lies in one way (or, crash, dies the
+// first time a BWD it is about to serve has a STEP queued behind it), so
+// that tests can watch the router cope. The swarm binary has no such flag.
+enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE, MIS_CRASH };
 
 typedef struct {
     node_acts_t *acts;        // activations of one micro-batch (micro windows)
@@ -209,7 +210,7 @@ static int s_parse_name(daemon_opts_t *o, const char *arg, char *err, size_t n)
 #ifdef SWARM_MISBEHAVE
 static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
-    static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed", "shuffle" };
+    static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed", "shuffle", "crash" };
     const char *at = strchr(arg, '@');
     size_t len = at ? (size_t) (at - arg) : strlen(arg);
     for (int m = 1; m < (int) (sizeof modes / sizeof modes[0]); m++) {
@@ -219,7 +220,7 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
                                         err, n) : 0;
         }
     }
-    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed|shuffle[@STEP]", arg);
+    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed|shuffle|crash[@STEP]", arg);
     return -EINVAL;
 }
 #endif
@@ -1482,6 +1483,22 @@ static int64_t s_next_due(const daemon_t *d, int64_t now)
     return due;
 }
 
+// --misbehave crash: die without a word (as a machine that loses power)
+// while a BWD is unserved and its stage's STEP is queued behind it: the
+// router must run that backward elsewhere and ask for the sums again.
+static void s_crash_maybe(const daemon_t *d, const net_msg_t *msg)
+{
+    if (!s_lying(d, MIS_CRASH) || net_msg_head_const(msg)->type != NET_MSG_BWD)
+        return;
+    for (size_t i = 0; i < d->queued; i++) {
+        if (net_msg_head_const(d->queue[i])->type == NET_MSG_STEP) {
+            s_warn("swarm node: --misbehave crash: dying with a BWD of step %" PRIu64
+                   " unserved and the STEP behind it", net_msg_head_const(msg)->step);
+            _exit(3);
+        }
+    }
+}
+
 static void s_run(daemon_t *d)
 {
     d->exit_code = -1;
@@ -1492,6 +1509,7 @@ static void s_run(daemon_t *d)
         if (d->queued && !s_stop && d->exit_code < 0) {
             int64_t arrived = 0;
             net_msg_t *msg = s_queue_pick(d, &arrived);
+            s_crash_maybe(d, msg);
             s_serve(d, &msg, arrived);
         }
     }

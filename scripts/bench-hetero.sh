@@ -15,6 +15,8 @@
 #   noverify  the defaults without spot verification (--verify 0): its cost
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
+#   batch96   the defaults with twice the batch: what each step's fixed
+#             costs (pipeline fill and drain, the exchange) take
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
@@ -78,7 +80,8 @@ run() {
     # shellcheck disable=SC2086
     # checkpoints every 10 steps: a stage that loses every replica (a kill
     # of the last one) rolls back 10 steps at most, not to the start
-    env KEEP=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
+    # ORDERED: nodes join in order, so the even split is the same every run
+    env KEEP=1 ORDERED=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
         $BABY --save "$OUT/ckpt-$name" --save-every 10 "$@" >"$OUT/$name.log" 2>&1 &
     pid=$!
     dir=""
@@ -115,7 +118,12 @@ run() {
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)
     [ "$rollbacks" -gt 0 ] && echo "bench-hetero.sh: $name: $rollbacks rollback(s) to a checkpoint" >&2
     kills=$(grep -c "chaos: SIGKILL" "$OUT/$name.log" || true)
-    tok=$(awk -v a="${sa:-0}" -v b="${sb:-0}" -v ta="$ta" -v tb="$tb" -v bt="$BATCH" -v t="$T" \
+    bt=$BATCH prev="" # a run's own --batch wins
+    for a in "$@"; do
+        [ "$prev" = --batch ] && bt=$a
+        prev=$a
+    done
+    tok=$(awk -v a="${sa:-0}" -v b="${sb:-0}" -v ta="$ta" -v tb="$tb" -v bt="$bt" -v t="$T" \
         'BEGIN { printf "%.0f", (b - a) * bt * t / (tb - ta) }')
     echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
     printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
@@ -133,6 +141,7 @@ run rebalance "$RUN" -- --assign even
 run default "$RUN" --
 run noverify "$RUN" -- --verify 0
 run gradfp16 "$RUN" -- --grad-wire fp16
+run batch96 "$RUN" -- --batch 96
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11

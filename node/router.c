@@ -1096,6 +1096,18 @@ static void s_peer_expel(router_t *r, int p, const char *why)
     s_peer_ban(r, p, INFINITY, shown, line);
 }
 
+// A STEP of this step to stage s with meta (or none); NULL if it cannot be
+// made.
+static net_msg_t *s_step_msg(router_t *r, int s, const char *meta)
+{
+    net_msg_t *m = net_msg_new(NET_MSG_STEP);
+    net_msg_head(m)->step = (uint64_t) r->step;
+    net_msg_head(m)->stage = (uint32_t) s;
+    if (meta && s_meta(m, "%s", meta) != 0)
+        net_msg_destroy(&m);
+    return m;
+}
+
 // Start the current step over: every replica drops what it accumulated
 // (STEP discard=1) and every micro-batch runs again from the start.
 static void s_step_restart(router_t *r, const char *why)
@@ -1110,14 +1122,8 @@ static void s_step_restart(router_t *r, const char *why)
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY)
             continue;
-        net_msg_t *m = net_msg_new(NET_MSG_STEP);
-        net_msg_head(m)->step = (uint64_t) r->step;
-        net_msg_head(m)->stage = (uint32_t) r->peers[p].stage;
-        if (s_meta(m, "discard=1\n") != 0) {
-            net_msg_destroy(&m);
-            continue;
-        }
-        if (s_send(r, p, &m, R_DISCARD, -1, r->peers[p].stage) == 0)
+        net_msg_t *m = s_step_msg(r, r->peers[p].stage, "discard=1\n");
+        if (m && s_send(r, p, &m, R_DISCARD, -1, r->peers[p].stage) == 0)
             r->pending++;
     }
     r->restarts++;
@@ -1273,15 +1279,9 @@ static void s_step_ask(router_t *r, int s)
             continue;
         r->in_step[p] = 0;
         r->got_grad[p] = 0;
-        net_msg_t *m = net_msg_new(NET_MSG_STEP);
-        net_msg_head(m)->step = (uint64_t) r->step;
-        net_msg_head(m)->stage = (uint32_t) s;
         r->norm_only[p] = only;
-        if (only && s_meta(m, "norm_only=1\n") != 0) {
-            net_msg_destroy(&m);
-            continue;
-        }
-        if (s_send(r, p, &m, R_STEP, -1, s) == 0) {
+        net_msg_t *m = s_step_msg(r, s, only ? "norm_only=1\n" : NULL);
+        if (m && s_send(r, p, &m, R_STEP, -1, s) == 0) {
             r->in_step[p] = 1;
             r->pending++;
         }

@@ -8,6 +8,7 @@
  * CUDA ops are held to these CPU ops by check_cuda, and speed by bench_gemm.
  */
 #include "blas.h"
+#include "backend_ops.h"
 
 #include <check.h>
 #include <dlfcn.h>
@@ -150,18 +151,7 @@ START_TEST(test_cpu_backend_fills_every_op_and_field)
     ck_assert_msg(strlen(be->device) > 0, "device description is empty");
     ck_assert_msg(be->memory > 0, "memory is 0");
     ck_assert_int_eq(be->threads, 1);
-    void *ops[] = {
-        (void *) be->buf_alloc, (void *) be->buf_free, (void *) be->upload,
-        (void *) be->download, (void *) be->zero, (void *) be->sync,
-        (void *) be->encoder_forward, (void *) be->encoder_backward,
-        (void *) be->layernorm_forward, (void *) be->layernorm_backward,
-        (void *) be->matmul_forward, (void *) be->matmul_backward,
-        (void *) be->attention_forward, (void *) be->attention_backward,
-        (void *) be->gelu_forward, (void *) be->gelu_backward, (void *) be->add,
-        (void *) be->crossentropy, (void *) be->sumsq,
-    };
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        ck_assert_msg(ops[i] != NULL, "op %zu of the table is NULL", i);
+    s_assert_every_op(be);
 }
 END_TEST
 

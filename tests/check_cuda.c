@@ -11,6 +11,7 @@
  * CUDA is touched only inside the tests (each runs in its own process).
  */
 #include "blas.h"
+#include "backend_ops.h"
 
 #include <check.h>
 #include <errno.h>
@@ -147,18 +148,7 @@ START_TEST(test_cuda_backend_fills_every_op_and_field)
     ck_assert_msg(!strncmp(be->device, "cuda:0 ", 7), "device: %s", be->device);
     ck_assert_msg(be->memory > 0, "memory is 0");
     ck_assert_int_eq(be->threads, 1);
-    void *ops[] = {
-        (void *) be->buf_alloc, (void *) be->buf_free, (void *) be->upload,
-        (void *) be->download, (void *) be->zero, (void *) be->sync,
-        (void *) be->encoder_forward, (void *) be->encoder_backward,
-        (void *) be->layernorm_forward, (void *) be->layernorm_backward,
-        (void *) be->matmul_forward, (void *) be->matmul_backward,
-        (void *) be->attention_forward, (void *) be->attention_backward,
-        (void *) be->gelu_forward, (void *) be->gelu_backward, (void *) be->add,
-        (void *) be->crossentropy, (void *) be->sumsq,
-    };
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        ck_assert_msg(ops[i] != NULL, "op %zu of the table is NULL", i);
+    s_assert_every_op(be);
     // opening again gives the same table; another device is refused
     char err[512];
     ck_assert_ptr_eq(blas_backend_open("cuda:0", 1, err, sizeof err), be);

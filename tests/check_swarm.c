@@ -556,11 +556,11 @@ START_TEST(test_pick_prefers_earliest_projected_finish)
     // the fastest ready peer of stage 0; the faster stage-1 and the
     // not-ready peers do not count
     ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
-    // work it already holds: (1536 + 768) / 3000 = 0.77 s < 0.768 / 1 s?
-    // no: 0.768 s on the slow one is sooner
-    p[1].backlog = 1536;
+    // work it already holds: (1600 + 768) / 3000 = 0.789 s, later than
+    // 768 / 1000 = 0.768 s on the slow one
+    p[1].backlog = 1600;
     ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 0);
-    // a little less and the fast one is sooner again
+    // a little less, (1500 + 768) / 3000 = 0.756 s, and the fast one is sooner
     p[1].backlog = 1500;
     ck_assert_int_eq(swarm_policy_pick(p, 4, 0, -1, 768), 1);
     // the count of requests in flight or queued is not what counts: their work is

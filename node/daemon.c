@@ -1023,6 +1023,84 @@ static int s_on_bwd(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *
 
 // ---- STEP, UPDATE, STATE, STATE_GET ----------------------------------------
 
+// UPDATE's meta: lr, scale (clip factor; not in a STEP that applies the
+// update itself: want_scale 0), t = step + 1, wd (0.1 if absent).
+static int s_update_opts(daemon_t *d, const net_msg_t *req, int want_scale, node_adamw_t *opt,
+                         char *err, size_t n)
+{
+    double lr = 0.0, scale = 1.0, wd = 0.1;
+    long t = 0;
+    int rc = s_meta_double(req, "lr", 0.0, 1e3, &lr, err, n);
+    if (rc == 0 && want_scale)
+        rc = s_meta_double(req, "scale", 0.0, 1e30, &scale, err, n);
+    if (rc == 0)
+        rc = s_meta_long(req, "t", 1, LONG_MAX, &t, err, n);
+    if (rc == 0 && t != d->step + 1) {
+        snprintf(err, n, "meta t=%ld, expected %ld (this node is at step %ld)", t, d->step + 1,
+                 d->step);
+        rc = -EPROTO;
+    }
+    if (rc == 0 && (rc = s_meta_double(req, "wd", 0.0, 1e3, &wd, err, n)) == -ENOENT)
+        rc = 0;
+    *opt = (node_adamw_t) {
+        .lr = lr, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = (float) wd,
+        .grad_scale = (float) scale, .t = t,
+    };
+    return rc;
+}
+
+// The step's update with the gradient in the stage's buffers: AdamW, the
+// step count, and the parameters' checksum in hex. 0 or -errno.
+static int s_apply(daemon_t *d, const node_adamw_t *opt, char hex[65], char *err, size_t n)
+{
+    node_stage_adamw(d->stage, opt);
+    if (s_lying(d, MIS_DRIFT))
+        node_stage_params(d->stage)[0] += 1e-3f; // parameters that drift from its replicas'
+    int rc = node_stage_params_changed(d->stage);
+    node_stage_grads_zero(d->stage);
+    s_slots_drop(d);
+    d->samples_total += d->samples;
+    d->samples = 0;
+    d->step = opt->t;
+    if (rc != 0) {
+        d->ready = 0; // the device copy is stale: wait for STATE
+        snprintf(err, n, "cannot upload the parameters to %s: %s", d->be->device, strerror(-rc));
+        return rc;
+    }
+    node_stage_checksum(d->stage, hex);
+    if (d->step % 10 == 0)
+        s_log("step %ld: updated, checksum %.16s", d->step, hex);
+    return 0;
+}
+
+// STEP apply=1: this node is its stage's only replica and the last to
+// finish the step, so it applies the update at once instead of waiting a
+// round trip for UPDATE (docs/swarm.md, "The last stage to finish applies
+// its own update"). others= is the other stages' sum of squares and clip=
+// the bound on the global norm: the clip factor is the one the router forms
+// from the same two numbers; lr, wd and t as in UPDATE. The reply carries
+// the checksum after the update.
+static int s_step_apply(daemon_t *d, const net_msg_t *req, double sumsq, net_msg_t *reply,
+                        char *err, size_t n)
+{
+    double others = 0.0, clip = 0.0;
+    node_adamw_t opt;
+    char hex[65];
+    int rc = s_meta_double(req, "others", 0.0, 1e300, &others, err, n);
+    if (rc == 0)
+        rc = s_meta_double(req, "clip", 0.0, 1e30, &clip, err, n);
+    if (rc == 0)
+        rc = s_update_opts(d, req, 0, &opt, err, n);
+    d->norm_only = 0; // no UPDATE follows
+    if (rc != 0)
+        return rc;
+    opt.grad_scale = node_clip_scale(sqrt(others + sumsq), (float) clip);
+    rc = s_apply(d, &opt, hex, err, n);
+    if (rc == 0)
+        s_meta_add(reply, "checksum=%s", hex);
+    return rc;
+}
+
 static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
 {
     int rc = s_check_request(d, req, 1, err, n);
@@ -1042,17 +1120,21 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     if (rc != 0)
         return rc;
     uint32_t dims[1] = { (uint32_t) node_stage_param_count(d->stage) };
-    char meta[96], only[8];
+    char meta[96], only[8], apply[8];
     // the only replica of its stage keeps its gradient: the router needs
     // just its sum of squares (for the global norm), and UPDATE brings none
     d->norm_only = net_msg_meta_get(req, "norm_only", only, sizeof only) == 0 && !strcmp(only, "1");
+    double sumsq = d->norm_only ? node_sumsq(node_stage_grads(d->stage),
+                                             node_stage_param_count(d->stage)) : 0.0;
     if (d->norm_only)
-        snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", d->samples,
-                 node_sumsq(node_stage_grads(d->stage), node_stage_param_count(d->stage)));
+        snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", d->samples, sumsq);
     else
         snprintf(meta, sizeof meta, "samples=%ld", d->samples);
     *reply = s_msg_reply(req, NET_MSG_GRAD);
     s_meta_set(*reply, meta);
+    if (d->norm_only && net_msg_meta_get(req, "apply", apply, sizeof apply) == 0
+        && !strcmp(apply, "1"))
+        return s_step_apply(d, req, sumsq, *reply, err, n);
     if (d->norm_only)
         return 0;
     int pow2 = 0;
@@ -1062,31 +1144,6 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
     else if (pow2 != 0)
         s_meta_add(*reply, "pow2_0=%d", pow2);
-    return rc;
-}
-
-// UPDATE's meta: lr, scale (clip factor), t = step + 1, wd (0.1 if absent).
-static int s_update_opts(daemon_t *d, const net_msg_t *req, node_adamw_t *opt, char *err,
-                         size_t n)
-{
-    double lr = 0.0, scale = 0.0, wd = 0.1;
-    long t = 0;
-    int rc = s_meta_double(req, "lr", 0.0, 1e3, &lr, err, n);
-    if (rc == 0)
-        rc = s_meta_double(req, "scale", 0.0, 1e30, &scale, err, n);
-    if (rc == 0)
-        rc = s_meta_long(req, "t", 1, LONG_MAX, &t, err, n);
-    if (rc == 0 && t != d->step + 1) {
-        snprintf(err, n, "meta t=%ld, expected %ld (this node is at step %ld)", t, d->step + 1,
-                 d->step);
-        rc = -EPROTO;
-    }
-    if (rc == 0 && (rc = s_meta_double(req, "wd", 0.0, 1e3, &wd, err, n)) == -ENOENT)
-        rc = 0;
-    *opt = (node_adamw_t) {
-        .lr = lr, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = (float) wd,
-        .grad_scale = (float) scale, .t = t,
-    };
     return rc;
 }
 
@@ -1100,30 +1157,16 @@ static int s_on_update(daemon_t *d, const net_msg_t *req, net_msg_t **reply, cha
     if (rc == 0)
         rc = s_count_check(req, keep ? 0 : 1, err, n);
     if (rc == 0)
-        rc = s_update_opts(d, req, &opt, err, n);
+        rc = s_update_opts(d, req, 1, &opt, err, n);
     if (rc == 0 && !keep
         && (rc = s_grad_get(d, req, 0, node_stage_grads(d->stage), err, n)))
         node_stage_grads_zero(d->stage); // a half-copied sum must not mix with new work
     if (rc != 0)
         return rc;
-    node_stage_adamw(d->stage, &opt);
-    if (s_lying(d, MIS_DRIFT))
-        node_stage_params(d->stage)[0] += 1e-3f; // parameters that drift from its replicas'
-    rc = node_stage_params_changed(d->stage);
-    node_stage_grads_zero(d->stage);
-    s_slots_drop(d);
-    d->samples_total += d->samples;
-    d->samples = 0;
-    d->step = opt.t;
-    if (rc != 0) {
-        d->ready = 0; // the device copy is stale: wait for STATE
-        snprintf(err, n, "cannot upload the parameters to %s: %s", d->be->device, strerror(-rc));
-        return rc;
-    }
-    *reply = s_checksum_reply(d, req, hex);
-    if (d->step % 10 == 0)
-        s_log("step %ld: updated, checksum %.16s", d->step, hex);
-    return 0;
+    rc = s_apply(d, &opt, hex, err, n);
+    if (rc == 0)
+        *reply = s_checksum_reply(d, req, hex);
+    return rc;
 }
 
 static int s_state_load(daemon_t *d, const net_msg_t *req, char *err, size_t n)
@@ -1351,7 +1394,6 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
     case NET_MSG_UPDATE: return s_on_update(d, msg, reply, err, n);
     case NET_MSG_STATE: return s_on_state(d, msg, reply, err, n);
     case NET_MSG_STATE_GET: return s_on_state_get(d, msg, reply, err, n);
-    case NET_MSG_HEARTBEAT: return 0;
     case NET_MSG_BYE:
         s_log("the router said BYE; saying HELLO again once it has been silent %d s",
               DAEMON_SILENCE_MS / 1000);
@@ -1418,7 +1460,9 @@ static void s_drain(daemon_t *d, int64_t deadline_ms)
     while (d->queued < DAEMON_QUEUE_MAX) {
         net_msg_t *msg = NULL;
         int rc = net_client_recv(d->client, deadline_ms, &msg, err, sizeof err);
-        if (rc == 0) {
+        if (rc == 0 && net_msg_head_const(msg)->type == NET_MSG_HEARTBEAT) {
+            net_msg_destroy(&msg); // the router's probe of the link: nothing to serve
+        } else if (rc == 0) {
             d->queue_at[d->queued] = net_clock_ms();
             d->queue[d->queued++] = msg;
             deadline_ms = 0; // the rest only if already there

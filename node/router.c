@@ -45,6 +45,7 @@ typedef struct {
     int working;             // of them FWD/BWD (its busy time runs while > 0)
     int queue;               // queue depth from its last heartbeat
     int64_t last_seen;       // ms (net_clock_ms)
+    int64_t probed;          // ms: when s_probe last sent it a HEARTBEAT
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
     int failed;              // a send to it failed: to be declared dead
@@ -151,6 +152,12 @@ typedef struct {
     int pending;             // STEP or UPDATE replies still to come
     int update_pending;      // replies to an UPDATE the next step did not wait for
     long update_step;        // the step that UPDATE closed
+    int self_peer;           // applying step self_step's update itself (STEP apply=1), -1 none
+    long self_step;          // that step
+    double self_others;      // the other stages' sum of squares it was sent
+    double self_lr;          // that step's learning rate
+    int self_to[MAX_PEERS];  // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
+    int self_told;           // the log has said once that a stage applies its own update
     int redo_pending;        // re-runs of a dead peer's work still to come
     float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
     int got_grad[MAX_PEERS]; // its GRAD arrived
@@ -193,6 +200,7 @@ typedef struct {
 } router_t;
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
+#define MB_APPLY 2           // mb of an R_STEP that applies the update (STEP apply=1)
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
 static volatile sig_atomic_t s_stop;
@@ -718,6 +726,8 @@ static void s_window_update(router_t *r)
 }
 
 static void s_step_end(router_t *r);
+static int s_apply_here(const router_t *r, int s);
+static void s_step_apply_ask(router_t *r, int s);
 static void s_consensus(router_t *r, long step);
 
 // Latency hiding across steps: the next step may start right behind this
@@ -730,7 +740,7 @@ static int s_update_pipelined(const router_t *r)
 {
     long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
                                                                       : r->hp.iters;
-    return r->step + 1 < stop && r->update_pending == 0;
+    return r->step + 1 < stop && r->update_pending == 0 && r->self_peer < 0;
 }
 
 // ---- micro-batches ---------------------------------------------------------
@@ -1114,8 +1124,8 @@ static void s_step_restart(router_t *r, const char *why)
 {
     fprintf(stderr, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
     for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id)
-            s_req_done(r, &r->reqs[i]); // their answers are stale now
+        if (r->reqs[i].id && !(r->reqs[i].kind == R_STEP && r->reqs[i].mb == MB_APPLY))
+            s_req_done(r, &r->reqs[i]); // their answers are stale now (not the last step's)
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     r->pending = r->redo_pending = 0;
@@ -1188,11 +1198,13 @@ static void s_spot_lost(router_t *r, const req_t *q)
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
 static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
 {
-    mb_t *b = &r->mbs[q->mb];
     int S = r->plan.stages, s = q->stage;
     s_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
                   (double) (net_clock_ms() - q->sent) / 1000.0);
+    if (q->mb < 0)
+        return 0; // of a step its stage finished itself (s_step_apply_ask): counted
+    mb_t *b = &r->mbs[q->mb];
     int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
     if (accumulates)
         b->grad_peer[s] = q->peer;
@@ -1250,6 +1262,15 @@ static void s_step_begin(router_t *r)
     s_window_update(r);
 }
 
+// Every micro-batch's loss is in: each is through or in its backward.
+static int s_losses_in(const router_t *r)
+{
+    for (int i = 0; i < r->G; i++)
+        if (r->mbs[i].stage != r->plan.stages && !r->mbs[i].backward)
+            return 0;
+    return 1;
+}
+
 // Every micro-batch's gradient work at stage s has been sent this step:
 // its BWD (the last stage: its FWD, which runs the backward too).
 static int s_stage_sent(const router_t *r, int s)
@@ -1293,8 +1314,8 @@ static void s_step_ask(router_t *r, int s)
 static void s_step_unask(router_t *r)
 {
     for (int k = 0; k < MAX_REQS; k++)
-        if (r->reqs[k].id && r->reqs[k].kind == R_STEP)
-            s_req_done(r, &r->reqs[k]); // their answers are stale now
+        if (r->reqs[k].id && r->reqs[k].kind == R_STEP && r->reqs[k].mb != MB_APPLY)
+            s_req_done(r, &r->reqs[k]); // their answers are stale now (not the last step's)
     for (int q = 0; q < r->npeers; q++)
         if (r->peers[q].state != P_DEAD)
             r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
@@ -1329,8 +1350,15 @@ static void s_step_micro(router_t *r)
     // backwards, and over slow links the STEP is not a round trip late
     int stepped = 0;
     for (int s = 0; s < S; s++) {
-        if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s))
-            s_step_ask(r, s);
+        if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s)) {
+            int here = s_losses_in(r) ? s_apply_here(r, s) : 0;
+            if (here > 0) {
+                s_step_apply_ask(r, s);
+                return;
+            }
+            if (here == 0)
+                s_step_ask(r, s);
+        }
         stepped += r->stepped[s];
     }
     if (done < r->G || r->redo_pending > 0 || stepped < S)
@@ -1349,11 +1377,11 @@ static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
     return 0;
 }
 
-// All gradients are in: sum each stage's over its replicas in peer order,
-// clip by the global norm, and send every replica its stage's sum.
-static void s_step_update(router_t *r)
+// Sum each stage's gradients over its replicas whose GRAD is in, in peer
+// order, into grad_sum; the sum of squares of everything that came in (the
+// stages' sums and the norms of stages with one replica).
+static double s_grad_reduce(router_t *r)
 {
-    int S = r->plan.stages;
     double sumsq = 0.0;
     memset(r->grad_sum, 0, node_config_params(&r->hp.cfg) * sizeof(float));
     for (int p = 0; p < r->npeers; p++) {
@@ -1371,38 +1399,150 @@ static void s_step_update(router_t *r)
     // stages whose gradients came here (the others' are zero in grad_sum)
     for (size_t j = 0; j < node_config_params(&r->hp.cfg); j++)
         sumsq += (double) r->grad_sum[j] * r->grad_sum[j];
+    return sumsq;
+}
+
+// UPDATE of `step` to peer p: its stage's summed gradient (unless its
+// stage has one replica, which kept its own) and the optimizer's scalars.
+// A pipelined UPDATE (the next step does not wait for it) is counted in
+// update_pending, any other in pending. 0 or -errno.
+static int s_update_to(router_t *r, int p, long step, double lr, float scale, int norm_only,
+                       int pipelined)
+{
+    int s = r->peers[p].stage;
+    uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
+    net_msg_t *m = net_msg_new(NET_MSG_UPDATE);
+    net_msg_head(m)->step = (uint64_t) step;
+    net_msg_head(m)->stage = (uint32_t) s;
+    int pow2 = 0, rc = 0;
+    if ((!norm_only && (rc = node_wire_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s],
+                                           &pow2)) != 0)
+        || (rc = s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
+                        r->hp.weight_decay, step + 1, pow2)) != 0) {
+        net_msg_destroy(&m);
+        return rc;
+    }
+    if ((rc = s_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s)) == 0) {
+        if (pipelined)
+            r->update_pending++;
+        else
+            r->pending++;
+    }
+    return rc;
+}
+
+// All gradients are in: sum each stage's over its replicas in peer order,
+// clip by the global norm, and send every replica its stage's sum.
+static void s_step_update(router_t *r)
+{
+    double sumsq = s_grad_reduce(r);
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
     int pipelined = s_update_pipelined(r);
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].updated = 0;
-        if (!r->in_step[p] || r->peers[p].state != P_READY)
-            continue;
-        int s = r->peers[p].stage;
-        uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
-        net_msg_t *m = net_msg_new(NET_MSG_UPDATE);
-        net_msg_head(m)->step = (uint64_t) r->step;
-        net_msg_head(m)->stage = (uint32_t) s;
-        int pow2 = 0;
-        if ((!r->norm_only[p]
-             && node_wire_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s], &pow2) != 0)
-            || s_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
-                      r->hp.weight_decay, r->step + 1, pow2) != 0) {
-            net_msg_destroy(&m);
-            continue;
-        }
-        if (s_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s) == 0)
-            r->pending++;
+        if (r->in_step[p] && r->peers[p].state == P_READY)
+            s_ignore(s_update_to(r, p, r->step, lr, scale, r->norm_only[p], pipelined));
     }
-    (void) S;
     r->phase = PH_UPDATE;
     if (pipelined) {
-        r->update_pending = r->pending;
         r->update_step = r->step;
-        r->pending = 0;
         s_step_end(r); // the next step starts now, behind the UPDATEs
     }
+}
+
+// The last stage to finish a step has one replica, and every other
+// stage's gradients are in: that replica is sent the others' sum of
+// squares with its STEP and applies the update itself (STEP apply=1), and
+// the next step starts at once, behind it. The other stages get their
+// UPDATE when its norm comes back (s_on_applied), before any work of the
+// next step reaches them: that work starts at this replica. Over links of
+// 50 ms this saves the round trip from this stage to the router and back
+// at the end of every step (docs/swarm.md).
+// 1 when stage s (all its work sent, every forward through) should finish
+// the step so, -1 when it should wait for the others' sums still coming,
+// 0 when it takes the ordinary STEP.
+static int s_apply_here(const router_t *r, int s)
+{
+    if (s_ready_count(r, s) != 1 || !s_update_pipelined(r))
+        return 0;
+    for (int k = 0; k < r->plan.stages; k++)
+        if (k != s && !r->stepped[k])
+            return 0;
+    // nothing is due between this step and the next: a checkpoint or an
+    // evaluation needs every stage updated, a rebalance or a joiner's state
+    // every replica settled
+    long next = r->step + 1;
+    if ((r->o.save && r->o.save_every > 0 && next % r->o.save_every == 0)
+        || (r->o.eval_every > 0 && (next % r->o.eval_every == 0 || next == r->hp.iters))
+        || (r->rebalance_every > 0 && s_secs() - r->last_rebalance >= r->rebalance_every))
+        return 0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_JOINING)
+            return 0;
+    return r->pending == 0 ? 1 : -1;
+}
+
+static void s_step_apply_ask(router_t *r, int s)
+{
+    int p = 0;
+    while (r->peers[p].state != P_READY || r->peers[p].stage != s)
+        p++; // s_apply_here: there is one
+    double others = s_grad_reduce(r); // stage s's is not in: the others'
+    double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+    char meta[256];
+    snprintf(meta, sizeof meta, "norm_only=1\napply=1\nothers=%a\nclip=%a\nlr=%a\nwd=%a\nt=%ld\n",
+             others, r->hp.grad_clip, lr, r->hp.weight_decay, r->step + 1);
+    net_msg_t *m = s_step_msg(r, s, meta);
+    if (!m || s_send(r, p, &m, R_STEP, MB_APPLY, s) != 0)
+        return; // it is gone: the stage is empty, and the swarm rolls back
+    if (!r->self_told) {
+        printf("swarm router: step %ld: stage %d's only replica applies its own update at the end "
+               "of each step it finishes last (one round trip less)\n", r->step, s);
+        fflush(stdout);
+        r->self_told = 1;
+    }
+    for (int q = 0; q < r->npeers; q++) {
+        r->self_to[q] = q != p && r->in_step[q] && r->peers[q].state == P_READY
+                        ? (r->norm_only[q] ? 2 : 1) : 0;
+        r->peers[q].updated = 0;
+    }
+    // its backwards still in flight belong to no micro-batch of the next
+    // step: their replies are only counted (its stage has no other replica
+    // to redo them on; if it dies, the swarm rolls back)
+    for (int i = 0; i < MAX_REQS; i++)
+        if (r->reqs[i].id && (r->reqs[i].kind == R_FWD || r->reqs[i].kind == R_BWD))
+            r->reqs[i].mb = -1;
+    r->stepped[s] = 1;
+    r->in_step[p] = r->norm_only[p] = 1;
+    r->self_peer = p;
+    r->self_step = r->step;
+    r->self_others = others;
+    r->self_lr = lr;
+    r->pending = 0;
+    s_step_end(r); // the next step's work queues behind this STEP
+}
+
+// The reply to STEP apply=1: that replica has updated; the others get
+// their UPDATE with the clip factor formed from the same two numbers.
+static int s_on_applied(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    char text[64];
+    peer_t *pe = &r->peers[q->peer];
+    s_ignore(net_msg_meta_get(m, "sumsq", text, sizeof text)); // checked
+    double sumsq = strtod(text, NULL);
+    s_ignore(net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum));
+    pe->updated = pe->state == P_READY;
+    float scale = node_clip_scale(sqrt(r->self_others + sumsq), (float) r->hp.grad_clip);
+    r->self_peer = -1;
+    r->update_step = r->self_step;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->self_to[p] && r->peers[p].state == P_READY)
+            s_ignore(s_update_to(r, p, r->self_step, r->self_lr, scale, r->self_to[p] == 2, 1));
+    if (r->update_pending == 0)
+        s_consensus(r, r->update_step);
+    return 0;
 }
 
 static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
@@ -1799,7 +1939,12 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     case R_VERIFY:
         return s == S - 1 ? s_check_loss(m, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
-        if (r->norm_only[q->peer]) {
+        if (q->mb == MB_APPLY && (net_msg_meta_get(m, "checksum", text, sizeof text) != 0
+                                  || strlen(text) != 64 || strspn(text, "0123456789abcdef") != 64)) {
+            snprintf(why, wn, "sent no parameter checksum after applying its update");
+            return -EPROTO;
+        }
+        if (r->norm_only[q->peer] || q->mb == MB_APPLY) {
             double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
                                                                             : NAN;
             if (isfinite(v) && v >= 0)
@@ -1866,7 +2011,7 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
         rc = s_on_result(r, &copy, m);
         break;
     case R_STEP:
-        rc = s_on_grad(r, &copy, m);
+        rc = copy.mb == MB_APPLY ? s_on_applied(r, &copy, m) : s_on_grad(r, &copy, m);
         break;
     case R_UPDATE:
         rc = s_on_updated(r, &copy, m);
@@ -2003,11 +2148,62 @@ static void s_redo_lost(router_t *r, int p)
 // swarm goes back to the last checkpoint (held in params/m/v), every live
 // node reloads its stage from it, and the run waits for a node for stage s,
 // then replays. The curve after it equals an uninterrupted run's.
+// Move ready peer p to stage `to` (cost[]: the stages' work per token, to
+// carry its measured speed over); the router log says why. 0 or -errno.
+static int s_move(router_t *r, int p, int to, const double *cost, const char *why)
+{
+    peer_t *pe = &r->peers[p];
+    printf("swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d %s\n", r->step,
+           pe->id, pe->name, pe->tok_s, pe->stage, why);
+    fflush(stdout);
+    double from_cost = cost[pe->stage];
+    int rc = s_send_assign(r, p, to, NULL);
+    if (rc != 0)
+        return rc;
+    pe->tok_s *= from_cost / cost[to];
+    pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
+    pe->rate_work = pe->work;
+    pe->samples = 0;
+    pe->moving = 1;
+    pe->moved_at = s_secs();
+    return 0;
+}
+
+// Stage s has no ready replica and none joining: the peer that another
+// stage can best spare (swarm_policy_rebalance with no margin and no hold:
+// the move that leaves the highest bottleneck, never emptying a stage) is
+// assigned to it, or -1 when no stage has two. Every stage reloads the
+// checkpoint anyway, so the move costs nothing a new node would not.
+static int s_refill(router_t *r, int s)
+{
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
+            return -1; // a newcomer is already on its way
+    swarm_peer_view_t views[MAX_PEERS];
+    double cost[NODE_MAX_LAYERS];
+    s_views_as(r, views, 0);
+    for (int k = 0; k < r->plan.stages; k++)
+        cost[k] = node_plan_stage_cost(&r->hp.cfg, &r->plan, k);
+    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, s_secs(), 0.0,
+                                            0.0, &to);
+    if (p < 0 || to != s)
+        return -1;
+    char why[128];
+    snprintf(why, sizeof why, "(%d replicas) to stage %d, which lost every replica",
+             s_ready_count(r, r->peers[p].stage), s);
+    return s_move(r, p, s, cost, why) == 0 ? p : -1;
+}
+
 static void s_rollback(router_t *r, int s)
 {
     fprintf(stderr, "swarm router: stage %d lost every replica at step %ld: rolling back to "
-            "step %ld%s; waiting for a node to serve it\n", s, r->step, r->ckpt_step,
+            "step %ld%s\n", s, r->step, r->ckpt_step,
             r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
+    // every empty stage takes a spare replica of another, else waits
+    for (int k = 0; k < r->plan.stages; k++)
+        if (s_ready_count(r, k) == 0 && s_refill(r, k) < 0)
+            fprintf(stderr, "swarm router: stage %d: no other stage has a replica to spare; "
+                    "waiting for a node to serve it\n", k);
     for (int i = 0; i < MAX_REQS; i++)
         if (r->reqs[i].id)
             s_req_done(r, &r->reqs[i]);
@@ -2019,6 +2215,7 @@ static void s_rollback(router_t *r, int s)
             r->peers[p].state = P_JOINING; // reloads the checkpoint (s_joins)
     }
     r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
+    r->self_peer = -1;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
     r->started = 0; // joins get the router's copy again
@@ -2044,12 +2241,14 @@ static void s_peer_dead(router_t *r, int p, const char *why)
         s_req_done(r, &r->reqs[i]);
         if (q.redo) {
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
-        } else if (q.kind == R_FWD || q.kind == R_BWD)
+        } else if ((q.kind == R_FWD || q.kind == R_BWD) && q.mb >= 0)
             s_ignore(s_next(r, q.mb, q.kind, q.stage));
         else if (q.kind == R_UPDATE && q.mb == 1) {
             if (--r->update_pending == 0)
                 s_consensus(r, r->update_step);
-        } else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
+        } else if (q.kind == R_STEP && q.mb == MB_APPLY)
+            r->self_peer = -1; // its stage had no other replica: the swarm rolls back
+        else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
             r->pending--;
         else if (q.kind == R_VERIFY)
             s_spot_lost(r, &q);
@@ -2096,11 +2295,39 @@ static int64_t s_deadline_ms(const router_t *r, int p)
     return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
 }
 
+// A peer whose process died (killed, crashed) dropped its connection: a
+// send to it fails at once. Peers that hold work and have said nothing for
+// PROBE_MS get an empty HEARTBEAT, so that such a death costs PROBE_MS, not
+// the deadline of the work it held. Only a connection lost within
+// PROBE_FRESH_MS of the peer's last word counts: later, it may be the
+// transport's own heartbeat giving up on a stalled process (3 s), which the
+// deadline judges as before; a machine that loses power or a link that goes
+// quiet keeps the connection open: deadlines and silence find those.
+#define PROBE_MS 200
+#define PROBE_FRESH_MS 2000
+
+static void s_probe(router_t *r, int64_t now)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        if (pe->state == P_DEAD || pe->failed || pe->inflight == 0 || now - pe->last_seen < PROBE_MS
+            || now - pe->last_seen > PROBE_FRESH_MS || now - pe->probed < PROBE_MS)
+            continue;
+        pe->probed = now;
+        net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
+        if (m && net_server_send(r->srv, &pe->who, &m) == -EHOSTUNREACH) {
+            fprintf(stderr, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
+            pe->failed = 1;
+        }
+    }
+}
+
 static void s_reap(router_t *r)
 {
     net_peer_t dead[16];
     size_t n = 0;
     int64_t now = net_clock_ms();
+    s_probe(r, now);
     for (int i = 0; i < MAX_REQS; i++) {
         const req_t *q = &r->reqs[i];
         if (q->id && q->kind != R_STATE && q->kind != R_STATE_GET
@@ -2155,25 +2382,23 @@ static void s_rebalance(router_t *r)
     for (int q = 0; q < r->npeers; q++)
         if (views[q].ready)
             before[views[q].stage] += views[q].tok_s;
-    printf("swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d (%.0f tok/s in all) "
-           "to stage %d (%.0f tok/s), the bottleneck\n", r->step, pe->id, pe->name, pe->tok_s,
-           pe->stage, before[pe->stage], to, before[to]);
-    fflush(stdout);
-    double from_cost = cost[pe->stage];
-    if (s_send_assign(r, p, to, NULL) != 0)
-        return;
-    pe->tok_s *= from_cost / cost[to];
-    pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
-    pe->rate_work = pe->work;
-    pe->samples = 0;
-    pe->moving = 1;
-    pe->moved_at = now;
+    char why[128];
+    snprintf(why, sizeof why, "(%.0f tok/s in all) to stage %d (%.0f tok/s), the bottleneck",
+             before[pe->stage], to, before[to]);
+    s_move(r, p, to, cost, why);
 }
 
 static void s_turn(router_t *r)
 {
     switch (r->phase) {
     case PH_WAIT:
+        if (r->self_peer >= 0) {
+            // a stage applies the last update itself (s_step_apply_ask):
+            // the next step queues behind it; nothing else is due
+            if (!r->done && s_all_stages_ready(r))
+                s_step_begin(r);
+            break;
+        }
         if (r->want_eval && s_all_stages_ready(r)) {
             s_eval_begin(r);
             break;
@@ -2615,6 +2840,7 @@ int cmd_router(int argc, char **argv)
     char err[1024] = "";
     if (!r)
         abort();
+    r->self_peer = -1;
     int rc = s_setup(r, argc, argv, err, sizeof err);
     if (rc == 1) {
         s_help(stdout);

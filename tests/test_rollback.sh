@@ -2,7 +2,9 @@
 # test_rollback.sh BUILD - the only node of a stage is SIGKILLed mid-run:
 # the router rolls the whole swarm back to its last checkpoint, waits for a
 # new node, and replays; every step's loss (the replay's, for steps run
-# twice) equals `swarm train`'s.
+# twice) equals `swarm train`'s. Then with a spare: 3 nodes on 2 stages, the
+# only node of stage 1 dies and no new one comes: a replica of stage 0
+# moves to stage 1 and the run finishes with the same losses.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -71,5 +73,35 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 40; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45
 fi
+
+# ---- a spare replica takes the empty stage (no new node) ----
+rm -rf "$TMP/ck" "$TMP/swarm.txt"
+# joins by count (4 and 6 on stage 0, 5 on stage 1), and no moves but the refill
+start_router "$TMP/router2.log" --listen "tcp://127.0.0.1:0" --min-nodes 3 --assign even --rebalance-every 0
+endpoint=$(wait_endpoint "$TMP/router2.log")
+start_node 4
+start_node 5
+start_node 6
+victim=""
+for _ in $(seq 1 600); do
+    if grep -q "^step 12/40 " "$TMP/router2.log"; then
+        name=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage 1$/\1/p' "$TMP/router2.log" | head -1)
+        victim=$(eval "echo \$pid_$name")
+        kill -9 "$victim"
+        break
+    fi
+    sleep 0.05
+done
+[ -n "$victim" ] && ok "SIGKILLed the only node of stage 1 (2 on stage 0) after step 12" || bad "no victim"
+wait_exit "$router" 60 || { bad "router still running after 60 s"; tail -10 "$TMP/router2.log"; }
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router2.log" \
+    && grep -q "moving peer .* from stage 0 (2 replicas) to stage 1, which lost every replica" "$TMP/router2.log"; then
+    ok "$(grep -m1 "which lost every replica" "$TMP/router2.log" | cut -c15-110)"
+else
+    bad "no spare moved (router exit $rc)"; grep "swarm router" "$TMP/router2.log" | tail -15
+fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" 40 "after a spare replica took the lost stage"
 
 lib_done

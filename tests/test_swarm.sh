@@ -99,9 +99,11 @@ fi
 timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TINY \
     --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
 rc=$?
+# one replica a stage: stage 0 applies its own update (STEP apply=1)
 if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/local.log" \
+    && grep -q "stage 0's only replica applies its own update" "$TMP/local.log" \
     && losses_match "$TMP/single.txt" "$TMP/train.txt" 20; then
-    ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic): the same losses as swarm train"
+    ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic, stage 0 updates itself): the same losses as swarm train"
 else
     bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
 fi

@@ -18,6 +18,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -166,6 +167,11 @@ typedef struct {
     int norm_only[MAX_PEERS];// its stage has no other replica: it keeps its gradient
     double peer_sumsq[MAX_PEERS]; // with norm_only: its gradient's sum of squares
     int ckpt_pending;        // STATE replies still to come for a checkpoint
+    long ck_step;            // the step the checkpoint being fetched holds
+    int ck_lost;             // a replica it was fetched from died: it is skipped
+    float *ck_state;         // [3 * params]: that checkpoint's params, m, v as they come
+    pthread_t ck_writer;     // writes the last checkpoint to --save DIR (s_ckpt_part)
+    int ck_writing;          // ck_writer runs: params/m/v are not to change
     double step_t0;          // when the current step started (s)
     int done;                // the schedule is finished
     int want_eval;           // evaluate before the next step
@@ -1621,37 +1627,102 @@ static void s_progress(router_t *r, double lr)
     }
 }
 
+// Between steps: STATE_GET to one ready replica of each stage. It queues
+// behind the step's UPDATE at each node, so every answer holds the state
+// after it, and the next step starts at once, behind it: a checkpoint
+// stalls no step (the run's last waits for its own). The parts gather in
+// ck_state; params/m/v, which a rollback restores, take them only once all
+// are in (s_ckpt_part).
 static void s_ckpt_begin(router_t *r)
 {
+    size_t np = node_config_params(&r->hp.cfg);
+    if (!r->ck_state && !(r->ck_state = malloc(3 * np * sizeof(float))))
+        abort();
     r->ckpt_pending = 0;
+    r->ck_step = r->step;
+    r->ck_lost = 0;
     for (int s = 0; s < r->plan.stages; s++) {
-        for (int p = 0; p < r->npeers; p++) {
+        int sent = 0;
+        for (int p = 0; p < r->npeers && !sent; p++) {
             if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
                 net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
                 net_msg_head(g)->stage = (uint32_t) s;
-                if (s_send(r, p, &g, R_STATE_GET, -1, s) == 0)
-                    r->ckpt_pending++;
+                sent = s_send(r, p, &g, R_STATE_GET, -1, s) == 0;
+                r->ckpt_pending += sent;
                 break;
             }
         }
+        r->ck_lost |= !sent;
     }
-    r->phase = PH_CKPT;
+    if (r->done)
+        r->phase = PH_CKPT; // the run ends with it
 }
 
 static void s_ckpt_write(router_t *r)
 {
     char err[512];
     node_ckpt_meta_t meta = {
-        .cfg = r->hp.cfg, .step = r->step, .seed = r->hp.seed, .iters = r->hp.iters,
+        .cfg = r->hp.cfg, .step = r->ckpt_step, .seed = r->hp.seed, .iters = r->hp.iters,
         .warmup = r->hp.warmup, .batch = r->hp.batch, .lr = r->hp.lr, .min_lr = r->hp.min_lr,
         .weight_decay = r->hp.weight_decay, .grad_clip = r->hp.grad_clip,
     };
-    r->ckpt_step = r->step; // params/m/v now hold this step, written or not
     if (node_ckpt_save(r->o.save, &meta, r->params, r->m, r->v, err, sizeof err) != 0)
         fprintf(stderr, "swarm router: checkpoint not written: %s\n", err);
     else
-        printf("swarm router: checkpoint of step %ld in %s\n", r->step, r->o.save);
+        printf("swarm router: checkpoint of step %ld in %s\n", r->ckpt_step, r->o.save);
     fflush(stdout);
+}
+
+static void *s_ckpt_thread(void *arg)
+{
+    s_ckpt_write(arg);
+    return NULL;
+}
+
+// The file of the last checkpoint is written (params/m/v may change).
+static void s_ckpt_wait(router_t *r)
+{
+    if (r->ck_writing)
+        pthread_join(r->ck_writer, NULL);
+    r->ck_writing = 0;
+}
+
+// Write params/m/v to --save DIR on a thread of its own: an atomic write
+// with its fsyncs takes 30-50 ms, a stall of every stage if the router
+// waited. Signals stay with the main thread. Synchronously if no thread.
+static void s_ckpt_save(router_t *r)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r->ck_writing = pthread_create(&r->ck_writer, NULL, s_ckpt_thread, r) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!r->ck_writing)
+        s_ckpt_write(r);
+}
+
+// One stage's part of the checkpoint came in (ok) or was lost with the
+// replica holding it: the last one completes it, or skips it if a part
+// was lost (params/m/v keep the previous checkpoint: never a mix of steps).
+static void s_ckpt_part(router_t *r, int ok)
+{
+    r->ck_lost |= !ok;
+    if (--r->ckpt_pending > 0)
+        return;
+    if (r->ck_lost) {
+        fprintf(stderr, "swarm router: checkpoint of step %ld skipped: a replica it was read from "
+                "is gone; the last one is of step %ld\n", r->ck_step, r->ckpt_step);
+    } else {
+        size_t np = node_config_params(&r->hp.cfg);
+        s_ckpt_wait(r); // the one before is on disk
+        memcpy(r->params, r->ck_state, np * sizeof(float));
+        memcpy(r->m, r->ck_state + np, np * sizeof(float));
+        memcpy(r->v, r->ck_state + 2 * np, np * sizeof(float));
+        r->ckpt_step = r->ck_step; // params/m/v now hold this step, written or not
+        s_ckpt_save(r);
+    }
+    if (r->phase == PH_CKPT)
+        r->phase = PH_WAIT;
 }
 
 static void s_step_end(router_t *r)
@@ -1845,14 +1916,14 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
         net_msg_head(fwd)->step = (uint64_t) r->step;
         return s_send(r, q->mb, &fwd, R_STATE, -1, s);
     }
-    float *dst[3] = { r->params + off, r->m + off, r->v + off };
-    for (int i = 0; i < 3; i++)
-        if (net_msg_tensor(m, i, dst[i], n) != 0)
+    size_t np = node_config_params(&r->hp.cfg);
+    for (int i = 0; i < 3; i++) {
+        if (net_msg_tensor(m, i, r->ck_state + i * np + off, n) != 0) {
+            s_ckpt_part(r, 0);
             return -EPROTO;
-    if (--r->ckpt_pending == 0) {
-        s_ckpt_write(r);
-        r->phase = PH_WAIT;
+        }
     }
+    s_ckpt_part(r, 1);
     return 0;
 }
 
@@ -2253,7 +2324,7 @@ static void s_peer_dead(router_t *r, int p, const char *why)
         else if (q.kind == R_VERIFY)
             s_spot_lost(r, &q);
         else if (q.kind == R_STATE_GET && q.mb < 0)
-            r->ckpt_pending--; // the checkpoint of this step is skipped
+            s_ckpt_part(r, 0); // the checkpoint of this step is skipped
         else if (q.kind == R_STATE_GET)
             r->peers[q.mb].inflight--; // the joiner asks again between steps
     }
@@ -2404,9 +2475,12 @@ static void s_turn(router_t *r)
             break;
         }
         if (r->want_ckpt) {
+            if (r->ckpt_pending > 0)
+                break; // the previous one is still coming in
             r->want_ckpt = 0;
             s_ckpt_begin(r);
-            break;
+            if (r->phase == PH_CKPT)
+                break;
         }
         if (r->started)
             s_rebalance(r);
@@ -2822,6 +2896,7 @@ static void s_teardown(router_t *r)
         s_mb_clear(r, &r->mbs[i]);
     free(r->mbs);
     free(r->params);
+    free(r->ck_state);
     free(r->m);
     free(r->v);
     free(r->grad_sum);
@@ -2865,6 +2940,7 @@ int cmd_router(int argc, char **argv)
     sigaction(SIGHUP, &sa, NULL);
     r->t_start = s_secs();
     rc = s_loop(r);
+    s_ckpt_wait(r);
     if (isatty(STDERR_FILENO))
         fprintf(stderr, "\n");
     long steps = r->step - r->first;

@@ -20,14 +20,17 @@
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
-# Every run checkpoints every 10 steps (a rollback costs 10 steps at most);
+# Every run checkpoints every SAVE_EVERY steps (default 2: a rollback
+# replays 2 steps at most; a checkpoint rides behind the step's updates and
+# stalls no step);
 # the chaos line counts rollbacks too.
-#   SECONDS_RUN=60 SLOW=2 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
+#   SECONDS_RUN=60 SLOW=2 SAVE_EVERY=2 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
 set -eu
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 RUN=${SECONDS_RUN:-60}
 SLOW=${SLOW:-2}
+SAVE_EVERY=${SAVE_EVERY:-2}
 SHARED=${SWARM_SHARED:-../shared}
 [ -x "$SWARM" ] || { echo "bench-hetero.sh: $SWARM missing; run make" >&2; exit 1; }
 OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
@@ -78,11 +81,11 @@ run() {
     shift
     echo "bench-hetero.sh: $name: $dur s ..." >&2
     # shellcheck disable=SC2086
-    # checkpoints every 10 steps: a stage that loses every replica (a kill
-    # of the last one) rolls back 10 steps at most, not to the start
+    # checkpoints: a stage that loses every replica (a kill of the last
+    # one) rolls back SAVE_EVERY steps at most, not to the start
     # ORDERED: nodes join in order, so the even split is the same every run
     env KEEP=1 ORDERED=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
-        $BABY --save "$OUT/ckpt-$name" --save-every 10 "$@" >"$OUT/$name.log" 2>&1 &
+        $BABY --save "$OUT/ckpt-$name" --save-every "$SAVE_EVERY" "$@" >"$OUT/$name.log" 2>&1 &
     pid=$!
     dir=""
     for _ in $(seq 1 100); do

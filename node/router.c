@@ -1909,11 +1909,12 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
         joiner->inflight--;
         if (joiner->state != P_JOINING)
             return 0;
-        net_msg_t *fwd = net_msg_dup(m);
+        if (net_msg_head_const(m)->step != (uint64_t) r->step)
+            return 0; // not the state this step starts from: asked again between steps
+        net_msg_t *fwd = net_msg_dup(m); // its header step: the updates it holds
         if (!fwd)
             return -ENOMEM;
         net_msg_head(fwd)->flags = 0;
-        net_msg_head(fwd)->step = (uint64_t) r->step;
         return s_send(r, q->mb, &fwd, R_STATE, -1, s);
     }
     size_t np = node_config_params(&r->hp.cfg);
@@ -2097,10 +2098,11 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
         r->pending--;
         break;
     case R_STATE:
-        if (r->phase == PH_GRAD || r->phase == PH_UPDATE
+        if (h->step != (uint64_t) r->step || r->phase == PH_GRAD || r->phase == PH_UPDATE
             || (r->phase == PH_MB && r->peers[p].stage >= 0 && r->stepped[r->peers[p].stage])) {
-            // loaded the step's state, but the step's update has begun without
-            // it: it would be one update behind; fetch again between steps
+            // loaded a state the swarm has moved past, or the step's update
+            // has begun without it: it would be behind; fetch again between
+            // steps
             break;
         }
         r->peers[p].state = P_READY;
@@ -2366,6 +2368,31 @@ static int64_t s_deadline_ms(const router_t *r, int p)
     return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
 }
 
+// A joiner's state on its way (the STATE_GET to a replica, the STATE to
+// the joiner) holds the next step (s_join_held): 30 s, and a second more
+// for each MB of the stage's state (parameters and both moments), so that
+// a joiner that does not answer or a link that cannot carry the state
+// stalls the swarm that long at most. It is then failed (banned).
+static int64_t s_state_deadline_ms(const router_t *r, int stage)
+{
+    double mb = stage >= 0 && stage < r->plan.stages ? 3.0 * 4.0 * r->stage_n[stage] / 1e6 : 0.0;
+    return 30000 + (int64_t) (1000.0 * mb);
+}
+
+// A joiner's state is on its way: the next step waits for it, because the
+// state is of the step about to start, and a joiner whose state arrived a
+// step later would be an update behind (over slow links a stage's state
+// takes longer than a step). Joins cost the swarm that transfer once.
+static int s_join_held(const router_t *r)
+{
+    if (!r->started)
+        return 0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_JOINING && r->peers[p].inflight > 0)
+            return 1;
+    return 0;
+}
+
 // A peer whose process died (killed, crashed) dropped its connection: a
 // send to it fails at once. Peers that hold work and have said nothing for
 // PROBE_MS get an empty HEARTBEAT, so that such a death costs PROBE_MS, not
@@ -2401,11 +2428,15 @@ static void s_reap(router_t *r)
     s_probe(r, now);
     for (int i = 0; i < MAX_REQS; i++) {
         const req_t *q = &r->reqs[i];
-        if (q->id && q->kind != R_STATE && q->kind != R_STATE_GET
-            && now - q->sent > s_deadline_ms(r, q->peer))
+        int state = q->kind == R_STATE || q->kind == R_STATE_GET;
+        if (!q->id || (state && (q->kind == R_STATE_GET && q->mb < 0))) // checkpoints hold nothing up
+            continue;
+        if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
+                  : now - q->sent > s_deadline_ms(r, q->peer))
             s_peer_fail(r, q->peer, "missed the deadline of a %s request",
                         q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
-                        : q->kind == R_UPDATE ? "UPDATE" : "STEP");
+                        : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
+                        : q->kind == R_STATE ? "STATE" : "STATE_GET");
     }
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].failed && r->peers[p].state != P_DEAD)
@@ -2485,7 +2516,7 @@ static void s_turn(router_t *r)
         if (r->started)
             s_rebalance(r);
         s_joins(r);
-        if (!r->done && s_all_stages_ready(r)) {
+        if (!r->done && s_all_stages_ready(r) && !s_join_held(r)) {
             if (!r->started) {
                 printf("swarm router: every stage has a peer; training from step %ld\n", r->step);
                 fflush(stdout);

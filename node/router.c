@@ -1389,7 +1389,7 @@ static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
 static double s_grad_reduce(router_t *r)
 {
     double sumsq = 0.0;
-    memset(r->grad_sum, 0, node_config_params(&r->hp.cfg) * sizeof(float));
+    int summed[NODE_MAX_LAYERS] = {0};
     for (int p = 0; p < r->npeers; p++) {
         if (!r->got_grad[p])
             continue;
@@ -1399,12 +1399,15 @@ static double s_grad_reduce(router_t *r)
         }
         int s = r->peers[p].stage;
         float *dst = r->grad_sum + r->stage_off[s];
+        if (!summed[s]++)
+            memset(dst, 0, r->stage_n[s] * sizeof(float));
         for (size_t j = 0; j < r->stage_n[s]; j++)
             dst[j] += r->peer_grad[p][j];
     }
-    // stages whose gradients came here (the others' are zero in grad_sum)
-    for (size_t j = 0; j < node_config_params(&r->hp.cfg); j++)
-        sumsq += (double) r->grad_sum[j] * r->grad_sum[j];
+    // the stages whose gradients came here
+    for (int s = 0; s < r->plan.stages; s++)
+        for (size_t j = 0; summed[s] && j < r->stage_n[s]; j++)
+            sumsq += (double) r->grad_sum[r->stage_off[s] + j] * r->grad_sum[r->stage_off[s] + j];
     return sumsq;
 }
 

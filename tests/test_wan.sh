@@ -9,7 +9,10 @@
 #    within a relative TOL of the fp32 run's: fp16 1e-3 (twice its rounding
 #    of one value, 2^-11), int8 4e-3 (about its bound on one value, 1/254 of
 #    its block's largest). Errors of opposite signs mostly cancel in a loss,
-#    so these are loose: the measured differences are 1.6e-5 and 2.4e-4.
+#    so these are loose: the measured differences are 1.6e-5 and 2.4e-4;
+#  - a third node joining mid-run over 2 Mbit/s links (its stage's state
+#    takes longer than a step) loads the current step's state and serves,
+#    and the losses stay swarm train's.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -91,5 +94,23 @@ for w in fp16:1e-3 int8:4e-3; do
         paste -d' ' "$TMP/$wire.txt" "$TMP/fp32.txt" | head
     fi
 done
+
+# a node joining mid-run over slow links: 2 Mbit/s, so its stage's state
+# takes longer than a step; it must load the state of the step it joins at
+# (the next step waits for it), serve, and keep the losses swarm train's
+# shellcheck disable=SC2086
+ORDERED=1 TIMEOUT=90 timeout 120 sh scripts/wan-swarm.sh --build "$BUILD" -n 3 -s 2 --steps 10 \
+    --delay 20ms --rate 2mbit --min-nodes 2 $TINY --loss-log "$TMP/join.txt" >"$TMP/join.log" 2>&1
+rc=$?
+started=$(grep -n "training from step" "$TMP/join.log" | head -1 | cut -d: -f1)
+ready=$(grep -n "(node3) ready on stage" "$TMP/join.log" | head -1 | cut -d: -f1)
+if [ $rc -eq 0 ] && [ -n "$started" ] && [ -n "$ready" ] && [ "$ready" -gt "$started" ] \
+    && ! grep -q "refused a request" "$TMP/join.log" && grep -q "checksum mismatches 0" "$TMP/join.log" \
+    && losses_match "$TMP/join.txt" "$TMP/train.txt" 10; then
+    ok "a node joining mid-run over 2 Mbit/s links loads the current step's state and serves; losses equal swarm train's"
+else
+    bad "join over slow links (exit $rc):"; grep -E "joins|ready on|refused|banned|mismatch" "$TMP/join.log" | head
+    paste -d' ' "$TMP/join.txt" "$TMP/train.txt" 2>/dev/null | head
+fi
 
 lib_done

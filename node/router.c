@@ -1646,7 +1646,7 @@ static void s_ckpt_begin(router_t *r)
     r->ck_lost = 0;
     for (int s = 0; s < r->plan.stages; s++) {
         int sent = 0;
-        for (int p = 0; p < r->npeers && !sent; p++) {
+        for (int p = 0; p < r->npeers; p++) {
             if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
                 net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
                 net_msg_head(g)->stage = (uint32_t) s;
@@ -1977,6 +1977,14 @@ static int s_check_loss(const net_msg_t *m, char *why, size_t wn)
 // Check a reply to request q before anything uses it: the right type, and
 // every tensor of the shape the plan says, finite and of plausible size.
 // 0, or -EPROTO and why.
+// m's meta checksum= is 64 lowercase hex digits (a parameter checksum).
+static int s_has_checksum(const net_msg_t *m)
+{
+    char text[80];
+    return net_msg_meta_get(m, "checksum", text, sizeof text) == 0 && strlen(text) == 64
+           && strspn(text, "0123456789abcdef") == 64;
+}
+
 static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
 {
     const net_head_t *h = net_msg_head_const(m);
@@ -2014,8 +2022,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     case R_VERIFY:
         return s == S - 1 ? s_check_loss(m, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
-        if (q->mb == MB_APPLY && (net_msg_meta_get(m, "checksum", text, sizeof text) != 0
-                                  || strlen(text) != 64 || strspn(text, "0123456789abcdef") != 64)) {
+        if (q->mb == MB_APPLY && !s_has_checksum(m)) {
             snprintf(why, wn, "sent no parameter checksum after applying its update");
             return -EPROTO;
         }
@@ -2045,8 +2052,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         return 0;
     case R_UPDATE:
     case R_STATE:
-        if (net_msg_meta_get(m, "checksum", text, sizeof text) != 0 || strlen(text) != 64
-            || strspn(text, "0123456789abcdef") != 64) {
+        if (!s_has_checksum(m)) {
             snprintf(why, wn, "sent no parameter checksum");
             return -EPROTO;
         }
@@ -2220,10 +2226,6 @@ static void s_redo_lost(router_t *r, int p)
             "other replicas\n", r->step, redone);
 }
 
-// Every replica of stage s is gone, and its state with them: the whole
-// swarm goes back to the last checkpoint (held in params/m/v), every live
-// node reloads its stage from it, and the run waits for a node for stage s,
-// then replays. The curve after it equals an uninterrupted run's.
 // Move ready peer p to stage `to` (cost[]: the stages' work per token, to
 // carry its measured speed over); the router log says why. 0 or -errno.
 static int s_move(router_t *r, int p, int to, const double *cost, const char *why)
@@ -2270,6 +2272,11 @@ static int s_refill(router_t *r, int s)
     return s_move(r, p, s, cost, why) == 0 ? p : -1;
 }
 
+// Every replica of stage s is gone, and its state with them: the whole
+// swarm goes back to the last checkpoint (held in params/m/v), every live
+// node reloads its stage from it, stage s takes a spare replica of another
+// stage or waits for a node, and the run replays. The curve after it
+// equals an uninterrupted run's.
 static void s_rollback(router_t *r, int s)
 {
     fprintf(stderr, "swarm router: stage %d lost every replica at step %ld: rolling back to "
@@ -2432,7 +2439,7 @@ static void s_reap(router_t *r)
     for (int i = 0; i < MAX_REQS; i++) {
         const req_t *q = &r->reqs[i];
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
-        if (!q->id || (state && (q->kind == R_STATE_GET && q->mb < 0))) // checkpoints hold nothing up
+        if (!q->id || (q->kind == R_STATE_GET && q->mb < 0)) // checkpoints hold nothing up
             continue;
         if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
                   : now - q->sent > s_deadline_ms(r, q->peer))

@@ -37,16 +37,21 @@ start_node() {  # I
 }
 start_node 1
 start_node 2
-victim=""
-for _ in $(seq 1 600); do
-    if grep -q "^step 12/40 " "$TMP/router.log"; then
-        name=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage 1$/\1/p' "$TMP/router.log" | head -1)
-        victim=$(eval "echo \$pid_$name")
-        kill -9 "$victim"
-        break
-    fi
-    sleep 0.05
-done
+# kill_stage1 LOG: once LOG has step 12, SIGKILL the first node it put on
+# stage 1; $victim is its pid (empty if none)
+kill_stage1() {
+    victim=""
+    for _ in $(seq 1 600); do
+        if grep -q "^step 12/40 " "$1"; then
+            name=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage 1$/\1/p' "$1" | head -1)
+            victim=$(eval "echo \$pid_$name")
+            kill -9 "$victim"
+            return
+        fi
+        sleep 0.05
+    done
+}
+kill_stage1 "$TMP/router.log"
 [ -n "$victim" ] && ok "SIGKILLed the only node of stage 1 after step 12" || bad "no victim"
 for _ in $(seq 1 200); do
     grep -q "rolling back to step 10" "$TMP/router.log" && break
@@ -82,16 +87,7 @@ endpoint=$(wait_endpoint "$TMP/router2.log")
 start_node 4
 start_node 5
 start_node 6
-victim=""
-for _ in $(seq 1 600); do
-    if grep -q "^step 12/40 " "$TMP/router2.log"; then
-        name=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage 1$/\1/p' "$TMP/router2.log" | head -1)
-        victim=$(eval "echo \$pid_$name")
-        kill -9 "$victim"
-        break
-    fi
-    sleep 0.05
-done
+kill_stage1 "$TMP/router2.log"
 [ -n "$victim" ] && ok "SIGKILLed the only node of stage 1 (2 on stage 0) after step 12" || bad "no victim"
 wait_exit "$router" 60 || { bad "router still running after 60 s"; tail -10 "$TMP/router2.log"; }
 wait "$router"

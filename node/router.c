@@ -497,8 +497,8 @@ static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     int rc = s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
                     "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
                     r->hp.micro, pe->id, node_wire_name(r->wire), node_wire_name(r->grad_wire));
-    if (rc == 0)
-        rc = net_server_send(r->srv, &pe->who, &a);
+    if (rc == 0 && (rc = net_server_send(r->srv, &pe->who, &a)) != 0)
+        pe->failed = 1; // not connected: s_reap finds it dead
     net_msg_destroy(&a);
     if (rc != 0)
         return rc;
@@ -2248,10 +2248,11 @@ static int s_move(router_t *r, int p, int to, const double *cost, const char *wh
 }
 
 // Stage s has no ready replica and none joining: the peer that another
-// stage can best spare (swarm_policy_rebalance with no margin and no hold:
-// the move that leaves the highest bottleneck, never emptying a stage) is
-// assigned to it, or -1 when no stage has two. Every stage reloads the
-// checkpoint anyway, so the move costs nothing a new node would not.
+// stage can best spare (swarm_policy_refill: the move that leaves the
+// highest bottleneck, never emptying a stage) is assigned to it, or -1
+// when no stage has two. A peer that cannot be reached is passed over (the
+// next turn finds it dead). Every stage reloads the checkpoint anyway, so
+// the move costs nothing a new node would not.
 static int s_refill(router_t *r, int s)
 {
     for (int p = 0; p < r->npeers; p++)
@@ -2259,17 +2260,30 @@ static int s_refill(router_t *r, int s)
             return -1; // a newcomer is already on its way
     swarm_peer_view_t views[MAX_PEERS];
     double cost[NODE_MAX_LAYERS];
-    s_views_as(r, views, 0);
     for (int k = 0; k < r->plan.stages; k++)
         cost[k] = node_plan_stage_cost(&r->hp.cfg, &r->plan, k);
-    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, s_secs(), 0.0,
-                                            0.0, &to);
-    if (p < 0 || to != s)
-        return -1;
-    char why[128];
-    snprintf(why, sizeof why, "(%d replicas) to stage %d, which lost every replica",
-             s_ready_count(r, r->peers[p].stage), s);
-    return s_move(r, p, s, cost, why) == 0 ? p : -1;
+    for (int tries = 0; tries < r->npeers; tries++) {
+        s_views_as(r, views, 0);
+        int p = swarm_policy_refill(views, r->npeers, r->plan.stages, cost, s);
+        if (p < 0)
+            return -1;
+        char why[128];
+        snprintf(why, sizeof why, "(%d replicas) to stage %d, which lost every replica",
+                 s_ready_count(r, r->peers[p].stage), s);
+        if (s_move(r, p, s, cost, why) == 0)
+            return p;
+    }
+    return -1;
+}
+
+// After a rollback, every stage with no replica takes a spare one (also a
+// stage emptied while the swarm reloads); say: log those left waiting.
+static void s_refill_all(router_t *r, int say)
+{
+    for (int k = 0; k < r->plan.stages; k++)
+        if (s_ready_count(r, k) == 0 && s_refill(r, k) < 0 && say)
+            fprintf(stderr, "swarm router: stage %d: no other stage has a replica to spare; "
+                    "waiting for a node to serve it\n", k);
 }
 
 // Every replica of stage s is gone, and its state with them: the whole
@@ -2282,11 +2296,7 @@ static void s_rollback(router_t *r, int s)
     fprintf(stderr, "swarm router: stage %d lost every replica at step %ld: rolling back to "
             "step %ld%s\n", s, r->step, r->ckpt_step,
             r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
-    // every empty stage takes a spare replica of another, else waits
-    for (int k = 0; k < r->plan.stages; k++)
-        if (s_ready_count(r, k) == 0 && s_refill(r, k) < 0)
-            fprintf(stderr, "swarm router: stage %d: no other stage has a replica to spare; "
-                    "waiting for a node to serve it\n", k);
+    s_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
     for (int i = 0; i < MAX_REQS; i++)
         if (r->reqs[i].id)
             s_req_done(r, &r->reqs[i]);
@@ -2525,6 +2535,8 @@ static void s_turn(router_t *r)
         }
         if (r->started)
             s_rebalance(r);
+        else if (r->rollbacks > 0)
+            s_refill_all(r, 0);
         s_joins(r);
         if (!r->done && s_all_stages_ready(r) && !s_join_held(r)) {
             if (!r->started) {

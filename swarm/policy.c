@@ -123,6 +123,39 @@ int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, co
     return best;
 }
 
+int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                        int empty)
+{
+    double tot[256];
+    int count[256];
+    if (stages < 2 || stages > 256 || empty < 0 || empty >= stages || !(cost[empty] > 0.0))
+        return -1;
+    s_totals(peers, n, stages, tot, count);
+    int best = -1;
+    double best_low = -1.0;
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &peers[i];
+        int from = p->stage;
+        if (!p->ready || from < 0 || from >= stages || from == empty || count[from] < 2)
+            continue;
+        // the bottleneck afterwards, over the stages that have replicas (one
+        // still empty waits for its own refill)
+        double after = 1e300;
+        for (int s = 0; s < stages; s++) {
+            if (count[s] == 0 && s != empty)
+                continue;
+            double t = tot[s] - (s == from ? p->tok_s : 0.0)
+                     + (s == empty ? p->tok_s * cost[from] / cost[empty] : 0.0);
+            after = t < after ? t : after;
+        }
+        if (after > best_low) {
+            best = i;
+            best_low = after;
+        }
+    }
+    return best;
+}
+
 int swarm_policy_window(const swarm_window_in_t *in)
 {
     int S = in->stages, G = in->micro_batches;

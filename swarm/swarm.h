@@ -79,6 +79,13 @@ int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages);
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
                            double now, double margin, double hold, int *to);
 
+// Refilling: the ready peer to move into stage `empty`, which has lost every
+// replica, or -1 when no stage has two or more. Of those, the move that
+// leaves the highest bottleneck over the stages that have replicas (another
+// stage that is empty too waits for its own refill); no margin, no hold.
+int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                        int empty);
+
 // ---- log limits (pure: time is an argument) ----
 
 #define SWARM_LOGLIMIT_SENDERS 64  // senders tracked at once (the least recent is forgotten)

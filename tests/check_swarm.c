@@ -690,6 +690,33 @@ START_TEST(test_rebalance_counts_stage_cost)
 }
 END_TEST
 
+START_TEST(test_refill_fills_each_empty_stage_from_stages_that_can_spare)
+{
+    const double cost[3] = { 1.0, 1.0, 2.0 };
+    // three on stage 0 (one fast), the rest gone: stages 1 and 2 are empty
+    swarm_peer_view_t p[4] = {
+        s_view(0, 1, 0, 3000), s_view(0, 1, 0, 1000), s_view(0, 1, 0, 800), s_view(1, 0, 0, 0),
+    };
+    for (int i = 0; i < 4; i++)
+        p[i].moved_at = 99.0; // moved a moment ago: a refill does not wait
+    // stage 1 first: the fast peer leaves min(1800, 3000), the 1000 one
+    // min(3800, 1000); the other empty stage does not count
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 1), 0);
+    p[0].stage = 1, p[0].ready = 0; // on its way (joining): not a donor
+    // stage 2 costs twice as much: 1000 there is 500 (leaving 800), 800 is
+    // 400 (leaving 1000)
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 2), 1);
+    p[1].stage = 2, p[1].ready = 0;
+    // stage 0 has one replica left: nobody can spare one
+    p[0].ready = 1;
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 2), -1);
+    // bad arguments
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 3), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, -1), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 1, cost, 0), -1);
+}
+END_TEST
+
 // ---- log limits ----
 
 START_TEST(test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count)
@@ -854,6 +881,7 @@ int main(void)
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
+    tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");
     tcase_add_test(tc, test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count);

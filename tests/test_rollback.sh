@@ -4,7 +4,9 @@
 # new node, and replays; every step's loss (the replay's, for steps run
 # twice) equals `swarm train`'s. Then with a spare: 3 nodes on 2 stages, the
 # only node of stage 1 dies and no new one comes: a replica of stage 0
-# moves to stage 1 and the run finishes with the same losses.
+# moves to stage 1 and the run finishes with the same losses. Last, 7 nodes
+# on 3 stages (3, 2, 2): both nodes of stages 1 and 2 die at once; two
+# replicas of stage 0 move, one to each.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -99,5 +101,30 @@ else
     bad "no spare moved (router exit $rc)"; grep "swarm router" "$TMP/router2.log" | tail -15
 fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" 40 "after a spare replica took the lost stage"
+
+# ---- two stages empty at once: each takes a spare of stage 0 ----
+rm -rf "$TMP/ck" "$TMP/swarm.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --layers 3 --threads 1 --quiet --loss-log "$TMP/train3.txt" >/dev/null 2>&1
+start_router "$TMP/router3.log" --listen "tcp://127.0.0.1:0" --layers 3 --stages 3 --min-nodes 7 \
+    --assign even --rebalance-every 0
+endpoint=$(wait_endpoint "$TMP/router3.log")
+for i in 7 8 9 10 11 12 13; do start_node $i; done  # stages 0 1 2 0 1 2 0 in join order
+wait_grep "$TMP/router3.log" "^step 12/40 " 60
+victims=$(sed -n 's/^swarm router: peer [0-9]* (\(node[0-9]*\), .*) joins stage [12]$/\1/p' "$TMP/router3.log" |
+    while read -r name; do eval "echo \$pid_$name"; done)
+# shellcheck disable=SC2086
+[ "$(echo $victims | wc -w)" -eq 4 ] && kill -9 $victims && ok "SIGKILLed both nodes of stages 1 and 2 at once" \
+    || bad "victims: '$victims'"
+wait_exit "$router" 60 || { bad "router still running after 60 s"; tail -10 "$TMP/router3.log"; }
+wait "$router"
+rc=$?
+moved=$(grep -c "from stage 0 (3 replicas) to stage 1, which lost\|from stage 0 (2 replicas) to stage 2, which lost\|from stage 0 (3 replicas) to stage 2, which lost\|from stage 0 (2 replicas) to stage 1, which lost" "$TMP/router3.log")
+if [ $rc -eq 0 ] && [ "$moved" -eq 2 ] && grep -q "checksum mismatches 0" "$TMP/router3.log"; then
+    ok "a spare of stage 0 moved to each empty stage; the run finished"
+else
+    bad "router exit $rc, $moved moves:"; grep "swarm router" "$TMP/router3.log" | tail -15
+fi
+check_losses "$TMP/swarm.txt" "$TMP/train3.txt" 40 "after two stages took spares"
 
 lib_done

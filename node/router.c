@@ -197,6 +197,8 @@ typedef struct {
     int restarts;            // steps started over (a liar's outputs had been used)
     int wire;                // NET_DTYPE_* of activations and their gradients (--wire)
     int grad_wire;           // NET_DTYPE_* of replicas' gradient sums (--grad-wire)
+    const char *trace_path;  // --trace FILE
+    FILE *trace;             // a line per request sent and done, per step ended
     int window_auto;         // the window follows swarm_policy_window (--window auto)
     int window_shown;        // the window last logged, 0 none
     double window_sum;       // sum of the windows steps began with, for the mean
@@ -244,11 +246,29 @@ static double s_secs(void)
 
 // ---- requests --------------------------------------------------------------
 
+// --trace: "MS EVENT STEP KIND MB STAGE PEER", EVENT send (a request went
+// out), done (answered, or given up: its peer died, the step restarted) or
+// step (STEP ended; the rest are "-"); MS is the monotonic clock in ms.
+// What scripts/trace-steps.sh reads.
+static void s_trace(const router_t *r, const char *event, int kind, int mb, int stage, int peer)
+{
+    static const char *const names[] = { "?", "FWD", "BWD", "STEP", "UPDATE", "STATE_GET",
+                                         "STATE", "ASSIGN", "VERIFY", "DISCARD" };
+    if (!r->trace)
+        return;
+    if (peer < 0)
+        fprintf(r->trace, "%lld %s %ld - - - -\n", (long long) net_clock_ms(), event, r->step);
+    else
+        fprintf(r->trace, "%lld %s %ld %s %d %d %d\n", (long long) net_clock_ms(), event, r->step,
+                kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage, r->peers[peer].id);
+}
+
 static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
 {
     for (int i = 0; i < MAX_REQS; i++) {
         if (r->reqs[i].id == 0) {
             r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms(), 0 };
+            s_trace(r, "send", kind, mb, stage, peer);
             r->peers[peer].inflight++;
             if ((kind == R_FWD || kind == R_BWD) && r->peers[peer].working++ == 0)
                 r->peers[peer].busy_from = r->reqs[i].sent;
@@ -269,6 +289,7 @@ static req_t *s_req_find(router_t *r, uint64_t id)
 static void s_req_done(router_t *r, req_t *q)
 {
     peer_t *pe = &r->peers[q->peer];
+    s_trace(r, "done", q->kind, q->mb, q->stage, q->peer);
     if (pe->inflight > 0)
         pe->inflight--;
     if ((q->kind == R_FWD || q->kind == R_BWD) && pe->working > 0 && --pe->working == 0)
@@ -1741,6 +1762,7 @@ static void s_step_end(router_t *r)
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
     r->train_time += s_secs() - r->step_t0;
+    s_trace(r, "step", 0, 0, 0, -1);
     r->step++;
     s_progress(r, lr);
     long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
@@ -2669,6 +2691,8 @@ static void s_help(FILE *out)
         "  --verify F      run a fraction F of forwards again on a second replica and\n"
         "                  compare; a third decides a disagreement and the peer it\n"
         "                  contradicts is expelled (default 0.05; 0 = never)\n"
+        "  --trace FILE    write a line per request sent and answered and per step to\n"
+        "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
         "training flags (as swarm train):\n");
     node_train_help(out);
 }
@@ -2711,7 +2735,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
                  || !strcmp(a, "--verify") || !strcmp(a, "--assign")
-                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire");
+                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
             return -EINVAL;
@@ -2722,6 +2746,8 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
             r->key_name = v;
         } else if (!strcmp(a, "--allow")) {
             r->allow_path = v;
+        } else if (!strcmp(a, "--trace")) {
+            r->trace_path = v;
         } else if ((rc = s_wire_flag(r, a, v, err, n)) != 0) {
             if (rc < 0)
                 return rc;
@@ -2795,6 +2821,13 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
         rc = node_train_parse(argc, argv, &r->o, err, n);
     if (rc != 0)
         return rc;
+    if (r->trace_path) {
+        if (!(r->trace = fopen(r->trace_path, "w"))) {
+            snprintf(err, n, "--trace %s: %s", r->trace_path, strerror(errno));
+            return -EINVAL;
+        }
+        setvbuf(r->trace, NULL, _IOLBF, 0); // whole lines, also if the router is killed
+    }
     if (r->o.data) {
         rc = swarm_data_load(r->o.data, &r->data, err, n);
     } else {
@@ -2956,6 +2989,8 @@ static void s_teardown(router_t *r)
     free(r->scratch);
     free(r->curve);
     node_curve_close(&r->logs);
+    if (r->trace)
+        fclose(r->trace);
     net_server_destroy(&r->srv);
     net_allow_destroy(&r->allow);
     net_key_destroy(&r->key);

@@ -123,6 +123,8 @@ expect_error "router with an unknown wire format" "--wire bf16: expected fp32, f
     router --wire bf16 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with a bad window" "--window 0: expected auto or a whole number" \
     router --window 0 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+expect_error "router with an unwritable trace" "--trace $TMP/no/such/dir/t: No such file" \
+    router --trace "$TMP/no/such/dir/t" --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 if sh scripts/wan-swarm.sh -n 2 -s 2 --delay 50 >"$TMP/out" 2>&1; then
     bad "wan-swarm.sh took --delay 50"
 elif grep -q "^wan-swarm.sh: --delay 50: '50' is not a value like 50ms$" "$TMP/out"; then

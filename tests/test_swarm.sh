@@ -3,7 +3,8 @@
 # processes (2 stages x 2 replicas) train a tiny model for 20 steps; every
 # step's loss must equal `swarm train`'s with the same flags to 1e-4
 # relative, and the replicas' checksums must agree after every step (the
-# router counts mismatches and fails on any). Then the refusals: a node of
+# router counts mismatches and fails on any); its --trace accounts for every
+# step and request (scripts/trace-steps.sh). Then the refusals: a node of
 # another protocol version and a status client with a wrong key.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
@@ -21,7 +22,7 @@ TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iter
 "$SWARM" keygen "$TMP/router" >/dev/null
 # shellcheck disable=SC2086
 "$SWARM" router $TINY --stages 2 --min-nodes 4 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
-    --loss-log "$TMP/swarm.txt" --log-every 5 >"$TMP/router.log" 2>&1 &
+    --loss-log "$TMP/swarm.txt" --log-every 5 --trace "$TMP/trace.txt" >"$TMP/router.log" 2>&1 &
 router=$!
 pids="$router"
 if ! endpoint=$(wait_endpoint "$TMP/router.log"); then
@@ -91,6 +92,20 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 20; then
     ok "every step's loss equals swarm train's to 1e-4 relative"
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
+fi
+# --trace: a line per step and per request; every FWD/BWD sent is done;
+# trace-steps.sh accounts for each peer and stage
+steps=$(awk '$2 == "step"' "$TMP/trace.txt" | wc -l)
+sent=$(awk '$2 == "send" && ($4 == "FWD" || $4 == "BWD")' "$TMP/trace.txt" | wc -l)
+done_=$(awk '$2 == "done" && ($4 == "FWD" || $4 == "BWD")' "$TMP/trace.txt" | wc -l)
+sh scripts/trace-steps.sh "$TMP/trace.txt" 5 >"$TMP/steps.out" 2>&1
+peers=$(awk '/^ +peer/ { on = 1; next } /^ +stage/ { on = 0 } on && $3 > 0 && $3 <= 1 && $4 > 0' "$TMP/steps.out" | wc -l)
+stages=$(awk '/^ +stage +idle/ { on = 1; next } on' "$TMP/steps.out" | wc -l)
+if [ "$steps" -eq 20 ] && [ "$sent" -ge 120 ] && [ "$sent" -eq "$done_" ] && [ "$peers" -eq 4 ] \
+    && [ "$stages" -eq 2 ] && grep -q "^steps 5..19: " "$TMP/steps.out"; then
+    ok "--trace: 20 steps, $sent FWD/BWD requests all answered; trace-steps.sh: 4 peers busy, 2 stages"
+else
+    bad "--trace: $steps steps, $sent sent, $done_ done, $peers peers, $stages stages:"; cat "$TMP/steps.out"
 fi
 
 # one replica per stage (gradients stay on the nodes), through the local

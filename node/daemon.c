@@ -109,6 +109,7 @@ typedef struct {
     double tok_s;                          // training tokens/s on its stage (0 = none yet)
     double work_tok, work_s;               // decaying sums behind tok_s (s_tok_s_note)
     double busy;                           // s: compute of the last FWD/BWD (with --slowdown)
+    double usual_s[3];                     // s: usual compute of a FWD, BWD, fused pair (0 = none yet)
     int exit_code;                         // >= 0: leave the loop with this code
 } daemon_t;
 
@@ -894,15 +895,21 @@ static void s_slots_free(daemon_t *d)
 // forward and backward all of it): sleep for --slowdown, then fold it into
 // tok_s, the training tokens/s this node sustains on its stage (decaying
 // sums of work and time, so recent requests count most).
+// A device F times slower takes F times the usual compute of such work:
+// the sleep is F - 1 times this request's compute, but never more than F - 1
+// times the usual (a running mean), so that a moment of contention on the
+// host (the scheduler, another process) is not magnified F times.
 static void s_tok_s_note(daemon_t *d, double seconds, double part)
 {
     if (seconds <= 0.0)
         return;
     if (d->o.slowdown > 1.0) {
-        double extra = (d->o.slowdown - 1.0) * seconds;
+        double *usual = &d->usual_s[part < 0.5 ? 0 : part < 0.9 ? 1 : 2];
+        double extra = (d->o.slowdown - 1.0) * (*usual > 0.0 ? fmin(seconds, *usual) : seconds);
+        *usual = *usual > 0.0 ? 0.9 * *usual + 0.1 * seconds : seconds;
         struct timespec ts = { (time_t) extra, (long) ((extra - (double) (time_t) extra) * 1e9) };
         nanosleep(&ts, NULL);
-        seconds *= d->o.slowdown;
+        seconds += extra;
     }
     d->work_tok = 0.95 * d->work_tok + part * d->as.micro * d->as.cfg.T;
     d->work_s = 0.95 * d->work_s + seconds;

@@ -2258,8 +2258,11 @@ static int s_move(router_t *r, int p, int to, const double *cost, const char *wh
     fflush(stdout);
     double from_cost = cost[pe->stage];
     int rc = s_send_assign(r, p, to, NULL);
-    if (rc != 0)
+    if (rc != 0) {
+        fprintf(stderr, "swarm router: peer %d (%s): cannot be reached (%s): not moved\n", pe->id,
+                pe->name, strerror(-rc));
         return rc;
+    }
     pe->tok_s *= from_cost / cost[to];
     pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
     pe->rate_work = pe->work;

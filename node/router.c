@@ -84,6 +84,15 @@ typedef struct {
     int redo;                // re-run of work a dead peer had accumulated
 } req_t;
 
+// A spot check of one micro-batch's FWD at one stage (s_spot_*): the
+// outputs of the peer under test ([0]) and of up to two other replicas.
+typedef struct {
+    float *out[3];           // stage outputs (NULL at the last stage: losses only)
+    float loss[3];           // last stage: the losses
+    int peer[3];             // who produced each
+    int n;                   // results in; 0: no check open
+} spot_t;
+
 typedef struct {
     int stage;               // stage it is at; -1 idle, S = done
     int backward;            // in backward
@@ -96,13 +105,7 @@ typedef struct {
     int retry_stage;         // its stage
     unsigned char redo_wanted[NODE_MAX_LAYERS]; // stage work to re-run once a peer is free
     float loss;              // from the last stage
-    // spot verification of a FWD (s_spot_*): the outputs of the peer under
-    // test ([0]) and of up to two other replicas, held until they agree
-    float *spot[3];          // stage outputs (NULL at the last stage: losses only)
-    float spot_loss[3];      // last stage: the losses
-    int spot_peer[3];        // who produced each
-    int spot_n;              // results in
-    int spot_stage;          // stage under test, -1 none
+    spot_t *spot;            // per stage, from its first check on (NULL: none yet)
     uint8_t in_dtype[NODE_MAX_LAYERS + 1]; // NET_DTYPE_* of in[s] (s > 0)
     int8_t in_pow2[NODE_MAX_LAYERS + 1];   // its 2^k scale (meta pow2_I)
     uint8_t dy_dtype[NODE_MAX_LAYERS];     // NET_DTYPE_* of dy[s]
@@ -792,9 +795,11 @@ static void s_mb_clear(router_t *r, mb_t *b)
         free(b->dy[s]);
         b->dy[s] = NULL;
     }
-    for (int k = 0; k < 3; k++)
-        free(b->spot[k]);
-    *b = (mb_t) { .stage = -1, .spot_stage = -1 };
+    for (int s = 0; b->spot && s < r->plan.stages; s++)
+        for (int k = 0; k < 3; k++)
+            free(b->spot[s].out[k]);
+    free(b->spot);
+    *b = (mb_t) { .stage = -1 };
     for (int s = 0; s < r->plan.stages; s++)
         b->grad_peer[s] = -1;
 }
@@ -1021,12 +1026,14 @@ static void s_work_done(router_t *r, const req_t *q)
 
 // ---- spot verification ------------------------------------------------------
 // A fraction (--verify) of training FWDs is run again on a second replica of
-// the stage and the micro-batch waits until the two agree (outputs within
-// 1e-3 relative L2; at the last stage, forward-only, losses within 1e-4).
-// When they disagree, a third replica decides; the one it contradicts is
-// expelled, and since that peer's outputs may already have fed other
-// micro-batches of the step, the step starts over without it. With no third
-// replica the disagreement is logged and counted, and the run goes on.
+// the stage while the micro-batch goes on with the first result; the step's
+// update waits until every check of the step is settled (s_spots_open).
+// Two results agree when the outputs are within 1e-3 relative L2 (at the
+// last stage, run forward-only, the losses within 1e-4). When they
+// disagree, a third replica decides; the one it contradicts is expelled,
+// and since its outputs have fed the step, the step starts over without
+// it. With no third replica the disagreement is logged and counted, and
+// the run goes on.
 
 // Whether FWD of micro-batch i at stage s of this step is verified: a fixed
 // draw from (seed, step, i, s), so that a replay checks the same ones.
@@ -1056,55 +1063,66 @@ static int s_spot_send(router_t *r, int i, int s, int p)
     return s_send(r, p, &m, R_VERIFY, i, s);
 }
 
-// Go on with micro-batch i from its first result (the peer under test's).
-static void s_spot_release(router_t *r, int i)
+// The open check of micro-batch q->mb at stage q->stage, or NULL.
+static spot_t *s_spot_of(const router_t *r, const req_t *q)
 {
-    mb_t *b = &r->mbs[i];
-    int S = r->plan.stages, s = b->spot_stage;
-    for (int k = 0; k < 3; k++) {
-        free(b->spot[k]);
-        b->spot[k] = NULL;
-    }
-    b->spot_stage = -1;
-    b->spot_n = 0;
-    if (s < S - 1)
-        s_ignore(s_next(r, i, R_FWD, s + 1));
-    else if (S == 1)
-        b->stage = S;
-    else
-        s_ignore(s_next(r, i, R_BWD, S - 2));
+    if (q->mb < 0 || q->mb >= r->G || q->stage < 0 || q->stage >= r->plan.stages)
+        return NULL;
+    spot_t *c = r->mbs[q->mb].spot ? &r->mbs[q->mb].spot[q->stage] : NULL;
+    return c && c->n > 0 ? c : NULL;
 }
 
-// Hold micro-batch i's FWD result from peer q->peer (decoded in scratch, or
-// its loss) and ask another replica; 1 when held, 0 when nobody can check.
-static int s_spot_begin(router_t *r, const req_t *q, float loss)
+// The check is settled (or given up).
+static void s_spot_release(spot_t *c)
+{
+    for (int k = 0; k < 3; k++) {
+        free(c->out[k]);
+        c->out[k] = NULL;
+    }
+    c->n = 0;
+}
+
+// Checks of this step not settled yet: the update waits for them.
+static int s_spots_open(const router_t *r)
+{
+    int n = 0;
+    for (int i = 0; r->mbs && i < r->G; i++)
+        for (int s = 0; r->mbs[i].spot && s < r->plan.stages; s++)
+            n += r->mbs[i].spot[s].n > 0;
+    return n;
+}
+
+// When sampled, keep micro-batch q->mb's FWD result from peer q->peer
+// (decoded in scratch, or its loss) and ask another replica for it; the
+// micro-batch goes on meanwhile. A result that comes again (the FWD re-sent
+// after its peer died) while the check is open is not checked twice.
+static void s_spot_begin(router_t *r, const req_t *q, float loss)
 {
     mb_t *b = &r->mbs[q->mb];
-    int last = q->stage == r->plan.stages - 1;
+    if (!s_spot_sampled(r, q->mb, q->stage) || s_spot_of(r, q))
+        return;
     int other = s_pick_but(r, q->stage, -1, 1.0 / 3.0, &q->peer, 1);
-    if (other < 0)
-        return 0;
-    b->spot_stage = q->stage;
-    b->spot_n = 1;
-    b->spot_peer[0] = q->peer;
-    b->spot_loss[0] = loss;
-    b->spot[0] = last ? NULL : s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float));
-    if (s_spot_send(r, q->mb, q->stage, other) != 0) {
-        s_spot_release(r, q->mb);
-        return 1;
-    }
-    return 1;
+    if (other < 0 || (!b->spot && !(b->spot = calloc((size_t) r->plan.stages, sizeof *b->spot))))
+        return;
+    spot_t *c = &b->spot[q->stage];
+    c->n = 1;
+    c->peer[0] = q->peer;
+    c->loss[0] = loss;
+    if (q->stage < r->plan.stages - 1)
+        c->out[0] = s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float));
+    if (s_spot_send(r, q->mb, q->stage, other) != 0)
+        s_spot_release(c);
 }
 
-static int s_spot_same(const router_t *r, const mb_t *b, int x, int y)
+static int s_spot_same(const router_t *r, const spot_t *c, int x, int y)
 {
-    if (!b->spot[x] || !b->spot[y])
-        return fabsf(b->spot_loss[x] - b->spot_loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(b->spot_loss[y]));
+    if (!c->out[x] || !c->out[y])
+        return fabsf(c->loss[x] - c->loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(c->loss[y]));
     double d = 0.0, n = 0.0;
     for (size_t j = 0; j < s_acts_count(r); j++) {
-        double e = (double) b->spot[x][j] - b->spot[y][j];
+        double e = (double) c->out[x][j] - c->out[y][j];
         d += e * e;
-        n += (double) b->spot[y][j] * b->spot[y][j];
+        n += (double) c->out[y][j] * c->out[y][j];
     }
     return d <= 1e-6 * (n > 1e-30 ? n : 1e-30);
 }
@@ -1170,55 +1188,55 @@ static void s_step_restart(router_t *r, const char *why)
 // A verifying replica's answer (checked; outputs decoded in scratch).
 static void s_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
 {
-    mb_t *b = &r->mbs[q->mb];
+    spot_t *c = s_spot_of(r, q);
     char text[64];
-    if (b->spot_stage != q->stage || b->spot_n < 1 || b->spot_n > 2)
+    if (!c || c->n > 2)
         return; // stale
-    int k = b->spot_n++, s = q->stage;
-    b->spot_peer[k] = q->peer;
-    b->spot_loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
-    b->spot[k] = b->spot[0] ? s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float)) : NULL;
-    const peer_t *a = &r->peers[b->spot_peer[0]], *c = &r->peers[q->peer];
-    if (k == 1 && s_spot_same(r, b, 0, 1)) {
+    int k = c->n++, s = q->stage;
+    c->peer[k] = q->peer;
+    c->loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
+    c->out[k] = c->out[0] ? s_dup_bytes(r->scratch, s_acts_count(r) * sizeof(float)) : NULL;
+    const peer_t *a = &r->peers[c->peer[0]], *v = &r->peers[q->peer];
+    if (k == 1 && s_spot_same(r, c, 0, 1)) {
         r->spot_checks++;
-        s_spot_release(r, q->mb);
+        s_spot_release(c);
         return;
     }
     if (k == 1) {
-        int not[2] = { b->spot_peer[0], q->peer };
+        int not[2] = { c->peer[0], q->peer };
         int third = s_pick_but(r, s, -1, 1.0 / 3.0, not, 2);
         fprintf(stderr, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
-                "micro-batch %d%s\n", r->step, s, a->id, a->name, c->id, c->name, q->mb,
+                "micro-batch %d%s\n", r->step, s, a->id, a->name, v->id, v->name, q->mb,
                 third >= 0 ? "; asking a third replica" : "; no third replica to decide");
         if (third < 0 || s_spot_send(r, q->mb, s, third) != 0) {
             r->spot_undecided++;
-            s_spot_release(r, q->mb);
+            s_spot_release(c);
         }
         return;
     }
     r->spot_checks++;
-    int liar = s_spot_same(r, b, 0, 2) && !s_spot_same(r, b, 1, 2) ? b->spot_peer[1]
-             : s_spot_same(r, b, 1, 2) && !s_spot_same(r, b, 0, 2) ? b->spot_peer[0] : -1;
+    int liar = s_spot_same(r, c, 0, 2) && !s_spot_same(r, c, 1, 2) ? c->peer[1]
+             : s_spot_same(r, c, 1, 2) && !s_spot_same(r, c, 0, 2) ? c->peer[0] : -1;
     if (liar < 0) {
         r->spot_undecided++;
-        s_spot_release(r, q->mb);
+        s_spot_release(c);
         return;
     }
     char why[96];
     snprintf(why, sizeof why, "returned a stage %d forward that two replicas contradict", s);
     s_peer_expel(r, liar, why);
-    if (r->phase == PH_MB) // not rolled back by the expulsion
+    if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsion
         s_step_restart(r, "a peer whose outputs it used was caught lying");
 }
 
 // A verifying replica is gone before it answered: go on without it.
 static void s_spot_lost(router_t *r, const req_t *q)
 {
-    mb_t *b = &r->mbs[q->mb];
-    if (b->spot_stage == q->stage && b->spot_n >= 1) {
-        if (b->spot_n == 2)
+    spot_t *c = s_spot_of(r, q);
+    if (c) {
+        if (c->n == 2)
             r->spot_undecided++;
-        s_spot_release(r, q->mb);
+        s_spot_release(c);
     }
 }
 
@@ -1242,8 +1260,8 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     if (q->kind == R_FWD && s < S - 1) {
         if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
             return -EPROTO;
-        if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, 0.0f))
-            return 0; // goes on once a second replica agrees
+        if (!r->evaluating)
+            s_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
         return s_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
@@ -1253,16 +1271,14 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         b->loss = strtof(loss, NULL);
         if (!isfinite(b->loss))
             return -EPROTO;
+        if (!r->evaluating)
+            s_spot_begin(r, q, b->loss);
         if (S == 1 || r->evaluating) {
-            if (!r->evaluating && s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, b->loss))
-                return 0;
             b->stage = S;
             return 0;
         }
         if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
             return -EPROTO;
-        if (s_spot_sampled(r, q->mb, s) && s_spot_begin(r, q, b->loss))
-            return 0;
         return s_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
@@ -1379,6 +1395,8 @@ static void s_step_micro(router_t *r)
     for (int s = 0; s < S; s++) {
         if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s)) {
             int here = s_losses_in(r) ? s_apply_here(r, s) : 0;
+            if (here > 0 && s_spots_open(r) > 0)
+                continue; // that STEP applies the update: after the checks
             if (here > 0) {
                 s_step_apply_ask(r, s);
                 return;
@@ -2576,7 +2594,7 @@ static void s_turn(router_t *r)
         s_step_micro(r);
         break;
     case PH_GRAD:
-        if (r->pending <= 0)
+        if (r->pending <= 0 && s_spots_open(r) == 0) // a lie caught starts the step over
             s_step_update(r);
         break;
     case PH_UPDATE:

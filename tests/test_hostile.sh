@@ -25,9 +25,10 @@ else
 fi
 
 "$SWARM" keygen "$TMP/router" >/dev/null
-# --verify 1: every forward is checked before it is used, so the shuffler's
-# first lie is caught before it feeds anything (with F < 1 a lie can pass
-# unchecked and the curve would differ: see docs/swarm.md)
+# --verify 1: every forward is checked before the step's update, so the
+# shuffler's first lie is caught before it reaches any parameters (the step
+# it fed starts over; with F < 1 a lie can pass unchecked and the curve
+# would differ: see docs/swarm.md)
 # shellcheck disable=SC2086
 SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 9 --listen "tcp://127.0.0.1:0" \
     --key "$TMP/router" --assign even --rebalance-every 0 --verify 1 --loss-log "$TMP/swarm.txt" \

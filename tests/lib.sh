@@ -54,6 +54,12 @@ losses_match() {
         END { exit bad }'
 }
 
+# clean_run RC LOG: the router exited 0 and its replicas' checksums agreed
+# after every step (its summary line)
+clean_run() {
+    [ "$1" -eq 0 ] && grep -q "checksum mismatches 0" "$2"
+}
+
 # tiny_reference ITERS LR: the tiny test model's flags in TINY (on 30 kB of
 # the built-in corpus) and its `swarm train` losses in $TMP/train.txt
 tiny_reference() {

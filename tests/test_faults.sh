@@ -72,7 +72,7 @@ wait_exit "$router" 120 || { bad "router still running after 120 s"; tail -20 "$
 wait "$router"
 rc=$?
 deaths=$(grep -cE "^swarm router: peer .*(dead|banned for .*)$" "$TMP/router.log")
-if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log" && [ "$deaths" -ge 3 ]; then
+if clean_run $rc "$TMP/router.log" && [ "$deaths" -ge 3 ]; then
     ok "router finished 30 steps; $deaths peers declared dead; replicas agreed"
 else
     bad "router exit $rc, $deaths deaths:"; tail -25 "$TMP/router.log"

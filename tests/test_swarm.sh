@@ -77,7 +77,7 @@ if ! wait_exit "$router" 120; then
 fi
 wait "$router"
 rc=$?
-if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/router.log"; then
+if clean_run $rc "$TMP/router.log"; then
     ok "router finished 20 steps, replicas' checksums agreed after every step"
 else
     bad "router exit $rc:"; tail -20 "$TMP/router.log"
@@ -115,7 +115,7 @@ timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TIN
     --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
 rc=$?
 # one replica a stage: stage 0 applies its own update (STEP apply=1)
-if [ $rc -eq 0 ] && grep -q "checksum mismatches 0" "$TMP/local.log" \
+if clean_run $rc "$TMP/local.log" \
     && grep -q "stage 0's only replica applies its own update" "$TMP/local.log" \
     && losses_match "$TMP/single.txt" "$TMP/train.txt" 20; then
     ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic, stage 0 updates itself): the same losses as swarm train"

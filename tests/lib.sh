@@ -60,13 +60,27 @@ clean_run() {
     [ "$1" -eq 0 ] && grep -q "checksum mismatches 0" "$2"
 }
 
-# tiny_reference ITERS LR: the tiny test model's flags in TINY (on 30 kB of
-# the built-in corpus) and its `swarm train` losses in $TMP/train.txt
+# tiny_reference ITERS LR [BATCH]: the tiny test model's flags in TINY (on
+# 30 kB of the built-in corpus; batch 8 unless given) and its `swarm train`
+# losses in $TMP/train.txt
 tiny_reference() {
     head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-    TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters $1 --warmup 2 --lr $2 --eval-every 0 --data $TMP/data.txt"
+    TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch ${3:-8} --micro-batch 2 --iters $1 --warmup 2 --lr $2 --eval-every 0 --data $TMP/data.txt"
     # shellcheck disable=SC2086
     "$BUILD/swarm" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+}
+
+# start_ckpt_router LOG [flags]: a 2-stage router of TINY with the key
+# $TMP/router, a checkpoint every 5 steps in $TMP/ck and its losses in
+# $TMP/swarm.txt; $router is its pid
+start_ckpt_router() {
+    log=$1
+    shift
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$BUILD/swarm" router $TINY --stages 2 --key "$TMP/router" --save "$TMP/ck" \
+        --save-every 5 --log-every 1 --loss-log "$TMP/swarm.txt" "$@" >"$log" 2>&1 &
+    router=$!
+    pids="$pids $router"
 }
 
 # check_losses LOG TRAIN N WHAT: ok/bad on losses_match, showing the first

@@ -12,23 +12,10 @@ BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
 
-head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
-# shellcheck disable=SC2086
-"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+tiny_reference 40 1e-2 4
 "$SWARM" keygen "$TMP/router" >/dev/null
 
-start_router() {  # LOG [flags]
-    log=$1
-    shift
-    # shellcheck disable=SC2086
-    SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --key "$TMP/router" --save "$TMP/ck" \
-        --save-every 5 --log-every 1 --loss-log "$TMP/swarm.txt" "$@" >"$log" 2>&1 &
-    router=$!
-    pids="$pids $router"
-}
-
-start_router "$TMP/router.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
+start_ckpt_router "$TMP/router.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
 endpoint=$(wait_endpoint "$TMP/router.log")
 start_node() {  # I
     "$SWARM" keygen "$TMP/node$1" >/dev/null
@@ -84,7 +71,7 @@ fi
 # ---- a spare replica takes the empty stage (no new node) ----
 rm -rf "$TMP/ck" "$TMP/swarm.txt"
 # joins by count (4 and 6 on stage 0, 5 on stage 1), and no moves but the refill
-start_router "$TMP/router2.log" --listen "tcp://127.0.0.1:0" --min-nodes 3 --assign even --rebalance-every 0
+start_ckpt_router "$TMP/router2.log" --listen "tcp://127.0.0.1:0" --min-nodes 3 --assign even --rebalance-every 0
 endpoint=$(wait_endpoint "$TMP/router2.log")
 start_node 4
 start_node 5
@@ -106,7 +93,7 @@ check_losses "$TMP/swarm.txt" "$TMP/train.txt" 40 "after a spare replica took th
 rm -rf "$TMP/ck" "$TMP/swarm.txt"
 # shellcheck disable=SC2086
 "$SWARM" train $TINY --layers 3 --threads 1 --quiet --loss-log "$TMP/train3.txt" >/dev/null 2>&1
-start_router "$TMP/router3.log" --listen "tcp://127.0.0.1:0" --layers 3 --stages 3 --min-nodes 7 \
+start_ckpt_router "$TMP/router3.log" --listen "tcp://127.0.0.1:0" --layers 3 --stages 3 --min-nodes 7 \
     --assign even --rebalance-every 0
 endpoint=$(wait_endpoint "$TMP/router3.log")
 for i in 7 8 9 10 11 12 13; do start_node $i; done  # stages 0 1 2 0 1 2 0 in join order

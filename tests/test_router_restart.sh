@@ -8,23 +8,10 @@ BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
 
-head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --iters 40 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
-# shellcheck disable=SC2086
-"$SWARM" train $TINY --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1
+tiny_reference 40 1e-2 4
 "$SWARM" keygen "$TMP/router" >/dev/null
 
-start_router() {  # LOG [flags]
-    log=$1
-    shift
-    # shellcheck disable=SC2086
-    SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --key "$TMP/router" --save "$TMP/ck" \
-        --save-every 5 --log-every 1 --loss-log "$TMP/swarm.txt" "$@" >"$log" 2>&1 &
-    router=$!
-    pids="$pids $router"
-}
-
-start_router "$TMP/router1.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
+start_ckpt_router "$TMP/router1.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
 endpoint=$(wait_endpoint "$TMP/router1.log")
 for i in 1 2; do
     "$SWARM" keygen "$TMP/node$i" >/dev/null
@@ -47,7 +34,7 @@ else
     bad "could not kill the router mid-run"; tail -5 "$TMP/router1.log"
 fi
 
-start_router "$TMP/router2.log" --listen "$endpoint" --resume "$TMP/ck"
+start_ckpt_router "$TMP/router2.log" --listen "$endpoint" --resume "$TMP/ck"
 # a third node joins mid-run: it gets its stage's state from a live replica
 for _ in $(seq 1 600); do
     grep -q "^step 20/40 " "$TMP/router2.log" && break

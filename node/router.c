@@ -876,11 +876,23 @@ static int s_pick(router_t *r, int s, int prefer, double work)
     return s_pick_but(r, s, prefer, work, NULL, 0);
 }
 
+static int s_forwards_left(const router_t *r, int s);
+
+// The replica of stage s for a training forward, `left` forwards of the
+// step still to go there (swarm_policy_pick_fit). -EAGAIN when none can.
+static int s_pick_fit(router_t *r, int s, int left)
+{
+    swarm_peer_view_t views[MAX_PEERS];
+    s_views(r, views);
+    int p = swarm_policy_pick_fit(views, r->npeers, s, r->hp.micro * r->hp.cfg.T, left);
+    return p < 0 ? -EAGAIN : p;
+}
+
 // FWD of micro-batch i at stage s to the best ready peer.
 static int s_fwd(router_t *r, int i, int s)
 {
     // a training forward brings its backward (the last stage runs both)
-    int p = s_pick(r, s, -1, r->evaluating ? 1.0 / 3.0 : 1.0);
+    int p = r->evaluating ? s_pick(r, s, -1, 1.0 / 3.0) : s_pick_fit(r, s, s_forwards_left(r, s));
     net_msg_t *m = p >= 0 ? s_fwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;

@@ -31,6 +31,39 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
     return best;
 }
 
+int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left)
+{
+    double held = 0.0, rate = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (peers[i].ready && peers[i].stage == stage) {
+            held += peers[i].backlog;
+            rate += peers[i].tok_s > 1.0 ? peers[i].tok_s : 1.0;
+        }
+    }
+    if (rate <= 0.0)
+        return -1;
+    double end = (held + (left > 1 ? left : 1) * work) / rate;
+    int best = -1, idle = -1;
+    double best_t = 0.0;
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &peers[i];
+        if (!p->ready || p->stage != stage)
+            continue;
+        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, t = (p->backlog + work) / r;
+        if (t > end * (1.0 + 1e-9))
+            continue;
+        if (p->backlog <= 0.0 && (idle < 0 || r > peers[idle].tok_s))
+            idle = i;
+        if (best < 0 || t > best_t) {
+            best = i;
+            best_t = t;
+        }
+    }
+    if (idle >= 0)
+        return idle;
+    return best >= 0 ? best : swarm_policy_pick(peers, n, stage, -1, work);
+}
+
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
 {
     int best = 0;

@@ -63,6 +63,15 @@ typedef struct {
 // work recomputed. Balancing finish times is what makes every replica of a
 // stage end a step together. -1 when the stage has no ready peer.
 int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double work);
+
+// A step's training forward: the stage still has `left` forwards of `work`
+// each to take this step (this one included), so it ends the step at about
+// end = (all it holds + left * work) / its summed tok_s. An idle replica
+// that would be done by then takes it (the fastest such); else the replica
+// that would finish latest while still by then (a slow replica works from
+// the start of the step, not only once the fast ones are backed up, and is
+// not handed the last ones); else the earliest finish (swarm_policy_pick).
+int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left);
 // The stage a joining node should serve: least total throughput of its
 // ready and joining peers, then fewest replicas, then the lowest index.
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);

@@ -690,6 +690,33 @@ START_TEST(test_rebalance_counts_stage_cost)
 }
 END_TEST
 
+START_TEST(test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail)
+{
+    // stage 1: a fast replica (4000 tok/s) and a slow one (1000); a
+    // forward and its backward are 128 tokens of work
+    swarm_peer_view_t p[3] = { s_view(0, 1, 0, 9000), s_view(1, 1, 0, 4000), s_view(1, 1, 0, 1000) };
+    // both idle, 24 to go: the fastest idle one
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
+    // the fast one holds 2: the slow one, idle, is done (0.128 s) long
+    // before the stage's end of step (0.666 s) - where the earliest finish
+    // would wait for the fast one (0.096 s)
+    p[1].backlog = 256.0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
+    ck_assert_int_eq(swarm_policy_pick(p, 3, 1, -1, 128.0), 1);
+    // both busy, both done in time: the one finishing latest (the slow)
+    p[1].backlog = 512.0, p[2].backlog = 128.0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
+    // the last forward of the step: the slow one would end the step late
+    // (0.128 s against 0.051): the earliest finish, the fast one
+    p[1].backlog = 128.0, p[2].backlog = 0.0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 1), 1);
+    // no ready replica on the stage
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 2, 128.0, 4), -1);
+    p[1].ready = p[2].ready = 0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 4), -1);
+}
+END_TEST
+
 START_TEST(test_refill_fills_each_empty_stage_from_stages_that_can_spare)
 {
     const double cost[3] = { 1.0, 1.0, 2.0 };
@@ -882,6 +909,7 @@ int main(void)
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
+    tcase_add_test(tc, test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");
     tcase_add_test(tc, test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count);

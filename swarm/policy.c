@@ -121,6 +121,22 @@ static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double
     return low;
 }
 
+// The bottleneck (least stage total) if peer p served stage `to` instead of
+// its own; skip_empty: stages with no replica, but `to`, do not count.
+static double s_after_move(const double *tot, const int *count, int stages, const double *cost,
+                           const swarm_peer_view_t *p, int to, int skip_empty)
+{
+    double after = 1e300;
+    for (int s = 0; s < stages; s++) {
+        if (skip_empty && count[s] == 0 && s != to)
+            continue;
+        double t = tot[s] - (s == p->stage ? p->tok_s : 0.0)
+                 + (s == to ? p->tok_s * cost[p->stage] / cost[to] : 0.0);
+        after = t < after ? t : after;
+    }
+    return after;
+}
+
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
                            double now, double margin, double hold, int *to)
 {
@@ -140,13 +156,7 @@ int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, co
         if (!p->ready || from < 0 || from >= stages || from == weak || count[from] < 2
             || now - p->moved_at < hold || cost[weak] <= 0.0)
             continue;
-        // the bottleneck if p served the weakest stage instead
-        double after = 1e300;
-        for (int s = 0; s < stages; s++) {
-            double t = tot[s] - (s == from ? p->tok_s : 0.0)
-                     + (s == weak ? p->tok_s * cost[from] / cost[weak] : 0.0);
-            after = t < after ? t : after;
-        }
+        double after = s_after_move(tot, count, stages, cost, p, weak, 0);
         if (after > best_low) {
             best = i;
             best_low = after;
@@ -171,16 +181,9 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
         int from = p->stage;
         if (!p->ready || from < 0 || from >= stages || from == empty || count[from] < 2)
             continue;
-        // the bottleneck afterwards, over the stages that have replicas (one
-        // still empty waits for its own refill)
-        double after = 1e300;
-        for (int s = 0; s < stages; s++) {
-            if (count[s] == 0 && s != empty)
-                continue;
-            double t = tot[s] - (s == from ? p->tok_s : 0.0)
-                     + (s == empty ? p->tok_s * cost[from] / cost[empty] : 0.0);
-            after = t < after ? t : after;
-        }
+        // over the stages that have replicas (another empty one waits for
+        // its own refill)
+        double after = s_after_move(tot, count, stages, cost, p, empty, 1);
         if (after > best_low) {
             best = i;
             best_low = after;

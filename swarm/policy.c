@@ -1,8 +1,10 @@
 /* policy.c - where the router sends work: pure functions of the peer table
  * (no I/O, no clock: time is an argument), so they can be tested exactly.
  *
- * Routing picks the replica with the earliest projected finish; assignment
- * puts a joining node on the stage with the least total throughput; the
+ * Routing picks the replica with the earliest projected finish, and a
+ * step's forwards one that is done by the stage's projected end of step;
+ * assignment puts a joining node on the stage with the least total
+ * throughput; rebalancing and refilling move one peer between stages; the
  * window is how many micro-batches keep every stage busy.
  */
 #include "swarm.h"

@@ -1104,9 +1104,9 @@ static int s_spots_open(const router_t *r)
     return n;
 }
 
-// When sampled, keep micro-batch q->mb's FWD result from peer q->peer
-// (decoded in scratch, or its loss) and ask another replica for it; the
-// micro-batch goes on meanwhile. A result that comes again (the FWD re-sent
+// When sampled (never while evaluating), keep micro-batch q->mb's FWD
+// result from peer q->peer (decoded in scratch, or its loss) and ask
+// another replica for it; the micro-batch goes on meanwhile. A result that comes again (the FWD re-sent
 // after its peer died) while the check is open is not checked twice.
 static void s_spot_begin(router_t *r, const req_t *q, float loss)
 {
@@ -1272,8 +1272,7 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     if (q->kind == R_FWD && s < S - 1) {
         if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
             return -EPROTO;
-        if (!r->evaluating)
-            s_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
+        s_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
         return s_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
@@ -1283,8 +1282,7 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         b->loss = strtof(loss, NULL);
         if (!isfinite(b->loss))
             return -EPROTO;
-        if (!r->evaluating)
-            s_spot_begin(r, q, b->loss);
+        s_spot_begin(r, q, b->loss);
         if (S == 1 || r->evaluating) {
             b->stage = S;
             return 0;

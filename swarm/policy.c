@@ -123,20 +123,35 @@ static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double
     return low;
 }
 
-// The bottleneck (least stage total) if peer p served stage `to` instead of
-// its own; skip_empty: stages with no replica, but `to`, do not count.
-static double s_after_move(const double *tot, const int *count, int stages, const double *cost,
-                           const swarm_peer_view_t *p, int to, int skip_empty)
+// The ready peer whose move to stage `to` leaves the highest bottleneck
+// (least stage total) above `floor`, or -1: never one of `to` or the last
+// of its stage, nor one moved within `hold` seconds of `now`; skip_empty:
+// stages with no replica, but `to`, do not count.
+static int s_best_move(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                       const double *tot, const int *count, int to, int skip_empty, double floor,
+                       double now, double hold)
 {
-    double after = 1e300;
-    for (int s = 0; s < stages; s++) {
-        if (skip_empty && count[s] == 0 && s != to)
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &peers[i];
+        int from = p->stage;
+        if (!p->ready || from < 0 || from >= stages || from == to || count[from] < 2
+            || now - p->moved_at < hold)
             continue;
-        double t = tot[s] - (s == p->stage ? p->tok_s : 0.0)
-                 + (s == to ? p->tok_s * cost[p->stage] / cost[to] : 0.0);
-        after = t < after ? t : after;
+        double after = 1e300;
+        for (int s = 0; s < stages; s++) {
+            if (skip_empty && count[s] == 0 && s != to)
+                continue;
+            double t = tot[s] - (s == from ? p->tok_s : 0.0)
+                     + (s == to ? p->tok_s * cost[from] / cost[to] : 0.0);
+            after = t < after ? t : after;
+        }
+        if (after > floor) {
+            best = i;
+            floor = after;
+        }
     }
-    return after;
+    return best;
 }
 
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
@@ -150,22 +165,11 @@ int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, co
     int weak = 0;
     for (int s = 1; s < stages; s++)
         weak = tot[s] < tot[weak] ? s : weak;
-    int best = -1;
-    double best_low = low * (1.0 + margin);
-    for (int i = 0; i < n; i++) {
-        const swarm_peer_view_t *p = &peers[i];
-        int from = p->stage;
-        if (!p->ready || from < 0 || from >= stages || from == weak || count[from] < 2
-            || now - p->moved_at < hold || cost[weak] <= 0.0)
-            continue;
-        double after = s_after_move(tot, count, stages, cost, p, weak, 0);
-        if (after > best_low) {
-            best = i;
-            best_low = after;
-        }
-    }
     *to = weak;
-    return best;
+    if (cost[weak] <= 0.0)
+        return -1;
+    return s_best_move(peers, n, stages, cost, tot, count, weak, 0, low * (1.0 + margin), now,
+                       hold);
 }
 
 int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
@@ -176,22 +180,8 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
     if (stages < 2 || stages > 256 || empty < 0 || empty >= stages || !(cost[empty] > 0.0))
         return -1;
     s_totals(peers, n, stages, tot, count);
-    int best = -1;
-    double best_low = -1.0;
-    for (int i = 0; i < n; i++) {
-        const swarm_peer_view_t *p = &peers[i];
-        int from = p->stage;
-        if (!p->ready || from < 0 || from >= stages || from == empty || count[from] < 2)
-            continue;
-        // over the stages that have replicas (another empty one waits for
-        // its own refill)
-        double after = s_after_move(tot, count, stages, cost, p, empty, 1);
-        if (after > best_low) {
-            best = i;
-            best_low = after;
-        }
-    }
-    return best;
+    // no margin, no hold; another empty stage waits for its own refill
+    return s_best_move(peers, n, stages, cost, tot, count, empty, 1, -1.0, 0.0, -INFINITY);
 }
 
 int swarm_policy_window(const swarm_window_in_t *in)

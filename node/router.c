@@ -202,7 +202,8 @@ typedef struct {
     int grad_wire;           // NET_DTYPE_* of replicas' gradient sums (--grad-wire)
     const char *trace_path;  // --trace FILE
     FILE *trace;             // a line per request sent and done, per step ended
-    int window_auto;         // the window follows swarm_policy_window (--window auto)
+    int window_mode;         // --window: WIN_FIXED, WIN_AUTO (Little's law) or WIN_ALL (the
+                             // default: the step's micro-batches within the caches)
     int window_shown;        // the window last logged, 0 none
     double window_sum;       // sum of the windows steps began with, for the mean
     long window_n;           // steps begun
@@ -211,6 +212,7 @@ typedef struct {
 } router_t;
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
+enum { WIN_FIXED = 0, WIN_AUTO, WIN_ALL }; // --window W, auto, all
 #define MB_APPLY 2           // mb of an R_STEP that applies the update (STEP apply=1)
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
@@ -739,9 +741,10 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
 // it is now; said when it changes by a quarter or more.
 static void s_window_update(router_t *r)
 {
-    if (r->window_auto) {
+    if (r->window_mode != WIN_FIXED) {
         swarm_window_in_t in;
         s_window_in(r, &in);
+        in.all = r->window_mode == WIN_ALL;
         r->window = swarm_policy_window(&in);
         if (!r->window_shown || 4 * abs(r->window - r->window_shown) >= r->window_shown) {
             printf("swarm router: step %ld: window %d of %d micro-batches (round trip %.0f ms%s)\n",
@@ -2694,7 +2697,7 @@ static void s_help(FILE *out)
 {
     fprintf(out,
         "usage: swarm router --stages S [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
-        "                    [--min-nodes N] [--window auto|W] [--wire F] [--grad-wire F]\n"
+        "                    [--min-nodes N] [--window all|auto|W] [--wire F] [--grad-wire F]\n"
         "                    [training flags of swarm train]\n"
         "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
         "  --listen EP     where nodes connect (default tcp://*:7070; port 0 picks a free one)\n"
@@ -2703,9 +2706,10 @@ static void s_help(FILE *out)
         "  --allow FILE    private swarm: only these public keys (one per line) may join\n"
         "  --open          open swarm: any key may join (the default)\n"
         "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
-        "  --window auto|W micro-batches in flight: auto (the default) keeps every stage\n"
-        "                  busy across the measured round trips, within the step and\n"
-        "                  the nodes' activation caches; W fixes it\n"
+        "  --window all|auto|W  micro-batches in flight: all (the default) every one\n"
+        "                  of the step the nodes' activation caches hold; auto as many\n"
+        "                  as keep every stage busy across the measured round trips\n"
+        "                  (Little's law), within the same bounds; W fixes it\n"
         "  --wire F        activations and their gradients between stages as fp32 (the\n"
         "                  default, exact), fp16 or int8 (blockwise)\n"
         "  --grad-wire F   replicas' gradient sums as fp32 (the default) or fp16\n"
@@ -2738,11 +2742,12 @@ static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, siz
                                n) == 0 ? 1 : -EINVAL;
     if (strcmp(a, "--window") != 0)
         return 0;
-    r->window_auto = !strcmp(v, "auto");
-    if (r->window_auto)
+    r->window_mode = !strcmp(v, "all") ? WIN_ALL : !strcmp(v, "auto") ? WIN_AUTO : WIN_FIXED;
+    if (r->window_mode != WIN_FIXED)
         return 1;
     if (node_parse_long("window", v, 1, 1L << 20, &x, err, n) != 0) {
-        snprintf(err, n, "--window %s: expected auto or a whole number of micro-batches >= 1", v);
+        snprintf(err, n, "--window %s: expected all, auto or a whole number of micro-batches >= 1",
+                 v);
         return -EINVAL;
     }
     r->window = (int) x;
@@ -2758,7 +2763,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     r->tensor_bound = 100.0;
     r->verify = 0.05;
     r->wire = r->grad_wire = NET_DTYPE_F32;
-    r->window_auto = 1;
+    r->window_mode = WIN_ALL;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
@@ -2961,11 +2966,14 @@ static int s_listen(router_t *r, char *err, size_t n)
 static void s_wire_summary(const router_t *r, long steps)
 {
     double k = steps > 0 ? 1e6 * steps : 1e6;
+    const char *window = r->window_mode == WIN_ALL    ? "all"
+                       : r->window_mode == WIN_AUTO ? "auto"
+                                                    : "fixed";
     printf("wire | activations %s: %.3f MB/step in, %.3f out | gradient sums %s: %.3f in, "
            "%.3f out | state: %.3f in, %.3f out | window %s, mean %.1f of %d\n",
            node_wire_name(r->wire), r->wire_in[W_ACTS] / k, r->wire_out[W_ACTS] / k,
            node_wire_name(r->grad_wire), r->wire_in[W_GRADS] / k, r->wire_out[W_GRADS] / k,
-           r->wire_in[W_STATE] / k, r->wire_out[W_STATE] / k, r->window_auto ? "auto" : "fixed",
+           r->wire_in[W_STATE] / k, r->wire_out[W_STATE] / k, window,
            r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window, r->G);
 }
 

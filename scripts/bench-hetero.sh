@@ -2,12 +2,12 @@
 # bench-hetero.sh [BUILD] - uneven peers: six nodes of speeds 1, 1, 1/2, 1/4,
 # 1/4, 1/8 (relative; SLOW=2 makes the fastest node 2x slower than this
 # machine's core, so that the six fit on two cores) serve the 3 stages of
-# the baby configuration. Each run trains for SECONDS (default 60); the
-# bench samples `swarm status` after its first half and at the end, and
-# reports the throughput in between against the bound (the least, over
-# stages, of what the stage's replicas sustain together, as the nodes
-# measure it) and against the best bound any assignment of these nodes
-# could have. Runs, side by side:
+# the baby configuration. Each run trains for SECONDS_RUN (default 60);
+# the bench reports the throughput of its second half (each step's end
+# timed by the router's --trace) against the bound (the least, over stages,
+# of what the stage's replicas sustain together, as the nodes measure it;
+# the mean of `swarm status` at the middle and at the end) and against the
+# best bound any assignment of these nodes could have. Runs, side by side:
 #   even      static even split by join order (--assign even, no rebalancing)
 #   speed     joins by speed, no rebalancing
 #   rebalance joins by count, rebalancing on (the router must find the split)
@@ -15,8 +15,10 @@
 #   noverify  the defaults without spot verification (--verify 0): its cost
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
-#   batch96   the defaults with twice the batch: what each step's fixed
-#             costs (pipeline fill and drain, the exchange) take
+#   batch48   the defaults with half the batch (BATCH, default 96): what
+#             each step's fixed costs (pipeline fill and drain, the
+#             exchange, the updates) take
+#   auto      the defaults with --window auto (Little's law) instead of all
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
@@ -35,7 +37,9 @@ SHARED=${SWARM_SHARED:-../shared}
 [ -x "$SWARM" ] || { echo "bench-hetero.sh: $SWARM missing; run make" >&2; exit 1; }
 OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT INT TERM
-BATCH=${BATCH:-48}  # 24 micro-batches a step: few pipeline bubbles (12 gives 6, and ~0.75 at best)
+# 48 micro-batches a step: a pipeline's fill, drain and update cost the
+# same time each step, a sixth of a step of 24 here (batch48 shows it)
+BATCH=${BATCH:-96}
 T=64
 BABY="--layers 4 --heads 4 --embd 128 --block $T --batch $BATCH --micro-batch 2 --lr 1e-3 --eval-every 0 --iters 100000"
 if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then
@@ -51,9 +55,6 @@ status_of() {
 # field JSON KEY: a top-level number
 field() {
     echo "$1" | sed -n "s/^{\"step\": [0-9]*.*\"$2\": \([0-9.]*\).*/\1/p" | head -n 1
-}
-step_of() {
-    echo "$1" | sed -n 's/^{"step": \([0-9]*\),.*/\1/p'
 }
 # best_bound JSON: the best least-stage sum over every assignment of the ready
 # peers' node_tok_s to 3 stages (3^n assignments; n <= 8 here)
@@ -71,6 +72,20 @@ best_bound() {
             printf "%.0f", best }'
 }
 
+# tok_s TRACE BATCH: training tokens/s over the second half of a run, from
+# the times the router's --trace gives each step's end (the steps between
+# two samples of `swarm status` would be off by up to a step at each end)
+tok_s() {
+    awk -v bt="$2" -v t="$T" '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
+        END {
+            if (n < 3) { print 0; exit }
+            mid = at[1] + (at[n] - at[1]) / 2
+            for (a = 1; at[a] < mid; a++) ;
+            if (a >= n) { print 0; exit }
+            printf "%.0f", (st[n] - st[a]) * bt * t * 1000 / (at[n] - at[a])
+        }' "$1"
+}
+
 # run NAME DURATION ENV... -- ROUTER FLAGS: a local swarm for DURATION s
 run() {
     name=$1 dur=$2
@@ -85,7 +100,8 @@ run() {
     # one) rolls back SAVE_EVERY steps at most, not to the start
     # ORDERED: nodes join in order, so the even split is the same every run
     env KEEP=1 ORDERED=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
-        $BABY --save "$OUT/ckpt-$name" --save-every "$SAVE_EVERY" "$@" >"$OUT/$name.log" 2>&1 &
+        $BABY --save "$OUT/ckpt-$name" --save-every "$SAVE_EVERY" --trace "$OUT/$name.trace" "$@" \
+        >"$OUT/$name.log" 2>&1 &
     pid=$!
     dir=""
     for _ in $(seq 1 100); do
@@ -106,16 +122,14 @@ run() {
     done
     sleep $((dur / 2))
     a=$(status_of "$dir")
-    ta=$(date +%s.%N)
     sleep $((dur - dur / 2))
     b=$(status_of "$dir")
-    tb=$(date +%s.%N)
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     rm -rf "$dir"
-    sa=$(step_of "$a")
-    sb=$(step_of "$b")
-    bound=$(field "$b" bound_tok_s)
+    # the bound: the mean of the two samples (the nodes' measures drift)
+    bound=$(awk -v a="$(field "$a" bound_tok_s)" -v b="$(field "$b" bound_tok_s)" \
+        'BEGIN { if (a > 0 && b > 0) printf "%.0f", (a + b) / 2; else if (b > 0) printf "%.0f", b }')
     best=$(best_bound "$b")
     moves=$(grep -c "moving peer" "$OUT/$name.log" || true)
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)
@@ -126,8 +140,7 @@ run() {
         [ "$prev" = --batch ] && bt=$a
         prev=$a
     done
-    tok=$(awk -v a="${sa:-0}" -v b="${sb:-0}" -v ta="$ta" -v tb="$tb" -v bt="$bt" -v t="$T" \
-        'BEGIN { printf "%.0f", (b - a) * bt * t / (tb - ta) }')
+    tok=$(tok_s "$OUT/$name.trace" "$bt")
     echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
     printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
         "$(awk -v x="$tok" -v y="${bound:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
@@ -144,7 +157,8 @@ run rebalance "$RUN" -- --assign even
 run default "$RUN" --
 run noverify "$RUN" -- --verify 0
 run gradfp16 "$RUN" -- --grad-wire fp16
-run batch96 "$RUN" -- --batch 96
+run auto "$RUN" -- --window auto
+run batch48 "$RUN" -- --batch 48
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11

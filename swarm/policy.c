@@ -192,16 +192,19 @@ int swarm_policy_window(const swarm_window_in_t *in)
     if (S < 1 || S > SWARM_WINDOW_STAGES)
         return G;
     double cycle = (2.0 * S - 1.0) * (in->rtt > 0.0 ? in->rtt : 0.0), beat = 0.0;
-    for (int s = 0; s < S; s++) {
+    int window = G;
+    for (int s = 0; s < S && !in->all; s++) {
         if (!(in->work[s] > 0.0) || in->replicas[s] < 1)
             return G; // not measured yet: everything in flight, as before
         cycle += in->work[s];
         double each = in->pace[s] > 0.0 ? in->pace[s] : in->work[s] / in->replicas[s];
         beat = each > beat ? each : beat;
     }
-    // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001
-    double need = ceil(cycle / beat - 1e-9) + 1.0;
-    int window = need < (double) G ? (int) need : G;
+    if (!in->all) {
+        // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001
+        double need = ceil(cycle / beat - 1e-9) + 1.0;
+        window = need < (double) G ? (int) need : G;
+    }
     for (int s = 0; s + 1 < S; s++)
         if (in->slots[s] > 0 && in->slots[s] < window)
             window = in->slots[s];

@@ -140,6 +140,7 @@ typedef struct {
                                          // replicas); <= 0: work / replicas
     int slots[SWARM_WINDOW_STAGES];      // micro-batches stage s's replicas can cache in
                                          // all; <= 0 unknown (no bound)
+    int all;                             // 1: no Little's-law bound, only G and the caches
 } swarm_window_in_t;
 
 // The window for `in`: ceil(cycle / beat) + 1, where cycle = the stages' work
@@ -148,6 +149,7 @@ typedef struct {
 // bottleneck finishes one), clamped to 1..G and to the smallest cache
 // of the stages 0..S-2 (the last stage caches nothing). G when a stage's
 // work is unknown (nothing measured yet: every micro-batch of the step).
+// With in->all: G within the caches (--window all).
 int swarm_policy_window(const swarm_window_in_t *in);
 
 #endif

@@ -847,6 +847,24 @@ START_TEST(test_window_covers_the_round_trips_at_the_bottleneck_pace)
 }
 END_TEST
 
+START_TEST(test_window_all_is_the_whole_step_within_the_caches)
+{
+    // measured stages whose Little's-law window is 4 of 48 (2 stages of
+    // 10 ms, 1 ms round trips): --window all keeps every micro-batch out
+    swarm_window_in_t in = s_window_in(2, 48, 0.001, 0.010);
+    ck_assert_int_eq(swarm_policy_window(&in), 4);
+    in.all = 1;
+    ck_assert_int_eq(swarm_policy_window(&in), 48);
+    // unmeasured or measured, only the caches of stages 0..S-2 bound it
+    in.work[1] = 0.0;
+    ck_assert_int_eq(swarm_policy_window(&in), 48);
+    in.slots[0] = 20;
+    ck_assert_int_eq(swarm_policy_window(&in), 20);
+    in.slots[1] = 5; // the last stage caches nothing
+    ck_assert_int_eq(swarm_policy_window(&in), 20);
+}
+END_TEST
+
 START_TEST(test_window_is_bounded_by_the_activation_caches_but_not_below_one)
 {
     swarm_window_in_t in = s_window_in(3, 48, 0.100, 0.010);
@@ -918,6 +936,7 @@ int main(void)
     tc = tcase_create("window");
     tcase_add_test(tc, test_window_is_the_whole_step_until_every_stage_is_measured);
     tcase_add_test(tc, test_window_covers_the_round_trips_at_the_bottleneck_pace);
+    tcase_add_test(tc, test_window_all_is_the_whole_step_within_the_caches);
     tcase_add_test(tc, test_window_is_bounded_by_the_activation_caches_but_not_below_one);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");

@@ -121,7 +121,7 @@ expect_error "node with a bad router key" "$TMP/nokey.pub" node --join tcp://127
 expect_error "router with stages > layers" "--stages 9" router --stages 9 --layers 2 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with an unknown wire format" "--wire bf16: expected fp32, fp16 or int8" \
     router --wire bf16 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
-expect_error "router with a bad window" "--window 0: expected auto or a whole number" \
+expect_error "router with a bad window" "--window 0: expected all, auto or a whole number" \
     router --window 0 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with an unwritable trace" "--trace $TMP/no/such/dir/t: No such file" \
     router --trace "$TMP/no/such/dir/t" --listen tcp://127.0.0.1:0 --key "$TMP/k1"

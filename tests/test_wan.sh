@@ -78,9 +78,9 @@ close() {
         && paste -d' ' "$TMP/$1.txt" "$TMP/fp32.txt" | awk -v tol="$2" '
             NR == 1 { first = $2 } { last = $2 }
             { d = $2 - $5; if (d < 0) d = -d; if (d > tol * $5) { print "step " $1 ": " $2 " vs " $5; bad = 1 }
-              if (d > worst) worst = d }
+              if (d > worst * $5) worst = d / $5 }
             END { if (last >= first) { print "did not train: " first " -> " last; bad = 1 }
-                  printf "largest difference %.2g\n", worst >"/dev/stderr"; exit bad }'
+                  printf "largest relative difference %.2g\n", worst >"/dev/stderr"; exit bad }'
 }
 for w in fp16:1e-3 int8:4e-3; do
     wire=${w%%:*}

@@ -128,6 +128,8 @@ typedef struct {
     int min_nodes;           // ready nodes needed before training starts
     double rebalance_every;  // seconds between rebalancing checks, 0 = never
     double last_rebalance;   // s of the last check
+    int rebalance_id;        // the move the last check found: peer id (0 none) ...
+    int rebalance_to;        // ... to this stage; made when the next check finds it too
     int window;              // micro-batches in flight
     net_key_t *key;          // router key
     net_allow_t *allow;      // allow-list
@@ -2535,8 +2537,10 @@ static int s_all_stages_ready(const router_t *r)
 }
 
 // Between steps, every --rebalance-every seconds: move one peer from the
-// strongest stage to the weakest when the bottleneck gains 20%; it gets the
-// new stage's state from a live replica (s_joins) before the next step.
+// strongest stage to the weakest when the bottleneck gains 10% and the
+// check before found the same move (measured speeds swing by a tenth from
+// one check to the next); it gets the new stage's state from a live
+// replica (s_joins) before the next step.
 static void s_rebalance(router_t *r)
 {
     double now = s_secs();
@@ -2551,9 +2555,12 @@ static void s_rebalance(router_t *r)
     s_views_as(r, views, 0);
     for (int s = 0; s < r->plan.stages; s++)
         cost[s] = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
-    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.2,
+    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.1,
                                             6.0 * r->rebalance_every, &to);
-    if (p < 0)
+    int seen = p >= 0 && r->rebalance_id == r->peers[p].id && r->rebalance_to == to;
+    r->rebalance_id = p >= 0 && !seen ? r->peers[p].id : 0;
+    r->rebalance_to = to;
+    if (!seen)
         return;
     peer_t *pe = &r->peers[p];
     double before[NODE_MAX_LAYERS] = {0};

@@ -149,7 +149,7 @@ run() {
 }
 
 echo "== baby GPT over 3 stages, 6 nodes of speeds $SPEEDS (x this machine's core), $(nproc) cores"
-echo "   tok/s between the middle and the end of each ${RUN}-second run"
+echo "   tok/s over the second half of each ${RUN}-second run"
 printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" run "tok/s" bound "best" "/bound" "/best" moves kills
 run even "$RUN" -- --assign even --rebalance-every 0
 run speed "$RUN" -- --rebalance-every 0

@@ -1111,8 +1111,9 @@ static int s_spots_open(const router_t *r)
 
 // When sampled (never while evaluating), keep micro-batch q->mb's FWD
 // result from peer q->peer (decoded in scratch, or its loss) and ask
-// another replica for it; the micro-batch goes on meanwhile. A result that comes again (the FWD re-sent
-// after its peer died) while the check is open is not checked twice.
+// another replica for it; the micro-batch goes on meanwhile. A result that
+// comes again (the FWD re-sent after its peer died) while the check is
+// open is not checked twice.
 static void s_spot_begin(router_t *r, const req_t *q, float loss)
 {
     mb_t *b = &r->mbs[q->mb];

@@ -184,6 +184,24 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
     return s_best_move(peers, n, stages, cost, tot, count, empty, 1, -1.0, 0.0, -INFINITY);
 }
 
+// Little's law for `in`: micro-batches in flight that keep the bottleneck
+// busy, at most G; 0 while a stage is not measured.
+static int s_window_need(const swarm_window_in_t *in, int G)
+{
+    int S = in->stages;
+    double cycle = (2.0 * S - 1.0) * (in->rtt > 0.0 ? in->rtt : 0.0), beat = 0.0;
+    for (int s = 0; s < S; s++) {
+        if (!(in->work[s] > 0.0) || in->replicas[s] < 1)
+            return 0;
+        cycle += in->work[s];
+        double each = in->pace[s] > 0.0 ? in->pace[s] : in->work[s] / in->replicas[s];
+        beat = each > beat ? each : beat;
+    }
+    // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001
+    double need = ceil(cycle / beat - 1e-9) + 1.0;
+    return need < (double) G ? (int) need : G;
+}
+
 int swarm_policy_window(const swarm_window_in_t *in)
 {
     int S = in->stages, G = in->micro_batches;
@@ -191,20 +209,9 @@ int swarm_policy_window(const swarm_window_in_t *in)
         return 1;
     if (S < 1 || S > SWARM_WINDOW_STAGES)
         return G;
-    double cycle = (2.0 * S - 1.0) * (in->rtt > 0.0 ? in->rtt : 0.0), beat = 0.0;
-    int window = G;
-    for (int s = 0; s < S && !in->all; s++) {
-        if (!(in->work[s] > 0.0) || in->replicas[s] < 1)
-            return G; // not measured yet: everything in flight, as before
-        cycle += in->work[s];
-        double each = in->pace[s] > 0.0 ? in->pace[s] : in->work[s] / in->replicas[s];
-        beat = each > beat ? each : beat;
-    }
-    if (!in->all) {
-        // one spare (a queued request hides jitter); 1e-9: 0.32 / 0.01 is not 32.0000001
-        double need = ceil(cycle / beat - 1e-9) + 1.0;
-        window = need < (double) G ? (int) need : G;
-    }
+    int window = in->all ? G : s_window_need(in, G);
+    if (window == 0)
+        return G; // not measured yet: everything in flight, as before
     for (int s = 0; s + 1 < S; s++)
         if (in->slots[s] > 0 && in->slots[s] < window)
             window = in->slots[s];

@@ -29,7 +29,7 @@ wait_endpoint() {
 # wait_grep FILE PATTERN SECONDS: until FILE has a line matching PATTERN
 wait_grep() {
     for _ in $(seq 1 $(($3 * 10))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
+        grep -q -e "$2" "$1" 2>/dev/null && return 0
         sleep 0.1
     done
     return 1

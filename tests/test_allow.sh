@@ -80,7 +80,7 @@ fi
 # the original node of node3's stage removed: dropped, the others go on
 stage=$(sed -n 's/^swarm router: peer [0-9]* (node3, .*) joins stage \([0-9]*\)$/\1/p' "$TMP/router.log" | head -1)
 victim=$(sed -n "s/^swarm router: peer [0-9]* (\(node[12]\), .*) joins stage $stage\$/\1/p" "$TMP/router.log" | head -1)
-grep -vF "$(pub "$victim")" "$TMP/allow.good" >"$TMP/allow.txt"
+grep -vF -e "$(pub "$victim")" "$TMP/allow.good" >"$TMP/allow.txt"
 pub node3 >>"$TMP/allow.txt"
 kill -HUP "$router"
 eval "vpid=\$pid_$victim"

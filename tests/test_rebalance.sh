@@ -51,7 +51,7 @@ fi
 # wait_for PATTERN SECONDS: until the router log has a line matching PATTERN
 wait_for() {
     for _ in $(seq 1 $(($2 * 20))); do
-        grep -qE "$1" "$TMP/router.log" && return 0
+        grep -qE -e "$1" "$TMP/router.log" && return 0
         kill -0 "$router" 2>/dev/null || return 1
         sleep 0.05
     done

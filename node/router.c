@@ -65,6 +65,7 @@ typedef struct {
     double busy_s;           // seconds with requests in flight, in all
     double work;             // training tokens of work it finished (see s_work)
     double rate_busy, rate_work; // busy_s and work at its last speed sample
+    double check_busy, check_work; // busy_s and work at the last rebalancing check
     int samples;             // speed samples taken (since it joined or moved)
     double node_tok_s;       // what the node says it sustains (HEARTBEAT)
     double hello_tok_s;      // what it measured at start (HELLO)
@@ -308,6 +309,14 @@ static void s_req_done(router_t *r, req_t *q)
 static double s_busy_s(const peer_t *pe, int64_t now)
 {
     return pe->busy_s + (pe->working > 0 ? (double) (now - pe->busy_from) / 1000.0 : 0.0);
+}
+
+// Peer pe's speed is measured afresh from now (it joined, or moved stage).
+static void s_speed_restart(peer_t *pe)
+{
+    pe->rate_busy = pe->check_busy = s_busy_s(pe, net_clock_ms());
+    pe->rate_work = pe->check_work = pe->work;
+    pe->samples = 0;
 }
 
 // Tensor bytes a message carries on the wire.
@@ -569,9 +578,7 @@ static void s_admit(router_t *r, int p, const net_msg_t *req)
     peer_t *pe = &r->peers[p];
     pe->failed = 0;
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
-    pe->rate_busy = s_busy_s(pe, net_clock_ms());
-    pe->rate_work = pe->work;
-    pe->samples = 0;
+    s_speed_restart(pe);
     swarm_peer_view_t views[MAX_PEERS];
     s_views(r, views);
     int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
@@ -2298,9 +2305,7 @@ static int s_move(router_t *r, int p, int to, const double *cost, const char *wh
         return rc;
     }
     pe->tok_s *= from_cost / cost[to];
-    pe->rate_busy = s_busy_s(pe, net_clock_ms()); // its next speed sample is of the new stage
-    pe->rate_work = pe->work;
-    pe->samples = 0;
+    s_speed_restart(pe); // its next speed sample is of the new stage
     pe->moving = 1;
     pe->moved_at = s_secs();
     return 0;
@@ -2537,6 +2542,24 @@ static int s_all_stages_ready(const router_t *r)
     return r->started || r->rollbacks > 0 || s_ready_count(r, -1) >= r->min_nodes;
 }
 
+// Rebalancing judges each peer by its speed over the whole span since the
+// last check (work done over time busy, once it was busy a second), not by
+// the routing average, which follows the last second or so: on a shared
+// host that swings by a third from one second to the next, and a move
+// chosen on such a swing can make the bottleneck it was to lift.
+static void s_views_checked(router_t *r, swarm_peer_view_t *views)
+{
+    int64_t now = net_clock_ms();
+    for (int q = 0; q < r->npeers; q++) {
+        peer_t *pe = &r->peers[q];
+        double busy = s_busy_s(pe, now) - pe->check_busy;
+        if (views[q].ready && busy >= 1.0)
+            views[q].tok_s = (pe->work - pe->check_work) / busy;
+        pe->check_busy += busy;
+        pe->check_work = pe->work;
+    }
+}
+
 // Between steps, every --rebalance-every seconds: move one peer from the
 // strongest stage to the weakest when the bottleneck gains 10% and the
 // check before found the same move (measured speeds swing by a tenth from
@@ -2554,6 +2577,7 @@ static void s_rebalance(router_t *r)
     swarm_peer_view_t views[MAX_PEERS];
     double cost[NODE_MAX_LAYERS];
     s_views_as(r, views, 0);
+    s_views_checked(r, views);
     for (int s = 0; s < r->plan.stages; s++)
         cost[s] = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
     int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.1,

@@ -1502,6 +1502,19 @@ static int s_update_to(router_t *r, int p, long step, double lr, float scale, in
     return rc;
 }
 
+// UPDATE of `step` to each ready peer p with to[p] (1: with its stage's
+// sum, 2: its own gradient kept), stage by stage: the next step's first
+// forward reaches stage 0 first, then stage 1, and waits at each replica
+// behind its UPDATE.
+static void s_update_all(router_t *r, const int *to, long step, double lr, float scale,
+                         int pipelined)
+{
+    for (int s = 0; s < r->plan.stages; s++)
+        for (int p = 0; p < r->npeers; p++)
+            if (to[p] && r->peers[p].stage == s && r->peers[p].state == P_READY)
+                s_ignore(s_update_to(r, p, step, lr, scale, to[p] == 2, pipelined));
+}
+
 // All gradients are in: sum each stage's over its replicas in peer order,
 // clip by the global norm, and send every replica its stage's sum.
 static void s_step_update(router_t *r)
@@ -1510,12 +1523,12 @@ static void s_step_update(router_t *r)
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
-    int pipelined = s_update_pipelined(r);
+    int pipelined = s_update_pipelined(r), to[MAX_PEERS];
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].updated = 0;
-        if (r->in_step[p] && r->peers[p].state == P_READY)
-            s_ignore(s_update_to(r, p, r->step, lr, scale, r->norm_only[p], pipelined));
+        to[p] = r->in_step[p] ? (r->norm_only[p] ? 2 : 1) : 0;
     }
+    s_update_all(r, to, r->step, lr, scale, pipelined);
     r->phase = PH_UPDATE;
     if (pipelined) {
         r->update_step = r->step;
@@ -1608,9 +1621,7 @@ static int s_on_applied(router_t *r, const req_t *q, const net_msg_t *m)
     float scale = node_clip_scale(sqrt(r->self_others + sumsq), (float) r->hp.grad_clip);
     r->self_peer = -1;
     r->update_step = r->self_step;
-    for (int p = 0; p < r->npeers; p++)
-        if (r->self_to[p] && r->peers[p].state == P_READY)
-            s_ignore(s_update_to(r, p, r->self_step, r->self_lr, scale, r->self_to[p] == 2, 1));
+    s_update_all(r, r->self_to, r->self_step, r->self_lr, scale, 1);
     if (r->update_pending == 0)
         s_consensus(r, r->update_step);
     return 0;

@@ -6,7 +6,7 @@
 # the bench reports the throughput of its second half (each step's end
 # timed by the router's --trace) against the bound (the least, over stages,
 # of what the stage's replicas sustain together, as the nodes measure it;
-# the mean of `swarm status` at the middle and at the end) and against the
+# the mean of `swarm status` every 5 s over the same half) and against the
 # best bound any assignment of these nodes could have. Runs, side by side:
 #   even      static even split by join order (--assign even, no rebalancing)
 #   speed     joins by speed, no rebalancing
@@ -120,16 +120,23 @@ run() {
         grep -q "^step " "$dir/router.log" 2>/dev/null && break
         sleep 0.2
     done
+    # the bound over the second half: `swarm status` every 5 s from the
+    # middle to the end (what the nodes measure drifts by a tenth or more
+    # from one sample to the next), averaged
     sleep $((dur / 2))
-    a=$(status_of "$dir")
-    sleep $((dur - dur / 2))
-    b=$(status_of "$dir")
+    bounds="" left=$((dur - dur / 2))
+    while :; do
+        b=$(status_of "$dir")
+        bounds="$bounds $(field "$b" bound_tok_s)"
+        [ "$left" -le 0 ] && break
+        nap=$((left < 5 ? left : 5))
+        sleep "$nap"
+        left=$((left - nap))
+    done
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     rm -rf "$dir"
-    # the bound: the mean of the two samples (the nodes' measures drift)
-    bound=$(awk -v a="$(field "$a" bound_tok_s)" -v b="$(field "$b" bound_tok_s)" \
-        'BEGIN { if (a > 0 && b > 0) printf "%.0f", (a + b) / 2; else if (b > 0) printf "%.0f", b }')
+    bound=$(echo "$bounds" | tr ' ' '\n' | awk '$1 > 0 { s += $1; n++ } END { if (n) printf "%.0f", s / n }')
     best=$(best_bound "$b")
     moves=$(grep -c "moving peer" "$OUT/$name.log" || true)
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)

@@ -1949,8 +1949,9 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
             }
         }
         n += snprintf(json + n, sizeof json - n, "%s{\"stage\": %d, \"replicas\": %d, "
-                      "\"tok_s\": %.1f, \"node_tok_s\": %.1f, \"queue\": %d}", s ? ", " : "",
-                      s, s_ready_count(r, s), tok, s_stage_capacity(r, s), queue);
+                      "\"tok_s\": %.1f, \"node_tok_s\": %.1f, \"queue\": %d, "
+                      "\"flops_per_token\": %.0f}", s ? ", " : "", s, s_ready_count(r, s), tok,
+                      s_stage_capacity(r, s), queue, node_plan_stage_cost(&r->hp.cfg, &r->plan, s));
     }
     n += snprintf(json + n, sizeof json - n, "], \"peers\": [");
     int64_t now = net_clock_ms();

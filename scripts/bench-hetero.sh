@@ -57,16 +57,25 @@ field() {
     echo "$1" | sed -n "s/^{\"step\": [0-9]*.*\"$2\": \([0-9.]*\).*/\1/p" | head -n 1
 }
 # best_bound JSON: the best least-stage sum over every assignment of the ready
-# peers' node_tok_s to 3 stages (3^n assignments; n <= 8 here)
+# peers to 3 stages (3^n assignments; n <= 8 here). A peer's tok/s is of
+# its own stage; on another it is scaled by the ratio of the two stages'
+# flops_per_token (stages cost differently: stage 1 of this plan has two
+# blocks, the others one)
 best_bound() {
-    echo "$1" | tr '{' '\n' | sed -n 's/.*"node_tok_s": \([0-9.]*\), "inflight".*"state": "ready".*/\1/p' |
-        awk '{ v[n++] = $1 } END {
+    # one object a line (a Z85 key may hold a brace, never a quote)
+    echo "$1" | sed 's/{"id": /\n"id": /g; s/{"stage": /\n"stage": /g' | awk '
+        /^"stage": [0-9]*, "replicas"/ {
+            match($0, /"flops_per_token": [0-9.]+/); cost[nc++] = substr($0, RSTART + 19, RLENGTH - 19) }
+        /^"id": / && /"state": "ready"/ {
+            match($0, /"stage": [0-9]+/); st = substr($0, RSTART + 9, RLENGTH - 9)
+            match($0, /"node_tok_s": [0-9.]+/); v[n + 0] = substr($0, RSTART + 14, RLENGTH - 14); s[n++] = st }
+        END {
+            if (nc != 3) { print 0; exit }
             best = 0; total = 1; for (i = 0; i < n; i++) total *= 3
             for (a = 0; a < total; a++) {
-                s0 = s1 = s2 = 0; x = a
-                for (i = 0; i < n; i++) { k = x % 3; x = int(x / 3)
-                    if (k == 0) s0 += v[i]; else if (k == 1) s1 += v[i]; else s2 += v[i] }
-                low = s0 < s1 ? s0 : s1; low = low < s2 ? low : s2
+                t[0] = t[1] = t[2] = 0; x = a
+                for (i = 0; i < n; i++) { k = x % 3; x = int(x / 3); t[k] += v[i] * cost[s[i]] / cost[k] }
+                low = t[0] < t[1] ? t[0] : t[1]; low = low < t[2] ? low : t[2]
                 if (low > best) best = low
             }
             printf "%.0f", best }'

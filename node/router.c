@@ -2558,7 +2558,8 @@ static int s_all_stages_ready(const router_t *r)
 // last check (work done over time busy, once it was busy a second), not by
 // the routing average, which follows the last second or so: on a shared
 // host that swings by a third from one second to the next, and a move
-// chosen on such a swing can make the bottleneck it was to lift.
+// chosen on such a swing can leave the stage it takes from the new, worse
+// bottleneck.
 static void s_views_checked(router_t *r, swarm_peer_view_t *views)
 {
     int64_t now = net_clock_ms();

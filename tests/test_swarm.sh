@@ -46,6 +46,13 @@ if "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/stat
 else
     bad "status --json"; cat "$TMP/status.json"
 fi
+# each stage's cost: one block each, and stage 1 also the head and its loss
+flops=$(grep -o '"flops_per_token": [0-9]*' "$TMP/status.json" | awk '{ printf "%s ", $2 }')
+if echo "$flops" | awk 'NF == 2 && $1 > 0 && $2 > $1 { ok = 1 } END { exit !ok }'; then
+    ok "status --json: each stage's flops_per_token, the last (with the head) dearer: $flops"
+else
+    bad "status --json flops_per_token: '$flops'"; cat "$TMP/status.json"
+fi
 
 # a node of an older protocol is refused with the reason; garbage frames
 # from an authenticated peer are dropped with one log line each

@@ -2608,6 +2608,7 @@ static void s_rebalance(router_t *r)
     char why[128];
     snprintf(why, sizeof why, "(%.0f tok/s in all) to stage %d (%.0f tok/s), the bottleneck",
              before[pe->stage], to, before[to]);
+    pe->tok_s = views[p].tok_s; // its new stage's first guess scales this one
     s_move(r, p, to, cost, why);
 }
 

@@ -45,7 +45,9 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
     if (rate <= 0.0)
         return -1;
     double end = (held + (left > 1 ? left : 1) * work) / rate;
-    int best = -1, idle = -1;
+    // dry: a replica with fewer than two requests in flight (the one it
+    // computes and one queued behind it) is about to run out of work
+    int best = -1, dry = -1;
     double best_t = 0.0;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &peers[i];
@@ -54,15 +56,16 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
         double r = p->tok_s > 1.0 ? p->tok_s : 1.0, t = (p->backlog + work) / r;
         if (t > end * (1.0 + 1e-9))
             continue;
-        if (p->backlog <= 0.0 && (idle < 0 || r > peers[idle].tok_s))
-            idle = i;
+        if (p->inflight < 2 && (dry < 0 || p->inflight < peers[dry].inflight
+                                || (p->inflight == peers[dry].inflight && r > peers[dry].tok_s)))
+            dry = i;
         if (best < 0 || t > best_t) {
             best = i;
             best_t = t;
         }
     }
-    if (idle >= 0)
-        return idle;
+    if (dry >= 0)
+        return dry;
     return best >= 0 ? best : swarm_policy_pick(peers, n, stage, -1, work);
 }
 

@@ -66,8 +66,10 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 
 // A step's training forward: the stage still has `left` forwards of `work`
 // each to take this step (this one included), so it ends the step at about
-// end = (all it holds + left * work) / its summed tok_s. An idle replica
-// that would be done by then takes it (the fastest such); else the replica
+// end = (all it holds + left * work) / its summed tok_s. A replica with
+// fewer than two requests in flight that would be done by then takes it
+// (the fewest in flight, then the fastest: no replica runs dry while the
+// slower ones are filled up, whatever backwards it owes); else the replica
 // that would finish latest while still by then (a slow replica works from
 // the start of the step, not only once the fast ones are backed up, and is
 // not handed the last ones); else the earliest finish (swarm_policy_pick).

@@ -697,18 +697,29 @@ START_TEST(test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail)
     swarm_peer_view_t p[3] = { s_view(0, 1, 0, 9000), s_view(1, 1, 0, 4000), s_view(1, 1, 0, 1000) };
     // both idle, 24 to go: the fastest idle one
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
-    // the fast one holds 2: the slow one, idle, is done (0.128 s) long
-    // before the stage's end of step (0.666 s) - where the earliest finish
-    // would wait for the fast one (0.096 s)
-    p[1].backlog = 256.0;
+    // the fast one holds 2 requests: the slow one, idle, is done (0.128 s)
+    // long before the stage's end of step (0.666 s) - where the earliest
+    // finish would wait for the fast one (0.096 s)
+    p[1].backlog = 256.0, p[1].inflight = 2;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
     ck_assert_int_eq(swarm_policy_pick(p, 3, 1, -1, 128.0), 1);
-    // both busy, both done in time: the one finishing latest (the slow)
-    p[1].backlog = 512.0, p[2].backlog = 128.0;
+    // both hold 2 requests, both done in time: the one finishing latest
+    // (the slow)
+    p[1].backlog = 512.0, p[2].backlog = 128.0, p[2].inflight = 2;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
+    // the fast one is down to its last request (and owes backwards): it
+    // takes the forward before it runs dry, though the slow one, with two,
+    // would still finish by the end (0.384 s against 0.742)
+    p[1].backlog = 384.0, p[1].inflight = 1, p[2].backlog = 256.0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
+    // both down to one: the fewest in flight first, then the fastest
+    p[2].inflight = 0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
+    p[2].inflight = 1;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
     // the last forward of the step: the slow one would end the step late
     // (0.128 s against 0.051): the earliest finish, the fast one
-    p[1].backlog = 128.0, p[2].backlog = 0.0;
+    p[1].backlog = 128.0, p[2].backlog = 0.0, p[2].inflight = 0;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 1), 1);
     // no ready replica on the stage
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 2, 128.0, 4), -1);

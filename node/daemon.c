@@ -1439,18 +1439,27 @@ static void s_serve(daemon_t *d, net_msg_t **msg_p, int64_t arrived)
     net_msg_destroy(msg_p); // other replies are stale or unasked for
 }
 
-// The next message to serve: a BWD before the FWDs ahead of it, but nothing
-// overtakes a control message (ASSIGN, STATE, STEP, UPDATE, ...).
+// The next message to serve: a BWD before the FWDs ahead of it, and a FWD
+// or BWD before a STATE_GET ahead of it (it reads the parameters and
+// moments, which only UPDATE changes: a checkpoint's read waits for a gap
+// in the work instead of holding up the next step's first forward), but
+// nothing overtakes any other control message (ASSIGN, STATE, STEP,
+// UPDATE, ...).
 static net_msg_t *s_queue_pick(daemon_t *d, int64_t *arrived)
 {
-    size_t pick = 0;
+    size_t work = d->queued; // the first BWD, else the first FWD, within reach
     for (size_t i = 0; i < d->queued; i++) {
         int type = net_msg_head_const(d->queue[i])->type;
-        if (type == NET_MSG_BWD)
-            pick = i;
-        if (type != NET_MSG_FWD)
+        if (type == NET_MSG_BWD) {
+            work = i;
+            break;
+        }
+        if (type == NET_MSG_FWD && work == d->queued)
+            work = i;
+        if (type != NET_MSG_FWD && type != NET_MSG_STATE_GET)
             break;
     }
+    size_t pick = work < d->queued ? work : 0;
     net_msg_t *msg = d->queue[pick];
     *arrived = d->queue_at[pick];
     memmove(&d->queue[pick], &d->queue[pick + 1], (d->queued - pick - 1) * sizeof *d->queue);

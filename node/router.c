@@ -1703,12 +1703,14 @@ static void s_progress(router_t *r, double lr)
     }
 }
 
-// Between steps: STATE_GET to one ready replica of each stage. It queues
-// behind the step's UPDATE at each node, so every answer holds the state
-// after it, and the next step starts at once, behind it: a checkpoint
-// stalls no step (the run's last waits for its own). The parts gather in
-// ck_state; params/m/v, which a rollback restores, take them only once all
-// are in (s_ckpt_part).
+// Between steps: STATE_GET to the slowest ready replica of each stage (the
+// read takes about as long on any, and the slowest one's time is worth
+// least to the stage). It queues behind the step's UPDATE at each node, so
+// every answer holds the state after it, and the next step starts at once
+// (the node serves the step's work before it, in a gap of which it runs): a
+// checkpoint stalls no step (the run's last waits for its own). The parts
+// gather in ck_state; params/m/v, which a rollback restores, take them only
+// once all are in (s_ckpt_part).
 static void s_ckpt_begin(router_t *r)
 {
     size_t np = node_config_params(&r->hp.cfg);
@@ -1718,15 +1720,16 @@ static void s_ckpt_begin(router_t *r)
     r->ck_step = r->step;
     r->ck_lost = 0;
     for (int s = 0; s < r->plan.stages; s++) {
-        int sent = 0;
-        for (int p = 0; p < r->npeers; p++) {
-            if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
-                net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
-                net_msg_head(g)->stage = (uint32_t) s;
-                sent = s_send(r, p, &g, R_STATE_GET, -1, s) == 0;
-                r->ckpt_pending += sent;
-                break;
-            }
+        int from = -1, sent = 0;
+        for (int p = 0; p < r->npeers; p++)
+            if (r->peers[p].state == P_READY && r->peers[p].stage == s
+                && (from < 0 || r->peers[p].tok_s < r->peers[from].tok_s))
+                from = p;
+        if (from >= 0) {
+            net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
+            net_msg_head(g)->stage = (uint32_t) s;
+            sent = s_send(r, from, &g, R_STATE_GET, -1, s) == 0;
+            r->ckpt_pending += sent;
         }
         r->ck_lost |= !sent;
     }

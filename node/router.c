@@ -1707,10 +1707,10 @@ static void s_progress(router_t *r, double lr)
 // read takes about as long on any, and the slowest one's time is worth
 // least to the stage). It queues behind the step's UPDATE at each node, so
 // every answer holds the state after it, and the next step starts at once
-// (the node serves the step's work before it, in a gap of which it runs): a
-// checkpoint stalls no step (the run's last waits for its own). The parts
-// gather in ck_state; params/m/v, which a rollback restores, take them only
-// once all are in (s_ckpt_part).
+// (the node serves the work queued behind it first and reads its state in
+// a gap): a checkpoint stalls no step (the run's last waits for its own).
+// The parts gather in ck_state; params/m/v, which a rollback restores, take
+// them only once all are in (s_ckpt_part).
 static void s_ckpt_begin(router_t *r)
 {
     size_t np = node_config_params(&r->hp.cfg);
@@ -1722,7 +1722,7 @@ static void s_ckpt_begin(router_t *r)
     for (int s = 0; s < r->plan.stages; s++) {
         int from = -1, sent = 0;
         for (int p = 0; p < r->npeers; p++)
-            if (r->peers[p].state == P_READY && r->peers[p].stage == s
+            if (r->peers[p].state == P_READY && !r->peers[p].failed && r->peers[p].stage == s
                 && (from < 0 || r->peers[p].tok_s < r->peers[from].tok_s))
                 from = p;
         if (from >= 0) {

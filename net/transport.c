@@ -331,6 +331,10 @@ int net_server_new(const net_server_config_t *config, net_server_t **out, char *
         rc = -ENOMEM;
         goto out_destroy;
     }
+    // two I/O threads: CurveZMQ encrypts and decrypts in them, and a server
+    // moves every peer's traffic (between steps, a stage-sized gradient
+    // each way for each replica): peers' connections are spread over both
+    zmq_ctx_set(self->ctx, ZMQ_IO_THREADS, 2);
     rc = s_server_zap_start(self, err, errlen);
     if (rc == 0)
         rc = s_server_bind(self, config, err, errlen);

@@ -429,15 +429,22 @@ static double s_req_work(const router_t *r, const req_t *q)
 // What each peer holds, in training tokens (swarm_peer_view_t.backlog):
 // its FWD/BWD requests in flight, and the backward it owes for every
 // forward it ran this step whose BWD is not sent yet (the router prefers to
-// send it there, where the activations are).
-static void s_backlog(const router_t *r, double *backlog)
+// send it there, where the activations are). ahead[]: the seconds of
+// compute its requests in flight take, as it reports them (the router's
+// own speed of a peer counts the time on its link too).
+static void s_backlog(const router_t *r, double *backlog, double *ahead)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
     for (int p = 0; p < r->npeers; p++)
-        backlog[p] = 0.0;
-    for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id != 0)
-            backlog[r->reqs[i].peer] += tokens * s_req_work(r, &r->reqs[i]);
+        backlog[p] = ahead[p] = 0.0;
+    for (int i = 0; i < MAX_REQS; i++) {
+        const req_t *q = &r->reqs[i];
+        if (q->id == 0)
+            continue;
+        backlog[q->peer] += tokens * s_req_work(r, q);
+        if (q->kind == R_FWD || q->kind == R_BWD)
+            ahead[q->peer] += r->peers[q->peer].busy[q->kind == R_BWD];
+    }
     if (r->evaluating || !r->mbs)
         return;
     int S = r->plan.stages;
@@ -459,8 +466,8 @@ static void s_backlog(const router_t *r, double *backlog)
 // run); rebalancing sees the speeds as measured.
 static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[NODE_MAX_LAYERS] = {0}, backlog[MAX_PEERS];
-    s_backlog(r, backlog);
+    double fastest[NODE_MAX_LAYERS] = {0}, backlog[MAX_PEERS], ahead[MAX_PEERS];
+    s_backlog(r, backlog, ahead);
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
         if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
@@ -474,7 +481,8 @@ static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
         v[i] = (swarm_peer_view_t) {
             .stage = p->stage, .ready = p->state == P_READY && !p->failed,
             .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
-            .backlog = backlog[i], .tok_s = tok_s, .moved_at = p->moved_at,
+            .backlog = backlog[i], .ahead = ahead[i], .rtt = p->rtt, .tok_s = tok_s,
+            .moved_at = p->moved_at,
         };
     }
 }
@@ -974,10 +982,17 @@ static int s_next(router_t *r, int i, int kind, int s)
 // Retry what could not be sent: chain requests and lost work to re-run.
 static void s_retry(router_t *r)
 {
+    // a stage that held a forward back (swarm_policy_pick_fit) holds the
+    // others too until something changes: not asked again this turn
+    int held[NODE_MAX_LAYERS] = {0};
     for (int i = 0; i < r->G; i++) {
         mb_t *b = &r->mbs[i];
-        if (b->retry_kind)
-            s_ignore(s_next(r, i, b->retry_kind, b->retry_stage));
+        int at = b->retry_stage, fwd = b->retry_kind == R_FWD && at >= 0 && at < NODE_MAX_LAYERS;
+        if (b->retry_kind && !(fwd && held[at])) {
+            s_ignore(s_next(r, i, b->retry_kind, at));
+            if (fwd && b->retry_kind)
+                held[at] = 1;
+        }
         for (int s = 0; s < r->plan.stages; s++) {
             if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
                 b->redo_wanted[s] = 0;

@@ -33,40 +33,49 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
     return best;
 }
 
+// About to run out of work: fewer than two requests in flight (the one it
+// computes and one queued behind it), or less compute in flight than two
+// of its round trips: the answers on their way back still count as in
+// flight, and a new request reaches it only a round trip after the answer
+// that freed it left.
+static int s_dry(const swarm_peer_view_t *p)
+{
+    return p->inflight < 2 || p->ahead < 2.0 * p->rtt;
+}
+
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left)
 {
     double held = 0.0, rate = 0.0;
+    int replicas = 0, only = -1;
     for (int i = 0; i < n; i++) {
         if (peers[i].ready && peers[i].stage == stage) {
             held += peers[i].backlog;
             rate += peers[i].tok_s > 1.0 ? peers[i].tok_s : 1.0;
+            replicas++, only = i;
         }
     }
-    if (rate <= 0.0)
-        return -1;
+    if (replicas <= 1)
+        return only; // nothing to choose: holding it back would only delay it
     double end = (held + (left > 1 ? left : 1) * work) / rate;
-    // dry: a replica with fewer than two requests in flight (the one it
-    // computes and one queued behind it) is about to run out of work
-    int best = -1, dry = -1;
-    double best_t = 0.0;
+    int dry = -1, fits = 0;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &peers[i];
         if (!p->ready || p->stage != stage)
             continue;
-        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, t = (p->backlog + work) / r;
-        if (t > end * (1.0 + 1e-9))
+        double r = p->tok_s > 1.0 ? p->tok_s : 1.0;
+        if ((p->backlog + work) / r > end * (1.0 + 1e-9))
             continue;
-        if (p->inflight < 2 && (dry < 0 || p->inflight < peers[dry].inflight
-                                || (p->inflight == peers[dry].inflight && r > peers[dry].tok_s)))
+        fits++;
+        if (s_dry(p) && (dry < 0 || p->inflight < peers[dry].inflight
+                         || (p->inflight == peers[dry].inflight && r > peers[dry].tok_s)))
             dry = i;
-        if (best < 0 || t > best_t) {
-            best = i;
-            best_t = t;
-        }
     }
     if (dry >= 0)
         return dry;
-    return best >= 0 ? best : swarm_policy_pick(peers, n, stage, -1, work);
+    if (fits)
+        return SWARM_HOLD; // a replica in time is busy: it takes it when it runs dry
+    int e = swarm_policy_pick(peers, n, stage, -1, work);
+    return e >= 0 && !s_dry(&peers[e]) ? SWARM_HOLD : e;
 }
 
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)

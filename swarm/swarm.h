@@ -51,6 +51,8 @@ typedef struct {
     int queue;        // requests it reported queued
     double backlog;   // training tokens of work it holds: requests in flight
                       // and the backwards it owes for forwards it ran
+    double ahead;     // s: compute of its requests in flight, as it reports it
+    double rtt;       // s: its network round trip
     double tok_s;     // tokens per second, EMA
     double moved_at;  // seconds (caller's clock) of its last stage move; -1e30 never
 } swarm_peer_view_t;
@@ -66,13 +68,17 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 
 // A step's training forward: the stage still has `left` forwards of `work`
 // each to take this step (this one included), so it ends the step at about
-// end = (all it holds + left * work) / its summed tok_s. A replica with
-// fewer than two requests in flight that would be done by then takes it
-// (the fewest in flight, then the fastest: no replica runs dry while the
-// slower ones are filled up, whatever backwards it owes); else the replica
-// that would finish latest while still by then (a slow replica works from
-// the start of the step, not only once the fast ones are backed up, and is
-// not handed the last ones); else the earliest finish (swarm_policy_pick).
+// end = (all it holds + left * work) / its summed tok_s. A replica about to
+// run dry (fewer than two requests in flight, or less compute in flight
+// than two of its round trips) that would be done by then takes it: the
+// fewest in flight, then the fastest. Else SWARM_HOLD: the caller keeps the
+// forward and asks again when a replica has answered, so forwards are
+// bound late and none waits in a slow replica's queue behind the backwards
+// it is sent (a node serves a BWD first) while a faster one could run it.
+// When no replica would be done by then (the step's tail): the earliest
+// finish (swarm_policy_pick) once it is about to run dry, else SWARM_HOLD.
+// A stage's only replica takes it at once; -1 when it has no ready peer.
+#define SWARM_HOLD (-2)
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left);
 // The stage a joining node should serve: least total throughput of its
 // ready and joining peers, then fewest replicas, then the lowest index.

@@ -690,7 +690,7 @@ START_TEST(test_rebalance_counts_stage_cost)
 }
 END_TEST
 
-START_TEST(test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail)
+START_TEST(test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail)
 {
     // stage 1: a fast replica (4000 tok/s) and a slow one (1000); a
     // forward and its backward are 128 tokens of work
@@ -700,26 +700,39 @@ START_TEST(test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail)
     // the fast one holds 2 requests: the slow one, idle, is done (0.128 s)
     // long before the stage's end of step (0.666 s) - where the earliest
     // finish would wait for the fast one (0.096 s)
-    p[1].backlog = 256.0, p[1].inflight = 2;
+    p[1].backlog = 256.0, p[1].ahead = 0.064, p[1].inflight = 2;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
     ck_assert_int_eq(swarm_policy_pick(p, 3, 1, -1, 128.0), 1);
-    // both hold 2 requests, both done in time: the one finishing latest
-    // (the slow)
-    p[1].backlog = 512.0, p[2].backlog = 128.0, p[2].inflight = 2;
-    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
+    // both hold 2 requests, both would be done in time: neither queues it
+    // behind its work; it waits for the first to run dry
+    p[1].backlog = 512.0, p[2].backlog = 128.0, p[2].ahead = 0.128, p[2].inflight = 2;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), SWARM_HOLD);
+    // ... unless the fast one's link is slow against its work: its requests
+    // in flight are 0.064 s of work, less than two round trips of 0.05 s
+    p[1].rtt = 0.05;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
+    p[1].rtt = 0.03;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), SWARM_HOLD);
+    p[1].rtt = 0.0;
     // the fast one is down to its last request (and owes backwards): it
-    // takes the forward before it runs dry, though the slow one, with two,
-    // would still finish by the end (0.384 s against 0.742)
-    p[1].backlog = 384.0, p[1].inflight = 1, p[2].backlog = 256.0;
+    // takes the forward before it runs dry
+    p[1].backlog = 384.0, p[1].ahead = 0.032, p[1].inflight = 1, p[2].backlog = 256.0;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
     // both down to one: the fewest in flight first, then the fastest
     p[2].inflight = 0;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 2);
     p[2].inflight = 1;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), 1);
-    // the last forward of the step: the slow one would end the step late
-    // (0.128 s against 0.051): the earliest finish, the fast one
-    p[1].backlog = 128.0, p[2].backlog = 0.0, p[2].inflight = 0;
+    // the last forward of the step: the slow one, idle, would end the step
+    // late (0.128 s against 0.051): the earliest finish, the fast one, once
+    // it is about to run dry
+    p[1].backlog = 128.0, p[1].ahead = 0.032, p[2].backlog = p[2].ahead = 0.0, p[2].inflight = 0;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 1), 1);
+    p[1].inflight = 2;
+    ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 1), SWARM_HOLD);
+    // a stage's only replica takes every forward at once: there is no
+    // choice to wait for
+    p[2].ready = 0;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 1), 1);
     // no ready replica on the stage
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 2, 128.0, 4), -1);
@@ -938,7 +951,7 @@ int main(void)
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
-    tcase_add_test(tc, test_pick_fit_keeps_a_slow_replica_busy_but_off_the_tail);
+    tcase_add_test(tc, test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");
     tcase_add_test(tc, test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count);

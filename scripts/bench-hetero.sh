@@ -15,31 +15,31 @@
 #   noverify  the defaults without spot verification (--verify 0): its cost
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
-#   batch48   the defaults with half the batch (BATCH, default 96): what
+#   batch96   the defaults with half the batch (BATCH, default 192): what
 #             each step's fixed costs (pipeline fill and drain, the
 #             exchange, the updates) take
 #   auto      the defaults with --window auto (Little's law) instead of all
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
-# Every run checkpoints every SAVE_EVERY steps (default 2: a rollback
-# replays 2 steps at most; a checkpoint rides behind the step's updates and
-# stalls no step);
-# the chaos line counts rollbacks too.
-#   SECONDS_RUN=60 SLOW=2 SAVE_EVERY=2 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
+# Every run checkpoints every SAVE_EVERY steps (default 1: a rollback
+# replays one step at most, ~2.7 s here, as two of batch 96 did; a
+# checkpoint rides behind the step's updates and stalls no step); the
+# chaos line counts rollbacks too.
+#   SECONDS_RUN=60 SLOW=2 SAVE_EVERY=1 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
 set -eu
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 RUN=${SECONDS_RUN:-60}
 SLOW=${SLOW:-2}
-SAVE_EVERY=${SAVE_EVERY:-2}
+SAVE_EVERY=${SAVE_EVERY:-1}
 SHARED=${SWARM_SHARED:-../shared}
 [ -x "$SWARM" ] || { echo "bench-hetero.sh: $SWARM missing; run make" >&2; exit 1; }
 OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT INT TERM
-# 48 micro-batches a step: a pipeline's fill, drain and update cost the
-# same time each step, a sixth of a step of 24 here (batch48 shows it)
-BATCH=${BATCH:-96}
+# 96 micro-batches a step: a pipeline's fill, drain and update cost the
+# same time each step, about a tenth of a step of 48 here (batch96 shows it)
+BATCH=${BATCH:-192}
 T=64
 BABY="--layers 4 --heads 4 --embd 128 --block $T --batch $BATCH --micro-batch 2 --lr 1e-3 --eval-every 0 --iters 100000"
 if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then
@@ -174,7 +174,7 @@ run default "$RUN" --
 run noverify "$RUN" -- --verify 0
 run gradfp16 "$RUN" -- --grad-wire fp16
 run auto "$RUN" -- --window auto
-run batch48 "$RUN" -- --batch 48
+run batch96 "$RUN" -- --batch $((BATCH / 2))
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11

@@ -3018,6 +3018,15 @@ static int s_listen(router_t *r, char *err, size_t n)
     printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d\n",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
+    // exact steps fill and drain the pipeline once a step: over S equal
+    // stages each waits about (S - 1) / (G + S - 1) of it, at any speed
+    int S = r->plan.stages;
+    double idle = (double) (S - 1) / (r->G + S - 1);
+    if (idle > 0.1)
+        printf("swarm router: %d micro-batches a step over %d stages: filling and draining the "
+               "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
+               "(or a smaller --micro-batch) shrinks that share\n",
+               r->G, S, 100.0 * idle);
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->step);
     printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));

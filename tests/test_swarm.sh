@@ -95,6 +95,13 @@ if [ "$(grep -c "joins stage" "$TMP/router.log")" -eq 4 ] \
 else
     bad "joins"; grep "joins" "$TMP/router.log"
 fi
+# batch 4 in micro-batches of 2 over 2 stages: (2 - 1) / (2 + 2 - 1) of a step
+if grep -q -e "2 micro-batches a step over 2 stages: .* idle about 33% of every step; a larger --batch" \
+    "$TMP/router.log"; then
+    ok "the router says how much of a step the pipeline's fill and drain take"
+else
+    bad "no fill-and-drain hint for 2 micro-batches over 2 stages"; grep "micro-batch" "$TMP/router.log"
+fi
 if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 20; then
     ok "every step's loss equals swarm train's to 1e-4 relative"
 else

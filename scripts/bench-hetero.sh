@@ -15,7 +15,7 @@
 #   noverify  the defaults without spot verification (--verify 0): its cost
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
-#   batch96   the defaults with half the batch (BATCH, default 192): what
+#   halfbatch the defaults with half the batch (BATCH, default 192): what
 #             each step's fixed costs (pipeline fill and drain, the
 #             exchange, the updates) take
 #   auto      the defaults with --window auto (Little's law) instead of all
@@ -38,7 +38,8 @@ SHARED=${SWARM_SHARED:-../shared}
 OUT=$(mktemp -d /tmp/swarm-hetero.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT INT TERM
 # 96 micro-batches a step: a pipeline's fill, drain and update cost the
-# same time each step, about a tenth of a step of 48 here (batch96 shows it)
+# same time each step: most of what a step of 48 loses here (halfbatch
+# shows it)
 BATCH=${BATCH:-192}
 T=64
 BABY="--layers 4 --heads 4 --embd 128 --block $T --batch $BATCH --micro-batch 2 --lr 1e-3 --eval-every 0 --iters 100000"
@@ -174,7 +175,7 @@ run default "$RUN" --
 run noverify "$RUN" -- --verify 0
 run gradfp16 "$RUN" -- --grad-wire fp16
 run auto "$RUN" -- --window auto
-run batch96 "$RUN" -- --batch $((BATCH / 2))
+run halfbatch "$RUN" -- --batch $((BATCH / 2))
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11

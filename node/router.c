@@ -3023,10 +3023,10 @@ static int s_listen(router_t *r, char *err, size_t n)
     int S = r->plan.stages;
     double idle = (double) (S - 1) / (r->G + S - 1);
     if (idle > 0.1)
-        printf("swarm router: %d micro-batches a step over %d stages: filling and draining the "
+        printf("swarm router: %d micro-batch%s a step over %d stages: filling and draining the "
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
-               r->G, S, 100.0 * idle);
+               r->G, r->G == 1 ? "" : "es", S, 100.0 * idle);
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->step);
     printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));

@@ -256,14 +256,16 @@ out_free:
     return rc;
 }
 
-// Write text to path atomically: a temporary file in the same folder,
-// fsync, then link (fails if path exists) or, with force, rename.
+// Write text to path atomically: a temporary file of this process's own
+// in the same folder, fsync, then link (fails if path exists) or, with
+// force, rename. Processes writing the same path at once never touch each
+// other's temporary file: one links, the others get -EEXIST.
 static int s_file_write(const char *path, const char *text, mode_t mode, int force,
                         char *err, size_t errlen)
 {
-    char tmp[4096 + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unlink(tmp);
+    char tmp[4096 + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%08x", path, (long) getpid(),
+             (unsigned) randombytes_random());
     int rc = 0;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0) {

@@ -240,9 +240,15 @@ typedef struct {
 } net_timing_t;
 
 // A peer's identity: its Curve public key as the ZAP handler saw it (the
-// User-Id), never the routing id it chose.
+// User-Id), never the routing id it chose. Each net_client process picks
+// a routing id of its own, KEY/INSTANCE (INSTANCE: 16 random hex digits),
+// so two processes with one key are two connections the caller can tell
+// apart and answer one by one; conn is that routing id (a client that
+// sets its key alone as its routing id is accepted too).
+#define NET_CONN_MAX (NET_KEY_Z85_LEN + 1 + 32)
 typedef struct {
     char key[NET_KEY_Z85_LEN + 1];   // Z85 public key, NUL-terminated
+    char conn[NET_CONN_MAX + 1];     // the connection's routing id, NUL-terminated
 } net_peer_t;
 
 typedef struct {

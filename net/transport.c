@@ -173,6 +173,7 @@ void net_server_reap(net_server_t *self, int64_t now_ms, net_peer_t *dead, size_
     for (size_t i = 0; i < self->slots && *n < cap;) {
         s_peer_t *p = &self->peers[i];
         if (p->key[0] && now_ms - p->last_ms > self->timing.dead_ms) {
+            memset(&dead[*n], 0, sizeof dead[*n]);
             memcpy(dead[(*n)++].key, p->key, sizeof p->key);
             s_peer_remove(self, p); // may move another peer into slot i: look again
             continue;
@@ -378,8 +379,8 @@ void net_server_stats(const net_server_t *self, net_stats_t *out)
 
 // ---- server traffic --------------------------------------------------------------
 
-// Who sent parts[]: the ZAP User-Id, which must equal the routing id the
-// peer chose (net_client sets it to its key). 0 or -EPROTO.
+// Who sent parts[]: the ZAP User-Id, which must begin the routing id the
+// peer chose (net_client sets KEY/INSTANCE). 0 or -EPROTO.
 static int s_server_sender(zmq_msg_t *parts, size_t kept, net_peer_t *peer, char *err,
                            size_t errlen)
 {
@@ -390,12 +391,19 @@ static int s_server_sender(zmq_msg_t *parts, size_t kept, net_peer_t *peer, char
         return -EPROTO;
     }
     memcpy(peer->key, user, sizeof peer->key);
-    if (zmq_msg_size(&parts[0]) != NET_KEY_Z85_LEN ||
-        memcmp(zmq_msg_data(&parts[0]), user, NET_KEY_Z85_LEN) != 0) {
+    const char *rid = zmq_msg_data(&parts[0]);
+    size_t len = zmq_msg_size(&parts[0]);
+    int ok = len >= NET_KEY_Z85_LEN && len <= NET_CONN_MAX
+             && memcmp(rid, user, NET_KEY_Z85_LEN) == 0
+             && (len == NET_KEY_Z85_LEN || (len > NET_KEY_Z85_LEN + 1 && rid[NET_KEY_Z85_LEN] == '/'));
+    for (size_t i = NET_KEY_Z85_LEN + 1; ok && i < len; i++)
+        ok = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'f');
+    if (!ok) {
         snprintf(err, errlen, "peer %.8s: routing id is not its key (forged or foreign client)",
                  user);
         return -EPROTO;
     }
+    memcpy(peer->conn, rid, len);
     return 0;
 }
 
@@ -441,7 +449,9 @@ int net_server_recv(net_server_t *self, int64_t deadline_ms, net_peer_t *peer,
 
 int net_server_send(net_server_t *self, const net_peer_t *peer, net_msg_t **msg)
 {
-    int rc = net_msg_send_frames(self->router, *msg, peer->key, NET_KEY_Z85_LEN);
+    // a peer known by its key alone (never heard from) has no connection
+    const char *to = peer->conn[0] ? peer->conn : peer->key;
+    int rc = net_msg_send_frames(self->router, *msg, to, strnlen(to, NET_CONN_MAX));
     if (rc == 0)
         self->stats.msgs_out++;
     net_msg_destroy(msg);
@@ -468,7 +478,12 @@ static int s_client_socket(net_client_t *self, const net_client_config_t *c,
                            const net_timing_t *timing, char *err, size_t errlen)
 {
     int reconnect = 100, reconnect_max = 2000;
-    const char *id = net_key_public(c->key); // routing id = our key: ROUTER_HANDOVER
+    // routing id KEY/INSTANCE: this process's own; a reconnect of this
+    // socket keeps it (ROUTER_HANDOVER hands the router's side over), a
+    // second process with our key gets another (net_peer_t)
+    char id[NET_CONN_MAX + 1];
+    snprintf(id, sizeof id, "%s/%08" PRIx32 "%08" PRIx32, net_key_public(c->key),
+             randombytes_random(), randombytes_random());
     self->dealer = zmq_socket(self->ctx, ZMQ_DEALER);
     if (!self->dealer)
         return s_fail(err, errlen, -zmq_errno(), "client: socket");
@@ -478,7 +493,7 @@ static int s_client_socket(net_client_t *self, const net_client_config_t *c,
         (zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, net_key_public_raw(c->server), 32) != 0 ||
          zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, net_key_public_raw(c->key), 32) != 0 ||
          zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, net_key_secret_raw(c->key), 32) != 0 ||
-         zmq_setsockopt(d, ZMQ_ROUTING_ID, id, NET_KEY_Z85_LEN) != 0 ||
+         zmq_setsockopt(d, ZMQ_ROUTING_ID, id, strlen(id)) != 0 ||
          zmq_setsockopt(d, ZMQ_RECONNECT_IVL, &reconnect, sizeof reconnect) != 0 ||
          zmq_setsockopt(d, ZMQ_RECONNECT_IVL_MAX, &reconnect_max, sizeof reconnect_max) != 0))
         rc = -zmq_errno();

@@ -1256,7 +1256,7 @@ START_TEST(test_transport_open_mode_admits_any_key)
     ck_assert_str_eq(peer.key, net_key_public(k.intruder));
     net_msg_destroy(&in);
     // nobody by that key: an error now, not a block
-    net_peer_t nobody;
+    net_peer_t nobody = { .conn = "" };
     memcpy(nobody.key, net_key_public(k.node), sizeof nobody.key);
     net_msg_t *m = net_msg_new(NET_MSG_BYE);
     int64_t t0 = net_clock_ms();
@@ -1356,6 +1356,47 @@ START_TEST(test_transport_reconnect_takes_over)
         net_msg_destroy(&got);
         net_client_destroy(&client);
     }
+    net_server_destroy(&server);
+    s_keys_close(&k);
+}
+END_TEST
+
+// Two processes with one key are two connections, each with a routing id
+// of its own (KEY/INSTANCE): the server tells them apart and answers each
+// one alone, and neither takes the other's link over.
+START_TEST(test_transport_one_key_two_connections)
+{
+    s_keys_t k;
+    s_keys_open(&k);
+    net_server_t *server = s_server(&k, k.allow, &s_limits);
+    net_client_t *client[2] = { s_client(server, k.server, k.node),
+                                s_client(server, k.server, k.node) };
+    net_peer_t peer[2];
+    net_msg_t *in = NULL, *got = NULL;
+    char err[256] = "";
+    for (int i = 0; i < 2; i++) {
+        s_client_say(client[i], NET_MSG_HELLO);
+        ck_assert_int_eq(s_server_wait(server, 3000, &peer[i], &in, err, sizeof err), 0);
+        ck_assert_str_eq(peer[i].key, net_key_public(k.node));
+        ck_assert_uint_eq(strlen(peer[i].conn), NET_KEY_Z85_LEN + 17);
+        ck_assert_int_eq(strncmp(peer[i].conn, peer[i].key, NET_KEY_Z85_LEN), 0);
+        net_msg_destroy(&in);
+    }
+    ck_assert_str_ne(peer[0].conn, peer[1].conn);
+    for (int i = 1; i >= 0; i--) { // each answer reaches its own connection only
+        net_msg_t *m = net_msg_new(NET_MSG_ASSIGN);
+        ck_assert_int_eq(net_msg_set_meta(m, i ? "to=1" : "to=0"), 0);
+        ck_assert_int_eq(net_server_send(server, &peer[i], &m), 0);
+        ck_assert_int_eq(net_client_recv(client[i], net_clock_ms() + 3000, &got, err, sizeof err), 0);
+        char to[8] = "";
+        ck_assert_int_eq(net_msg_meta_get(got, "to", to, sizeof to), 0);
+        ck_assert_int_eq(atoi(to), i);
+        net_msg_destroy(&got);
+        ck_assert_int_eq(net_client_recv(client[!i], net_clock_ms() + 200, &got, err, sizeof err),
+                         -ETIMEDOUT);
+    }
+    for (int i = 0; i < 2; i++)
+        net_client_destroy(&client[i]);
     net_server_destroy(&server);
     s_keys_close(&k);
 }
@@ -1716,6 +1757,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_transport_identity_is_the_curve_key);
     tcase_add_test(tc, test_transport_limits_bound_what_arrives);
     tcase_add_test(tc, test_transport_reconnect_takes_over);
+    tcase_add_test(tc, test_transport_one_key_two_connections);
     tcase_add_test(tc, test_transport_sigstopped_peer_declared_dead);
     tcase_add_test(tc, test_transport_request_resends_and_drops_stale);
     tcase_add_test(tc, test_transport_full_queue_is_eagain);

@@ -32,8 +32,26 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
     check "the plugin: cudart static and cuBLAS" "-cudart static .*-lcublas" "$out"
     check "the plugin: one exported symbol" "--version-script=blas/cuda.map" "$out"
 fi
+# Without the OpenMP build's folder the Makefile takes pkg-config's OpenBLAS,
+# and which build that is is pkg-config's to say: once libopenblas-dev and
+# libopenblas-openmp-dev are both installed, Debian's alternatives point
+# openblas.pc at the OpenMP build, whatever the order they came in.
+if pkg-config --variable=openblas_config openblas 2>/dev/null | grep -q USE_OPENMP=1; then
+    pc_variant=openmp
+else
+    pc_variant=pthread
+fi
 out=$(make -n all OPENBLAS_OMP_DIR=/nonexistent 2>&1)
-check "falls back to pkg-config's OpenBLAS without the OpenMP build" "^openblas: pthread build" "$out"
+check "falls back to pkg-config's OpenBLAS without the OpenMP folder (openblas.pc: $pc_variant)" \
+    "^openblas: $pc_variant build" "$out"
+pc_libs=$(pkg-config --libs openblas 2>/dev/null | sed 's/ *$//')
+out=$(make -n -B build/swarm V=1 OPENBLAS_OMP_DIR=/nonexistent 2>&1 | grep -- "-o build/swarm")
+if echo "$out" | grep -qF -- " ${pc_libs:--lopenblas} " && ! echo "$out" | grep -q /nonexistent; then
+    pass=$((pass + 1)); echo "ok   the fallback links pkg-config's --libs openblas: ${pc_libs:--lopenblas}"
+else
+    fail=$((fail + 1)); echo "FAIL the fallback does not link pkg-config's '${pc_libs:--lopenblas}':"
+    echo "$out" | sed 's/^/     /'
+fi
 omp=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
 if [ -f "$omp/libopenblas.so" ]; then
     out=$(make -n -B build/swarm V=1 2>&1 | grep -- "-o build/swarm")

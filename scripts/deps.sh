@@ -39,7 +39,7 @@ if [ -z "$need" ]; then
     echo "deps: all present (openblas, libzmq, libsodium, check, pkg-config${1:+, clang with libFuzzer})"
     exit 0
 fi
-echo "deps: installing:$need"
+echo "deps: missing:$need"
 if [ "$(id -u)" = 0 ]; then
     SUDO=""
 elif command -v sudo >/dev/null 2>&1; then
@@ -53,16 +53,71 @@ if ! command -v apt-get >/dev/null 2>&1; then
     echo "deps: no apt-get here; install the equivalents of:$need" >&2
     exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq || echo "deps: apt-get update failed; trying with the current package lists" >&2
+# what each package is for, on its line of progress
+why() {
+    case "$1" in
+    pkg-config) echo "how make finds the libraries" ;;
+    gcc) echo "the C compiler" ;;
+    make) echo "GNU make, the build" ;;
+    libopenblas-dev) echo "OpenBLAS, the matrix products" ;;
+    libopenblas-openmp-dev) echo "OpenBLAS's OpenMP build, one thread pool with swarm's loops" ;;
+    libzmq3-dev) echo "ZeroMQ, the transport" ;;
+    libsodium-dev) echo "libsodium, CurveZMQ keys and BLAKE2b checksums" ;;
+    check) echo "Check, the unit tests" ;;
+    clang) echo "clang, for the libFuzzer targets of make fuzz" ;;
+    libclang-rt-dev) echo "clang's libFuzzer and sanitizer runtimes" ;;
+    *) case " ${SWARM_EXTRA_DEBS:-} " in
+       *" $1 "*) echo "asked for in SWARM_EXTRA_DEBS" ;;
+       *) echo "to build and test swarm" ;;
+       esac ;;
+    esac
+}
+# apt's own output (hundreds of lines of progress) goes to a log that is
+# shown only when apt fails; stdin is /dev/null so that apt never waits on
+# a question, and a dpkg lock held by another apt is waited for a minute
+log=$(mktemp "${TMPDIR:-/tmp}/swarm-deps.$$.XXXXXX") || exit 1
+keep_log=""
+from_line=1 # where the last apt-get's output starts in the log
+apt_run() {
+    echo "== apt-get $*" >>"$log"
+    from_line=$(($(wc -l <"$log") + 1))
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=60 "$@" \
+        >>"$log" 2>&1 </dev/null
+}
+# fail_install PACKAGE: the end of apt's log, where it is, the fix; exit 1
+fail_install() {
+    echo "deps: apt-get install $1 failed; it said (the last 60 lines):" >&2
+    tail -n "+$from_line" "$log" | tail -n 60 | sed 's/^/    /' >&2
+    echo "deps: the whole log: $log" >&2
+    if [ -n "$keep_log" ]; then
+        echo "deps: fix: apt-get update could not fetch the package lists (see the log): check the network, a proxy (Acquire::http::Proxy) and the sources in /etc/apt/sources.list, then run 'make deps' again" >&2
+    elif grep -q "Unable to locate package\|has no installation candidate" "$log"; then
+        from=""
+        [ "$(why "$1")" != "asked for in SWARM_EXTRA_DEBS" ] || from=" (it comes from SWARM_EXTRA_DEBS)"
+        echo "deps: fix: apt knows no package $1; check the name$from and the sources in /etc/apt/sources.list, then run 'make deps' again" >&2
+    elif grep -q "Could not get lock" "$log"; then
+        echo "deps: fix: another apt or dpkg holds its lock (unattended-upgrades?); wait for it to finish, then run 'make deps' again" >&2
+    else
+        echo "deps: fix: check the network and the package sources ('${SUDO:+sudo }apt-get update'), then run 'make deps' again, or install by hand: ${SUDO:+sudo }apt-get install$need" >&2
+    fi
+    exit 1
+}
+start=$(date +%s)
+echo "deps: apt-get update ..."
+# apt-get update exits 0 when it could not fetch a list (a warning): look
+if ! apt_run update || tail -n "+$from_line" "$log" | grep -q '^W: Failed to fetch\|^E: '; then
+    echo "deps: apt-get update could not fetch every package list (its output: $log); trying with the lists there are" >&2
+    keep_log=1
+fi
 # Debian 12 and later ship clang's sanitizer and libFuzzer runtimes apart
 if [ -n "${fuzz_rt:-}" ] && apt-cache show libclang-rt-dev >/dev/null 2>&1; then
     need="$need libclang-rt-dev"
 fi
-# shellcheck disable=SC2086
-if ! $SUDO apt-get install -y -qq --no-install-recommends $need; then
-    echo "deps: apt-get install failed for:$need" >&2
-    echo "deps: check the network and package sources, then run 'make deps' again" >&2
-    exit 1
-fi
-echo "deps: done"
+count=0
+for pkg in $need; do
+    echo "deps: installing $pkg ($(why "$pkg")) ..."
+    apt_run install -y --no-install-recommends "$pkg" || fail_install "$pkg"
+    count=$((count + 1))
+done
+[ -n "$keep_log" ] || rm -f "$log"
+echo "deps: done ($count package$([ $count -eq 1 ] || echo s) in $(($(date +%s) - start)) s)"

@@ -21,6 +21,15 @@ have_pc openblas || need="$need libopenblas-dev"
 have_pc libzmq || need="$need libzmq3-dev"
 have_pc libsodium || need="$need libsodium-dev"
 have_pc check || need="$need check"
+# make release links libzmq's C++ runtime and OpenBLAS's Fortran one
+# statically: their .a files come with g++ and gfortran, not with gcc
+have_a() { f=$(gcc -print-file-name="$1" 2>/dev/null) && [ "$f" != "$1" ] && [ -f "$f" ]; }
+if command -v gcc >/dev/null 2>&1; then
+    gcc_major=$(gcc -dumpversion)
+    gcc_major=${gcc_major%%.*}
+    have_a libstdc++.a || need="$need libstdc++-$gcc_major-dev"
+    have_a libgfortran.a || need="$need libgfortran-$gcc_major-dev"
+fi
 for extra in ${SWARM_EXTRA_DEBS:-}; do have_deb "$extra" || need="$need $extra"; done
 if [ "${1:-}" = fuzz ]; then
     # a libFuzzer target links only when clang finds libclang_rt.fuzzer

@@ -118,7 +118,7 @@ for i in 1 2 3; do
     bin="$SWARM" extra=""
     [ "$i" = 3 ] && bin="$BUILD/swarm-misbehave" extra="--misbehave crash@3"
     # shellcheck disable=SC2086
-    "$bin" node --join "$endpoint" --router-key "$TMP/crouter.pub" --key "$TMP/node$i" --threads 1 \
+    "$bin" node --join "$endpoint" --router-key "$TMP/crouter.pub" --key "$TMP/cnode$i" --threads 1 \
         --name "crash$i" --slowdown 4 $extra >"$TMP/crash$i.log" 2>&1 &
     pids="$pids $!"
     for _ in $(seq 1 200); do # joined before the next starts: crash1, crash3 on stage 0

@@ -48,15 +48,8 @@ if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then
 fi
 SPEEDS=$(awk -v s="$SLOW" 'BEGIN { printf "%g,%g,%g,%g,%g,%g", 1/s, 1/s, 0.5/s, 0.25/s, 0.25/s, 0.125/s }')
 
-# status_of DIR: the router's status as JSON (one line), or nothing
-status_of() {
-    ep=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$1/router.log" | head -n 1)
-    [ -n "$ep" ] && "$SWARM" status "$ep" --router-key "$1/router.pub" --json 2>/dev/null || true
-}
-# field JSON KEY: a top-level number
-field() {
-    echo "$1" | sed -n "s/^{\"step\": [0-9]*.*\"$2\": \([0-9.]*\).*/\1/p" | head -n 1
-}
+. scripts/bench-lib.sh
+
 # best_bound JSON: the best least-stage sum over every assignment of the ready
 # peers to 3 stages (3^n assignments; n <= 8 here). A peer's tok/s is of
 # its own stage; on another it is scaled by the ratio of the two stages'
@@ -82,20 +75,6 @@ best_bound() {
             printf "%.0f", best }'
 }
 
-# tok_s TRACE BATCH: training tokens/s over the second half of a run, from
-# the times the router's --trace gives each step's end (the steps between
-# two samples of `swarm status` would be off by up to a step at each end)
-tok_s() {
-    awk -v bt="$2" -v t="$T" '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
-        END {
-            if (n < 3) { print 0; exit }
-            mid = at[1] + (at[n] - at[1]) / 2
-            for (a = 1; at[a] < mid; a++) ;
-            if (a >= n) { print 0; exit }
-            printf "%.0f", (st[n] - st[a]) * bt * t * 1000 / (at[n] - at[a])
-        }' "$1"
-}
-
 # run NAME DURATION ENV... -- ROUTER FLAGS: a local swarm for DURATION s
 run() {
     name=$1 dur=$2
@@ -113,40 +92,19 @@ run() {
         $BABY --save "$OUT/ckpt-$name" --save-every "$SAVE_EVERY" --trace "$OUT/$name.trace" "$@" \
         >"$OUT/$name.log" 2>&1 &
     pid=$!
-    dir=""
-    for _ in $(seq 1 100); do
-        dir=$(sed -n 's/^local-swarm.sh: router .* logs in \(.*\)$/\1/p' "$OUT/$name.log" | head -n 1)
-        [ -n "$dir" ] && break
-        sleep 0.2
-    done
+    dir=$(swarm_dir "$OUT/$name.log")
     if [ -z "$dir" ]; then
         echo "bench-hetero.sh: $name: the swarm did not start:" >&2
         tail -5 "$OUT/$name.log" >&2
         kill "$pid" 2>/dev/null || true
         return 0
     fi
-    # from the first step on
-    for _ in $(seq 1 300); do
-        grep -q "^step " "$dir/router.log" 2>/dev/null && break
-        sleep 0.2
-    done
-    # the bound over the second half: `swarm status` every 5 s from the
-    # middle to the end (what the nodes measure drifts by a tenth or more
-    # from one sample to the next), averaged
-    sleep $((dur / 2))
-    bounds="" left=$((dur - dur / 2))
-    while :; do
-        b=$(status_of "$dir")
-        bounds="$bounds $(field "$b" bound_tok_s)"
-        [ "$left" -le 0 ] && break
-        nap=$((left < 5 ? left : 5))
-        sleep "$nap"
-        left=$((left - nap))
-    done
+    # the bound over the second half, a sample every 5 s
+    half_bound "$dir" "$dur" 5
+    b=$last_status
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     rm -rf "$dir"
-    bound=$(echo "$bounds" | tr ' ' '\n' | awk '$1 > 0 { s += $1; n++ } END { if (n) printf "%.0f", s / n }')
     best=$(best_bound "$b")
     moves=$(grep -c "moving peer" "$OUT/$name.log" || true)
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)

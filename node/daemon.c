@@ -38,8 +38,11 @@
 // ---- state -----------------------------------------------------------------
 
 typedef struct {
-    const char *join;         // router endpoint, tcp://HOST:PORT
-    const char *router_key;   // the router's .pub file, or its Z85 key
+    const char *join;         // router endpoint, tcp://HOST:PORT (in target)
+    node_join_t target;       // --join, parsed (a token carries the router's key)
+    const char *router_key;   // the router's .pub file, or its Z85 key; NULL: the token's
+    int name_given;           // --name was given
+    int exit_when_done;       // --exit-when-done: exit 0 once the router's run is over
     const char *key;          // our key pair NAME (NAME.key, NAME.pub); NULL = default
     const char *device;       // backend: auto, cpu, cuda[:N]
     int threads;              // CPU threads, 0 = all cores
@@ -78,8 +81,7 @@ typedef struct {
     daemon_opts_t o;                       // flags
     blas_backend_t *be;                    // compute (never closed)
     net_key_t *router_key;                 // the router's public key
-    net_key_t *key;                        // our key pair
-    char key_name[PATH_MAX];               // its files: NAME.key, NAME.pub
+    node_identity_t id;                    // our key pair, claimed for this process
     net_client_t *client;                  // DEALER to the router
     daemon_assign_t as;                    // what we were assigned
     node_plan_t plan;                      // stages of as.cfg
@@ -100,6 +102,7 @@ typedef struct {
     int64_t hello_at;                      // next HELLO due, net_clock_ms
     int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
     int silent;                            // 1 while the router's silence is logged
+    int finished;                          // 1 after the router said its run is over
     int64_t reconnect_at;                  // next fresh link while unassigned, net_clock_ms
     int reconnects;                        // fresh links since the last message
     uint64_t next_id;                      // id of our next request
@@ -160,12 +163,13 @@ static double s_now(void)
 // ---- flags -----------------------------------------------------------------
 
 enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP, O_SLOW,
-       O_MISBEHAVE };
+       O_EXIT_DONE, O_MISBEHAVE };
 
 static const struct option s_long[] = {
     {"join", 1, 0, O_JOIN}, {"router-key", 1, 0, O_ROUTER_KEY}, {"key", 1, 0, O_KEY},
     {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS}, {"name", 1, 0, O_NAME},
     {"cache-mb", 1, 0, O_CACHE}, {"slowdown", 1, 0, O_SLOW}, {"help", 0, 0, O_HELP},
+    {"exit-when-done", 0, 0, O_EXIT_DONE},
 #ifdef SWARM_MISBEHAVE
     {"misbehave", 1, 0, O_MISBEHAVE},
 #endif
@@ -175,21 +179,29 @@ static const struct option s_long[] = {
 static void s_usage(FILE *out)
 {
     fprintf(out,
-        "usage: swarm node --join tcp://HOST:PORT --router-key KEY [flags]\n"
+        "usage: swarm node --join swarm://HOST:PORT/KEY [flags]\n"
+        "       swarm node --join tcp://HOST:PORT --router-key KEY [flags]\n"
         "Join a swarm as a volunteer: hold one pipeline stage of the model, run its\n"
         "forward and backward passes for the router and apply its updates.\n"
         "\n"
-        "  --join tcp://HOST:PORT  the router (required)\n"
-        "  --router-key KEY        the router's public key: its .pub file or the\n"
-        "                          40-character Z85 key itself (required)\n"
+        "  --join ADDR             the router (required): the swarm://HOST:PORT/KEY token\n"
+        "                          it printed (address and key), or tcp://HOST:PORT\n"
+        "  --router-key KEY        with tcp://: the router's public key, its .pub file or\n"
+        "                          the 40-character Z85 key in single quotes\n"
         "  --key NAME              this node's key pair NAME.key / NAME.pub, made if\n"
-        "                          missing (default: $XDG_CONFIG_HOME/swarm/node)\n"
-        "  --name NAME             shown in the router's table (default: the host name)\n"
+        "                          missing (default: the first of\n"
+        "                          $XDG_CONFIG_HOME/swarm/node, node-2, ... that no other\n"
+        "                          node on this machine uses)\n"
+        "  --name NAME             shown in the router's table (default: the host name,\n"
+        "                          with -N for the key node-N)\n"
         "  --device DEV            auto, cpu or cuda[:N] (default auto: a GPU if one works)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --slowdown F            work F times slower (sleeps), to emulate a slower device\n"
+        "                          (default 1)\n"
         "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
         "                          0 recomputes the forward for every backward)\n"
+        "  --exit-when-done        exit 0 when the router's run is over (default: wait\n"
+        "                          for the router's next run)\n"
         "Ctrl-C says BYE to the router and leaves.\n");
 }
 
@@ -228,13 +240,10 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
 
 static int s_parse_join(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
-    const char *colon = strncmp(arg, "tcp://", 6) == 0 ? strrchr(arg + 6, ':') : NULL;
-    if (!colon || colon == arg + 6 || colon[1] == '\0') {
-        snprintf(err, n, "--join %s: expected tcp://HOST:PORT", arg);
-        return -EINVAL;
-    }
-    o->join = arg;
-    return 0;
+    int rc = node_join_parse(arg, &o->target, err, n);
+    if (rc == 0)
+        o->join = o->target.endpoint;
+    return rc;
 }
 
 // 0, 1 for --help, or -EINVAL with a reason.
@@ -249,7 +258,8 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
     case O_KEY: o->key = arg; break;
     case O_DEVICE: o->device = arg; break;
     case O_THREADS: rc = node_parse_long("threads", arg, 0, 4096, &v, err, n); o->threads = (int) v; break;
-    case O_NAME: rc = s_parse_name(o, arg, err, n); break;
+    case O_NAME: rc = s_parse_name(o, arg, err, n); o->name_given = 1; break;
+    case O_EXIT_DONE: o->exit_when_done = 1; break;
     case O_CACHE: rc = node_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
     case O_SLOW: {
         char *end;
@@ -291,10 +301,13 @@ static int s_parse(int argc, char **argv, daemon_opts_t *o, char *err, size_t n)
         snprintf(err, n, "%s: unexpected argument", argv[optind]);
         rc = -EINVAL;
     } else if (rc == 0 && !o->join) {
-        snprintf(err, n, "--join tcp://HOST:PORT is required: the router to join");
+        snprintf(err, n, "--join is required: the router to join (paste the line `swarm router` "
+                 "printed: swarm node --join swarm://HOST:PORT/KEY)");
         rc = -EINVAL;
-    } else if (rc == 0 && !o->router_key) {
-        snprintf(err, n, "--router-key is required: the router's .pub file or its Z85 key");
+    } else if (rc == 0 && !o->router_key && !o->target.router_key[0]) {
+        snprintf(err, n, "--router-key is required with --join tcp://HOST:PORT: the router's .pub "
+                 "file or its Z85 key (or join with the swarm://HOST:PORT/KEY token the router "
+                 "printed)");
         rc = -EINVAL;
     }
     return rc;
@@ -308,81 +321,28 @@ static int s_router_key_load(const char *arg, net_key_t **out, char *err, size_t
     if (access(arg, F_OK) != 0 && strlen(arg) == NET_KEY_Z85_LEN) {
         if (net_key_from_z85(arg, out) == 0)
             return 0;
-        snprintf(err, n, "--router-key %s: neither a file nor a valid Z85 key", arg);
+        snprintf(err, n, "--router-key %s: neither a file nor a valid Z85 key (paste the key the "
+                 "router printed, in single quotes)", arg);
+        return -EINVAL;
+    }
+    if (access(arg, F_OK) != 0) {
+        // most often a key the shell changed: unquoted, $x and ! expand
+        snprintf(err, n, "--router-key %s: no such file, and not a key: a key is %d Z85 "
+                 "characters, this is %zu; paste the key the router printed in single quotes "
+                 "('KEY'), or give its .pub file", arg, NET_KEY_Z85_LEN, strlen(arg));
         return -EINVAL;
     }
     int rc = net_key_load_public(arg, out, why, sizeof why);
-    if (rc == -ENOENT)
-        snprintf(err, n, "--router-key %s (give the router's .pub file or its 40-character "
-                 "Z85 key)", why);
+    if (rc == -EINVAL) // why says "regenerate": not ours to, it is the router's
+        snprintf(err, n, "--router-key %s: not a public key file (one line of %d Z85 "
+                 "characters); copy the router's .pub again, or join with the token it printed",
+                 arg, NET_KEY_Z85_LEN);
     else if (rc != 0)
         snprintf(err, n, "--router-key %s", why);
     return rc;
 }
 
-// mkdir -p for the folders of path (not its last component), mode 0700.
-static int s_mkdirs(const char *path, char *err, size_t n)
-{
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-            snprintf(err, n, "cannot create %s: %s; give a key with --key NAME", dir,
-                     strerror(errno));
-            return -errno;
-        }
-        *p = '/';
-    }
-    return 0;
-}
-
-// Load the pair NAME.key/NAME.pub, or make and save one when neither file
-// exists (*made = 1), creating NAME's folders when mkdirs. A half pair is an
-// error: it is someone's identity.
-static int s_key_open(const char *name, int mkdirs, net_key_t **out, int *made, char *err,
-                      size_t n)
-{
-    char key[PATH_MAX], pub[PATH_MAX];
-    snprintf(key, sizeof key, "%s.key", name);
-    snprintf(pub, sizeof pub, "%s.pub", name);
-    *made = access(key, F_OK) != 0 && access(pub, F_OK) != 0;
-    if (!*made)
-        return net_key_load(name, out, err, n);
-    int rc = mkdirs ? s_mkdirs(name, err, n) : 0;
-    if (rc == 0 && (rc = net_key_generate(out)) != 0)
-        snprintf(err, n, "cannot generate a key pair: %s", strerror(-rc));
-    if (rc == 0)
-        rc = net_key_save(*out, name, 0, err, n);
-    return rc;
-}
-
-// Our key pair: --key NAME, else $XDG_CONFIG_HOME/swarm/node (~/.config).
-static int s_node_key(daemon_t *d, int *made, char *err, size_t n)
-{
-    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
-    char why[512] = "";
-    if (d->o.key)
-        snprintf(d->key_name, sizeof d->key_name, "%s", d->o.key);
-    else if (xdg && *xdg)
-        snprintf(d->key_name, sizeof d->key_name, "%s/swarm/node", xdg);
-    else if (home && *home)
-        snprintf(d->key_name, sizeof d->key_name, "%s/.config/swarm/node", home);
-    else {
-        snprintf(err, n, "neither XDG_CONFIG_HOME nor HOME is set: give a key with --key NAME");
-        return -ENOENT;
-    }
-    int rc = s_key_open(d->key_name, !d->o.key, &d->key, made, why, sizeof why);
-    if (rc != 0 && d->o.key)
-        snprintf(err, n, "--key %s: %s", d->o.key, why);
-    else if (rc != 0)
-        snprintf(err, n, "%s (or give a key with --key NAME)", why);
-    return rc;
-}
-
-static int s_keys_load(daemon_t *d, int *made, char *err, size_t n)
+static int s_keys_load(daemon_t *d, char *err, size_t n)
 {
     // net_key_load* read files into sodium memory before net calls
     // sodium_init (sodium_malloc aborts otherwise)
@@ -390,9 +350,15 @@ static int s_keys_load(daemon_t *d, int *made, char *err, size_t n)
         snprintf(err, n, "libsodium failed to initialise");
         return -ENOSYS;
     }
-    int rc = s_router_key_load(d->o.router_key, &d->router_key, err, n);
+    const char *token = d->o.target.router_key;
+    int rc = s_router_key_load(d->o.router_key ? d->o.router_key : token, &d->router_key, err, n);
+    if (rc == 0 && d->o.router_key && token[0] && strcmp(net_key_public(d->router_key), token)) {
+        snprintf(err, n, "--router-key %s is not the key in --join's token; give one of them "
+                 "(the token alone is enough)", d->o.router_key);
+        rc = -EINVAL;
+    }
     if (rc == 0)
-        rc = s_node_key(d, made, err, n);
+        rc = node_identity_open(d->o.key, &d->id, err, n);
     return rc;
 }
 
@@ -460,7 +426,7 @@ out:
 static int s_client_open(daemon_t *d, char *err, size_t n)
 {
     net_client_config_t c = {
-        .endpoint = d->o.join, .server = d->router_key, .key = d->key,
+        .endpoint = d->o.join, .server = d->router_key, .key = d->id.key,
         .limits = { .max_tensors = NET_TENSORS_MAX, .max_dims = NET_DIMS_MAX,
                     .max_dim = 1u << 30, .max_payload = NET_PAYLOAD_MAX, .max_meta = 1u << 16 },
     };
@@ -471,10 +437,27 @@ static int s_client_open(daemon_t *d, char *err, size_t n)
     return rc;
 }
 
+// The first line, once the node can run: who it is (two nodes on one
+// machine: two keys), and its name follows the key (host, host-2, ...).
+static void s_identity_say(daemon_t *d)
+{
+    const char *note = d->id.note, *base = strrchr(d->id.name, '/');
+    char how[200] = "";
+    if (d->id.made || note[0])
+        snprintf(how, sizeof how, " (%s%s%s)", d->id.made ? "new" : "",
+                 d->id.made && note[0] ? "; " : "", note);
+    s_log("node key %s.key%s, public key %s", d->id.name, how, net_key_public(d->id.key));
+    int k = 0;
+    size_t len = strlen(d->o.name);
+    if (!d->o.name_given && !d->o.key && base && sscanf(base, "/node-%d", &k) == 1 && k > 1
+        && len + 12 < sizeof d->o.name)
+        snprintf(d->o.name + len, sizeof d->o.name - len, "-%d", k);
+}
+
 static int s_setup(daemon_t *d, char *err, size_t n)
 {
     char why[512] = "";
-    int made = 0, rc = s_keys_load(d, &made, err, n);
+    int rc = s_keys_load(d, err, n);
     if (rc != 0)
         return rc;
     d->be = blas_backend_open(d->o.device, d->o.threads, why, sizeof why);
@@ -482,10 +465,9 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         snprintf(err, n, "%s", why); // names --device already
         return -ENODEV;
     }
+    s_identity_say(d);
     if (why[0])
         s_log("%s", why); // what --device auto chose
-    s_log("node key %s.key%s, public key %s", d->key_name, made ? " (new)" : "",
-          net_key_public(d->key));
     // with --slowdown F, the speed of the device F times slower it plays
     d->tok_s_bench = s_bench(d->be) / d->o.slowdown;
     s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape%s)",
@@ -1345,6 +1327,8 @@ static void s_on_assign(daemon_t *d, const net_msg_t *msg)
     daemon_assign_t a;
     char err[512] = "";
     int rc = s_assign_parse(msg, &a, err, sizeof err);
+    if (rc == 0)
+        d->finished = 0; // a router's run (again)
     if (rc == 0 && s_assign_same(d, &a)) {
         s_log("assigned stage %d of %d again (peer %ld): keeping it", a.stage, a.stages, a.peer);
         return;
@@ -1378,9 +1362,13 @@ static void s_on_error(daemon_t *d, const net_msg_t *msg)
     char reason[512];
     if (net_msg_meta_get(msg, "reason", reason, sizeof reason) != 0)
         snprintf(reason, sizeof reason, "(no reason given)");
-    char fatal[4] = "";
+    char fatal[4] = "", notice[4] = "";
     if (net_msg_meta_get(msg, "fatal", fatal, sizeof fatal) != 0)
         fatal[0] = '\0'; // an ERROR that ends the node says fatal=1
+    if (net_msg_meta_get(msg, "notice", notice, sizeof notice) == 0 && !strcmp(notice, "1")) {
+        s_log("the router says: %s", reason); // news for us, nothing failed
+        return;
+    }
     if (((net_msg_head_const(msg)->flags & NET_FLAG_REPLY)
          && s_is_hello_id(d, net_msg_head_const(msg)->id)) || !strcmp(fatal, "1")) {
         s_warn("swarm node: the router refused us: %s", reason);
@@ -1388,6 +1376,34 @@ static void s_on_error(daemon_t *d, const net_msg_t *msg)
     } else {
         s_warn("router error: %s", reason);
     }
+}
+
+// The router leaves: its run is over (done=1, at step= of steps=), or it
+// stops and may come back. Said once; then HELLO now and then, quietly,
+// so that the router's next run (or its restart) finds us.
+static void s_on_bye(daemon_t *d, const net_msg_t *msg)
+{
+    char done[4] = "", step[24] = "?", steps[24] = "?";
+    if (net_msg_meta_get(msg, "done", done, sizeof done) != 0)
+        done[0] = '\0';
+    if (net_msg_meta_get(msg, "step", step, sizeof step) != 0 || strspn(step, "0123456789") != strlen(step))
+        snprintf(step, sizeof step, "?");
+    if (net_msg_meta_get(msg, "steps", steps, sizeof steps) != 0 || strspn(steps, "0123456789") != strlen(steps))
+        snprintf(steps, sizeof steps, "?");
+    d->finished = 1;
+    d->silent = 0;
+    if (!strcmp(done, "1") && d->o.exit_when_done) {
+        s_log("the run is over (step %s of %s, the router says); exiting (--exit-when-done)",
+              step, steps);
+        d->exit_code = 0;
+    } else if (!strcmp(done, "1")) {
+        s_log("the run is over (step %s of %s, the router says); waiting for the router's next "
+              "run (Ctrl-C leaves)", step, steps);
+    } else {
+        s_log("the router stopped at step %s of %s; waiting for it to come back (Ctrl-C leaves)",
+              step, steps);
+    }
+    d->hello_at = net_clock_ms() + DAEMON_HELLO_MS;
 }
 
 // A request of the router: 0 and maybe *reply, or an error with a reason.
@@ -1402,8 +1418,7 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
     case NET_MSG_STATE: return s_on_state(d, msg, reply, err, n);
     case NET_MSG_STATE_GET: return s_on_state_get(d, msg, reply, err, n);
     case NET_MSG_BYE:
-        s_log("the router said BYE; saying HELLO again once it has been silent %d s",
-              DAEMON_SILENCE_MS / 1000);
+        s_on_bye(d, msg);
         return 0;
     default:
         snprintf(err, n, "a node does not serve %s", net_msg_type_name(net_msg_head_const(msg)->type));
@@ -1500,7 +1515,7 @@ static void s_drain(daemon_t *d, int64_t deadline_ms)
 static void s_timers(daemon_t *d, int64_t now)
 {
     int64_t quiet = net_client_silence_ms(d->client, now);
-    if (d->stage && quiet > DAEMON_SILENCE_MS && !d->silent) {
+    if (d->stage && quiet > DAEMON_SILENCE_MS && !d->silent && !d->finished) {
         s_log("the router has been silent for %lld s; saying HELLO again (it may have "
               "restarted)", (long long) quiet / 1000);
         d->silent = 1;
@@ -1523,7 +1538,7 @@ static void s_timers(daemon_t *d, int64_t now)
     } else if (quiet <= DAEMON_RECONNECT_MS) {
         d->reconnects = 0;
     }
-    if ((!d->stage || d->silent) && now >= d->hello_at) {
+    if ((!d->stage || d->silent || d->finished) && now >= d->hello_at) {
         s_hello_send(d);
         d->hello_at = now + DAEMON_HELLO_MS;
     }
@@ -1538,7 +1553,7 @@ static int64_t s_next_due(const daemon_t *d, int64_t now)
     int64_t due = now + DAEMON_HEARTBEAT_MS;
     if (d->stage && d->heartbeat_at < due)
         due = d->heartbeat_at;
-    if ((!d->stage || d->silent) && d->hello_at < due)
+    if ((!d->stage || d->silent || d->finished) && d->hello_at < due)
         due = d->hello_at;
     return due;
 }
@@ -1614,7 +1629,7 @@ static void s_teardown(daemon_t *d)
     while (d->queued)
         net_msg_destroy(&d->queue[--d->queued]);
     net_client_destroy(&d->client);
-    net_key_destroy(&d->key);
+    node_identity_close(&d->id);
     net_key_destroy(&d->router_key);
     free(d);
 }
@@ -1625,6 +1640,7 @@ int cmd_node(int argc, char **argv)
     char err[1024] = "";
     if (!d)
         abort();
+    d->id.lock_fd = -1;
     int rc = s_parse(argc, argv, &d->o, err, sizeof err);
     if (rc == 1) {
         s_usage(stdout);

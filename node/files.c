@@ -130,6 +130,12 @@ static int s_write_atomic(const char *path, const chunk_t *chunks, int count, in
     return 0;
 }
 
+int node_file_write(const char *path, const void *data, size_t size, char *err, size_t errlen)
+{
+    const chunk_t chunk = { data, size };
+    return s_write_atomic(path, &chunk, 1, 0, err, errlen);
+}
+
 // Read a whole file into malloc'ed memory, refusing more than max bytes.
 static int s_read_all(const char *path, size_t max, uint8_t **out, size_t *size,
                       char *err, size_t errlen)
@@ -291,11 +297,11 @@ int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float
 
 // ---- checkpoints -----------------------------------------------------------
 
-static int s_mkdirs(const char *dir, char *err, size_t errlen)
+int node_mkdirs(const char *dir, unsigned mode, char *err, size_t errlen)
 {
     char path[PATH_MAX];
     if (snprintf(path, sizeof path, "%s", dir) >= (int) sizeof path) {
-        snprintf(err, errlen, "--save %s: path too long", dir);
+        snprintf(err, errlen, "%s: path too long", dir);
         return -ENAMETOOLONG;
     }
     for (char *p = path + 1; ; p++) {
@@ -303,9 +309,9 @@ static int s_mkdirs(const char *dir, char *err, size_t errlen)
             continue;
         char c = *p;
         *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(path, (mode_t) mode) != 0 && errno != EEXIST) {
             int e = errno;
-            snprintf(err, errlen, "--save %s: cannot create %s: %s", dir, path, strerror(e));
+            snprintf(err, errlen, "cannot create %s: %s", path, strerror(e));
             return -e;
         }
         *p = c;
@@ -336,9 +342,12 @@ static void s_ckpt_header(uint8_t *h, const node_ckpt_meta_t *m)
 int node_ckpt_save(const char *dir, const node_ckpt_meta_t *meta, const float *params,
                    const float *m, const float *v, char *err, size_t errlen)
 {
-    int rc = s_mkdirs(dir, err, errlen);
-    if (rc != 0)
+    char why[512] = "";
+    int rc = node_mkdirs(dir, 0755, why, sizeof why);
+    if (rc != 0) {
+        snprintf(err, errlen, "--save %s: %s", dir, why);
         return rc;
+    }
     if (sodium_init() < 0) {
         snprintf(err, errlen, "libsodium failed to initialise");
         return -EIO;

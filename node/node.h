@@ -186,6 +186,10 @@ int node_bgpt_decode(const uint8_t *buf, size_t size, const char *name, node_bgp
 __attribute__((warn_unused_result))
 int node_bgpt_write(const char *path, const node_bgpt_header_t *hdr, const float *data,
                     char *err, size_t errlen);
+// Write size bytes to path atomically (path.tmp, fsync, rename, fsync of the
+// folder): 0, or -errno with the reason in err.
+__attribute__((warn_unused_result))
+int node_file_write(const char *path, const void *data, size_t size, char *err, size_t errlen);
 
 // ---- checkpoints: DIR/checkpoint.bin (+ DIR/model.bgpt) ----
 
@@ -318,6 +322,42 @@ int node_curve_open(const node_train_opts_t *o, node_curve_t *curve, char *err, 
 void node_curve_add(node_curve_t *curve, long step, float loss, double lr);
 void node_curve_close(node_curve_t *curve);
 
+// ---- the loss plot: DIR/loss.svg (node/plot.c) ----
+
+typedef struct {
+    long step;              // optimizer updates done when evaluated
+    double train;           // mean loss of the train split's evaluation batches
+    double val;             // the same of the val split
+} node_eval_point_t;
+
+typedef struct {
+    node_eval_point_t *at;  // [n] in step order
+    long n;                 // points
+    long cap;               // allocated
+} node_evals_t;
+
+// Append a point; one at or after step is dropped first (a rollback replays
+// steps). Aborts when out of memory (bookkeeping). node_evals_free accepts a
+// zeroed node_evals_t and leaves one.
+void node_evals_add(node_evals_t *evals, long step, double train, double val);
+void node_evals_free(node_evals_t *evals);
+
+typedef struct {
+    const char *title;      // drawn at the top (escaped); NULL: "loss"
+    const float *loss;      // [count]: the loss of steps first .. first + count - 1
+    long first;             // the step of loss[0]
+    long count;             // steps, 0 or more
+    const node_eval_point_t *evals; // [nevals] in step order, or NULL
+    long nevals;            // evaluation points, 0 or more
+} node_plot_t;
+
+// Write plot to path as a standalone SVG 1.1 line plot (step against loss,
+// ticked axes, grid, legend), atomically (node_file_write). Non-finite values
+// are skipped. 0; -EINVAL when no value is finite; a write's -errno; the
+// reason in err. Borrows everything.
+__attribute__((warn_unused_result))
+int node_plot_write(const char *path, const node_plot_t *plot, char *err, size_t errlen);
+
 // The trainer settings the options describe.
 node_hparams_t node_train_hparams(const node_train_opts_t *o);
 
@@ -330,6 +370,51 @@ node_hparams_t node_train_hparams(const node_train_opts_t *o);
 __attribute__((warn_unused_result))
 int node_status_show(const char *text, size_t len, const char *addr, FILE *out, char *err,
                      size_t errlen);
+
+// mkdir -p DIR with mode (0755, 0700): 0, or -errno with err naming the
+// folder that could not be made.
+__attribute__((warn_unused_result))
+int node_mkdirs(const char *dir, unsigned mode, char *err, size_t errlen);
+
+// ---- a node's identity (node/identity.c) ----
+
+typedef struct net_key_s net_key_t;
+
+// The key pair a `swarm node` process runs with, claimed (an flock on
+// NAME.lock) until node_identity_close or the process's end.
+typedef struct {
+    net_key_t *key;           // the pair (owned)
+    char name[4096];          // its files: NAME.key, NAME.pub
+    int made;                 // 1 when the pair was created now
+    int lock_fd;              // NAME.lock, held; -1 when none could be made
+    char note[128];           // why not the first default name, or ""
+} node_identity_t;
+
+// key NULL: the first of $XDG_CONFIG_HOME/swarm/node, node-2, ... (or
+// ~/.config/swarm/...) that no other process holds, created when new;
+// else NAME: claimed, or -EBUSY when another process holds it. 0, or
+// -errno with err naming the file and the fix.
+__attribute__((warn_unused_result))
+int node_identity_open(const char *key, node_identity_t *id, char *err, size_t errlen);
+void node_identity_close(node_identity_t *id);
+
+// ---- the join line (node/join.c) ----
+
+// What --join names: the router's endpoint, and its key when the argument
+// was a join token (swarm://HOST:PORT/KEY, the key in 64 hex digits).
+typedef struct {
+    char endpoint[300];       // tcp://HOST:PORT
+    char router_key[41];      // Z85, from a token; "" for tcp://HOST:PORT
+} node_join_t;
+
+// Parse --join's argument. 0, or -EINVAL with err naming the value and the
+// forms it may take.
+__attribute__((warn_unused_result))
+int node_join_parse(const char *arg, node_join_t *out, char *err, size_t errlen);
+// The lines a router bound at `bound` (ZMQ_LAST_ENDPOINT) with public key
+// z85 prints for volunteers: a token for each address one can reach it at
+// (each non-loopback interface for 0.0.0.0), and the Z85 key quoted.
+void node_join_print(FILE *out, const char *bound, const char *z85);
 
 // ---- subcommands ----
 int cmd_train(int argc, char **argv);

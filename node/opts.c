@@ -42,19 +42,43 @@ void node_train_help(FILE *out)
         "usage: swarm train [flags]\n"
         "Train a byte-level GPT in one process, as S stages x G micro-batches.\n"
         "\n"
-        "model:    --layers 4 --heads 4 --embd 128 --block 64\n"
-        "batches:  --batch 12 (windows per step)  --micro-batch B (default: --batch)\n"
-        "          --stages 1 (cut the layers into this many pipeline stages)\n"
-        "schedule: --iters 2000 --lr 1e-3 --min-lr (lr/10) --warmup 100\n"
-        "          --weight-decay 0.1 --grad-clip 1.0 --seed 1337\n"
-        "eval:     --eval-every 250 (0 = never) --eval-iters 20\n"
-        "data:     --data FILE (raw bytes; default: the corpus built into swarm)\n"
-        "weights:  --init FILE.bgpt (start from these weights)\n"
-        "          --save DIR (checkpoint + model.bgpt + loss.csv)  --save-every 500\n"
-        "          --resume DIR (continue a run from its checkpoint)\n"
-        "          --steps N (stop after N steps of the schedule; --resume later)\n"
-        "output:   --loss-log FILE (\"step loss lr\" per step)  --log-every 10  --quiet\n"
-        "compute:  --threads N (default: all cores)  --device auto|cpu|cuda[:N]\n");
+        "model:\n"
+        "  --layers N        transformer blocks, L (default 4)\n"
+        "  --heads N         attention heads, H (default 4)\n"
+        "  --embd N          channels, C, a multiple of --heads (default 128)\n"
+        "  --block N         bytes of context, T (default 64)\n"
+        "batches:\n"
+        "  --batch N         windows of --block bytes per optimizer step (default 12)\n"
+        "  --micro-batch N   windows per micro-batch; gradients accumulate over\n"
+        "                    batch/micro-batch of them (default: --batch)\n"
+        "  --stages S        cut the layers into this many pipeline stages (default 1)\n"
+        "schedule:\n"
+        "  --iters N         optimizer steps in the schedule (default 2000)\n"
+        "  --lr X            learning rate after the warmup (default 1e-3)\n"
+        "  --min-lr X        where the cosine decay ends (default lr/10)\n"
+        "  --warmup N        steps of linear warmup (default 100)\n"
+        "  --weight-decay X  AdamW decay on matrices (default 0.1)\n"
+        "  --grad-clip X     global-norm clipping (default 1.0; 0 = off)\n"
+        "  --seed N          initial weights and data order (default 1337)\n"
+        "eval:\n"
+        "  --eval-every N    train/val loss every N steps (default 250; 0 = never)\n"
+        "  --eval-iters N    batches per evaluation, the same each time (default 20)\n"
+        "data:\n"
+        "  --data FILE       raw bytes to train on (default: the built-in corpus)\n"
+        "weights:\n"
+        "  --init FILE.bgpt  start from these weights\n"
+        "  --save DIR        checkpoint, model.bgpt and loss.csv in DIR\n"
+        "  --save-every N    checkpoint every N steps and at the end (default 500)\n"
+        "  --resume DIR      continue a run from its checkpoint\n"
+        "  --steps N         stop after N steps of the schedule (--resume later)\n"
+        "output:\n"
+        "  --loss-log FILE   \"step loss lr\" per step\n"
+        "  --log-every N     a progress line every N steps when not on a terminal\n"
+        "                    (default 10)\n"
+        "  --quiet           no progress at all\n"
+        "compute:\n"
+        "  --threads N       OpenBLAS's and swarm's threads (default: all cores)\n"
+        "  --device DEV      auto, cpu, cuda or cuda:N (default auto: a GPU if one works)\n");
 }
 
 int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err, size_t n)
@@ -273,8 +297,13 @@ int node_curve_open(const node_train_opts_t *o, node_curve_t *curve, char *err, 
         return -e;
     }
     if (o->save) {
-        char path[PATH_MAX];
-        mkdir(o->save, 0755);
+        char path[PATH_MAX], why[512] = "";
+        int rc = node_mkdirs(o->save, 0755, why, sizeof why); // runs/first: both made
+        if (rc != 0) {
+            snprintf(err, n, "--save %s: %s", o->save, why);
+            node_curve_close(curve);
+            return rc;
+        }
         snprintf(path, sizeof path, "%s/loss.csv", o->save);
         int fresh = !o->resume || access(path, F_OK) != 0;
         if (!(curve->csv = fopen(path, fresh ? "w" : "a"))) {

@@ -35,7 +35,10 @@ enum { P_JOINING = 1, P_READY, P_DEAD };
 enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD };
 
 typedef struct {
-    net_peer_t who;          // identity: public key
+    net_peer_t who;          // identity: public key, and the connection that speaks for it
+    net_peer_t rival;        // another connection with its key that said HELLO, or zeroes
+    int64_t rival_since;     // ms: when the rival first said HELLO
+    int rival_told;          // the refusal of that rival was logged and told
     int id;                  // small id for logs, in join order
     char name[64];           // node's name
     char device[128];        // node's device
@@ -188,6 +191,7 @@ typedef struct {
     uint64_t eval_state;     // the split's splitmix64 stream
     double eval_sum;         // sum of batch losses of the split
     double eval_loss[2];     // train and val results
+    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
     long ckpt_step;          // the step params/m/v hold (the last checkpoint)
     int rollbacks;           // times every replica of a stage was lost
     uint64_t bytes_in;       // tensor bytes received
@@ -1538,7 +1542,7 @@ static void s_step_update(router_t *r)
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
-    int pipelined = s_update_pipelined(r), to[MAX_PEERS];
+    int pipelined = s_update_pipelined(r), to[MAX_PEERS] = { 0 }; // (GCC 12 sees it unset)
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].updated = 0;
         to[p] = r->in_step[p] ? (r->norm_only[p] ? 2 : 1) : 0;
@@ -1908,6 +1912,7 @@ static void s_eval_turn(router_t *r)
     printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n", r->step,
            r->eval_loss[0], r->eval_loss[1], s_secs() - r->t_start, tps);
     fflush(stdout);
+    node_evals_add(&r->evals, r->step, r->eval_loss[0], r->eval_loss[1]);
     r->evaluating = 0;
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
@@ -2254,11 +2259,73 @@ static void s_doubt_claim(router_t *r, int p)
     pe->claim_doubted = doubt;
 }
 
+// Another connection speaks with peer p's key: a second node with a copy
+// of the key, or the peer's node restarted while the router still holds
+// the old connection. Its HELLOs get an answer once it is clear which:
+// when the old connection has been heard from since the rival's first
+// HELLO, it is live and the rival is refused (both told, in a line each);
+// when it has been silent RIVAL_MS since (a live node says HEARTBEAT every
+// second), it is gone, and the rival takes the peer's place as a node that
+// comes back. Nothing else the rival sends is the peer's: it is dropped.
+#define RIVAL_MS 3000
+
+static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_t *m)
+{
+    peer_t *pe = &r->peers[p];
+    int64_t now = net_clock_ms();
+    if (net_msg_head_const(m)->type != NET_MSG_HELLO)
+        return;
+    if (strcmp(pe->rival.conn, who->conn) != 0) {
+        pe->rival = *who;
+        pe->rival_since = now;
+        pe->rival_told = 0;
+        return;
+    }
+    if (pe->last_seen > pe->rival_since) {
+        net_msg_t *e = net_msg_reply(m, NET_MSG_ERROR);
+        s_meta(e, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
+               "each node needs a key of its own: start this one without --key (swarm picks a "
+               "free one) or with --key NAME of another pair (swarm keygen NAME)\nfatal=1",
+               who->key, pe->id, pe->name);
+        s_ignore(net_server_send(r->srv, who, &e));
+        if (pe->rival_told)
+            return;
+        pe->rival_told = 1;
+        fprintf(stderr, "swarm router: refused a second node with the key %.8s... of peer %d (%s), "
+                "which is connected (a copy of its key?)\n", who->key, pe->id, pe->name);
+        net_msg_t *t = net_msg_new(NET_MSG_ERROR);
+        s_meta(t, "reason=another node with this node's key tried to join and was refused; this "
+               "node goes on (a copy of this key elsewhere needs a key of its own)\nnotice=1");
+        s_ignore(net_server_send(r->srv, &pe->who, &t));
+        return;
+    }
+    if (now - pe->rival_since < RIVAL_MS)
+        return;
+    printf("swarm router: peer %d (%s): a new process with its key says HELLO and the old one "
+           "has been silent %.1f s: it takes the peer's place\n", pe->id, pe->name,
+           (now - pe->last_seen) / 1000.0);
+    fflush(stdout);
+    if (pe->state != P_DEAD)
+        s_peer_dead(r, p, "was replaced by a new process with its key");
+    pe->who = *who;
+    memset(&pe->rival, 0, sizeof pe->rival);
+    s_on_hello(r, who, m);
+}
+
 static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
     int p = s_peer_find(r, who);
     char note[64];
+    if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
+        // a dead peer's key on a new connection speaks for it, unless the
+        // old connection (a banned node, alive) is still heard from
+        if (r->peers[p].state != P_DEAD || net_clock_ms() - r->peers[p].last_seen < RIVAL_MS) {
+            s_on_rival(r, p, who, m);
+            return;
+        }
+        r->peers[p].who = *who;
+    }
     if (p >= 0)
         r->peers[p].last_seen = net_clock_ms();
     if (p >= 0 && s_flooding(r, p, h))
@@ -2765,25 +2832,25 @@ static void s_help(FILE *out)
         "                    [training flags of swarm train]\n"
         "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
         "  --listen EP     where nodes connect (default tcp://*:7070; port 0 picks a free one)\n"
-        "  --key NAME      router key pair NAME.key/NAME.pub (default: created under\n"
-        "                  $XDG_CONFIG_HOME/swarm/router)\n"
+        "  --key NAME      router key pair NAME.key/NAME.pub (default ~/.config/swarm/router,\n"
+        "                  under $XDG_CONFIG_HOME/swarm when that is set; created if missing)\n"
         "  --allow FILE    private swarm: only these public keys (one per line) may join\n"
         "  --open          open swarm: any key may join (the default)\n"
         "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
-        "  --window all|auto|W  micro-batches in flight: all (the default) every one\n"
-        "                  of the step the nodes' activation caches hold; auto as many\n"
+        "  --window all|auto|W  micro-batches in flight (default all): all, every one\n"
+        "                  of the step the nodes' activation caches hold; auto, as many\n"
         "                  as keep every stage busy across the measured round trips\n"
         "                  (Little's law), within the same bounds; W fixes it\n"
-        "  --wire F        activations and their gradients between stages as fp32 (the\n"
-        "                  default, exact), fp16 or int8 (blockwise)\n"
-        "  --grad-wire F   replicas' gradient sums as fp32 (the default) or fp16\n"
-        "  --assign speed|even  stage for a joining node: the one with the least\n"
-        "                  throughput, by the speed nodes report (speed, the default), or\n"
-        "                  the one with the fewest nodes (even: rebalancing then moves\n"
-        "                  peers by the speed the router measures)\n"
+        "  --wire F        activations and their gradients between stages as fp32\n"
+        "                  (exact), fp16 or int8 (blockwise) (default fp32)\n"
+        "  --grad-wire F   replicas' gradient sums as fp32 or fp16 (default fp32)\n"
+        "  --assign speed|even  stage for a joining node (default speed): speed, the one\n"
+        "                  with the least throughput by the speed nodes report; even, the\n"
+        "                  one with the fewest nodes (rebalancing then moves peers by the\n"
+        "                  speed the router measures)\n"
         "  --rebalance-every SECONDS  every so often, move a peer from the strongest stage\n"
-        "                  to the weakest when that lifts the bottleneck by 20%% (default 5;\n"
-        "                  0 = never)\n"
+        "                  to the weakest when that lifts the bottleneck by more than 10%%\n"
+        "                  two checks in a row (default 5; 0 = never)\n"
         "  --tensor-bound K  a peer whose activation or gradient has an RMS above K times\n"
         "                  its stage's running RMS is banned and its work redone\n"
         "                  (default 100; 0 = check finiteness only)\n"
@@ -2792,7 +2859,8 @@ static void s_help(FILE *out)
         "                  contradicts is expelled (default 0.05; 0 = never)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
-        "training flags (as swarm train):\n");
+        "training flags (as swarm train, but without --micro-batch the router chooses it from\n"
+        "--batch, --block and --stages, as its start-up line says):\n");
     node_train_help(out);
 }
 
@@ -2914,6 +2982,28 @@ static int s_load_key(router_t *r, char *err, size_t n)
     return rc;
 }
 
+// Without --micro-batch the router picks it: the largest divisor of the
+// batch that gives a step enough micro-batches G that filling and draining
+// S stages, about (S - 1) / (G + S - 1) of a step, is at most MICRO_IDLE; but
+// none of fewer than MICRO_MIN_TOKENS tokens (windows x T), under which each
+// request's fixed costs (the router's hop, waking the node, decoding) eat
+// what the pipeline gains (docs/performance.md). When no divisor does both,
+// the smallest with enough tokens; one stage (no pipeline), the whole batch.
+#define MICRO_IDLE 0.10
+#define MICRO_MIN_TOKENS 64
+
+static int s_micro_choose(int batch, int T, int S)
+{
+    int best = batch;
+    for (int m = batch - 1; m >= 1 && (double) (S - 1) / (batch / best + S - 1) > MICRO_IDLE; m--) {
+        if ((long) m * T < MICRO_MIN_TOKENS)
+            break;
+        if (batch % m == 0)
+            best = m;
+    }
+    return best;
+}
+
 static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
 {
     int rc = s_router_flags(r, &argc, argv, err, n);
@@ -2942,6 +3032,8 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
     r->first = r->step;
     r->ckpt_step = r->step;
     r->hp = node_train_hparams(&r->o);
+    if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
+        r->hp.micro = s_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
     r->want_eval = r->o.eval_every > 0 && r->step == 0;
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
         snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
@@ -2988,6 +3080,23 @@ static int s_layout(router_t *r, char *err, size_t n)
     return 0;
 }
 
+// The rest of the start-up line when the router chose the micro-batch
+// (s_micro_choose): why, and what the pipeline's fill and drain cost.
+static void s_micro_why(const router_t *r, double idle)
+{
+    int S = r->plan.stages;
+    if (S == 1)
+        printf(" (chosen: the whole batch, as swarm train: one stage has no pipeline to fill; "
+               "--micro-batch sets it)\n");
+    else if (idle <= MICRO_IDLE)
+        printf(" (chosen: %d a step over %d stages keeps the pipeline's fill and drain to ~%.0f%% "
+               "of a step; --micro-batch sets it)\n", r->G, S, 100.0 * idle);
+    else
+        printf(" (chosen: %d a step over %d stages, the most of %d tokens or more; the pipeline's "
+               "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that; "
+               "--micro-batch sets it)\n", r->G, S, MICRO_MIN_TOKENS, 100.0 * idle);
+}
+
 static int s_listen(router_t *r, char *err, size_t n)
 {
     int rc = s_load_key(r, err, n);
@@ -3015,21 +3124,25 @@ static int s_listen(router_t *r, char *err, size_t n)
     const char *ep = net_server_endpoint(r->srv);
     printf("swarm router: listening on %s\n", ep);
     printf("swarm router: public key %s\n", net_key_public(r->key));
-    printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d\n",
+    printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
     // exact steps fill and drain the pipeline once a step: over S equal
     // stages each waits about (S - 1) / (G + S - 1) of it, at any speed
     int S = r->plan.stages;
     double idle = (double) (S - 1) / (r->G + S - 1);
-    if (idle > 0.1)
+    if (r->o.micro == 0)
+        s_micro_why(r, idle);
+    else
+        printf("\n");
+    if (idle > 0.1 && r->o.micro != 0)
         printf("swarm router: %d micro-batch%s a step over %d stages: filling and draining the "
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
                r->G, r->G == 1 ? "" : "es", S, 100.0 * idle);
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->step);
-    printf("join with:\n  swarm node --join %s --router-key %s\n", ep, net_key_public(r->key));
+    node_join_print(stdout, ep, net_key_public(r->key));
     fflush(stdout);
     return 0;
 }
@@ -3050,33 +3163,20 @@ static void s_wire_summary(const router_t *r, long steps)
            r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window, r->G);
 }
 
-// The loss curve of this run as an SVG line plot in DIR/loss.svg.
+// The loss curve of this run and its evaluations as an SVG plot in DIR/loss.svg.
 static void s_plot(router_t *r)
 {
-    if (!r->o.save || r->step <= r->first)
+    if (!r->o.save || !r->curve || r->step <= r->first)
         return;
-    char path[PATH_MAX];
+    char path[PATH_MAX], title[128], err[PATH_MAX + 128];
     snprintf(path, sizeof path, "%s/loss.svg", r->o.save);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return;
-    float lo = r->curve[r->first], hi = lo;
-    for (long k = r->first; k < r->step; k++) {
-        lo = r->curve[k] < lo ? r->curve[k] : lo;
-        hi = r->curve[k] > hi ? r->curve[k] : hi;
-    }
-    double span = hi > lo ? hi - lo : 1.0, steps = (double) (r->step - r->first);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"400\">\n"
-               "<rect width=\"640\" height=\"400\" fill=\"white\"/>\n"
-               "<text x=\"320\" y=\"20\" text-anchor=\"middle\" font-family=\"sans-serif\">"
-               "training loss, steps %ld-%ld (%.3f to %.3f)</text>\n<polyline fill=\"none\" "
-               "stroke=\"steelblue\" stroke-width=\"1.5\" points=\"", r->first, r->step - 1, hi, lo);
-    for (long k = r->first; k < r->step; k++)
-        fprintf(f, "%.1f,%.1f ", 40 + 580 * (k - r->first) / (steps > 1 ? steps - 1 : 1),
-                370 - 330 * (r->curve[k] - lo) / span);
-    fprintf(f, "\"/>\n</svg>\n");
-    fclose(f);
-    printf("swarm router: loss curve plotted in %s\n", path);
+    snprintf(title, sizeof title, "swarm router: loss, steps %ld-%ld", r->first, r->step - 1);
+    node_plot_t plot = { title, r->curve + r->first, r->first, r->step - r->first, r->evals.at,
+                         r->evals.n };
+    if (node_plot_write(path, &plot, err, sizeof err) != 0)
+        fprintf(stderr, "swarm router: loss curve not plotted: %s\n", err);
+    else
+        printf("swarm router: loss curve plotted in %s\n", path);
 }
 
 static void s_teardown(router_t *r)
@@ -3086,6 +3186,7 @@ static void s_teardown(router_t *r)
         if (r->peers[p].state == P_DEAD)
             continue;
         net_msg_t *bye = net_msg_new(NET_MSG_BYE);
+        s_meta(bye, "done=%d\nstep=%ld\nsteps=%ld", r->done, r->step, (long) r->hp.iters);
         s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
     }
     for (int p = 0; p < MAX_PEERS; p++)
@@ -3100,6 +3201,7 @@ static void s_teardown(router_t *r)
     free(r->grad_sum);
     free(r->scratch);
     free(r->curve);
+    node_evals_free(&r->evals);
     node_curve_close(&r->logs);
     if (r->trace)
         fclose(r->trace);

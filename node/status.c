@@ -558,6 +558,7 @@ int node_status_show(const char *text, size_t len, const char *addr, FILE *out, 
 
 typedef struct {
     const char *addr;               // router endpoint, tcp://HOST:PORT
+    node_join_t target;             // the address as given (a token carries the key)
     const char *router_key;         // .pub path or Z85 text
     const char *key;                // NAME of our key pair, NULL = ephemeral
     double watch_s;                 // redraw interval, s (0 = once)
@@ -575,8 +576,10 @@ static void s_on_signal(int sig)
 static void s_usage(FILE *out)
 {
     fprintf(out,
-            "usage: swarm status tcp://HOST:PORT --router-key KEY [--key NAME]\n"
-            "                    [--watch [SECONDS]] [--json]\n"
+            "usage: swarm status swarm://HOST:PORT/KEY [--key NAME] [--watch [SECONDS]] [--json]\n"
+            "       swarm status tcp://HOST:PORT --router-key KEY [...]\n"
+            "  ADDR               the router: the swarm://HOST:PORT/KEY token it printed, or\n"
+            "                     tcp://HOST:PORT with --router-key\n"
             "  --router-key KEY   the router's public key: its .pub file or the 40-char Z85 text\n"
             "  --key NAME         our key pair NAME.key/NAME.pub (a private swarm admits only\n"
             "                     listed keys); default: a fresh key for this run\n"
@@ -634,11 +637,19 @@ static int s_parse_args(int argc, char **argv, status_opts_t *o)
         }
     }
     if (!o->addr)
-        return s_bad("give the router's address, e.g. swarm status tcp://HOST:7070", NULL);
-    if (strncmp(o->addr, "tcp://", 6) != 0 || !strchr(o->addr + 6, ':'))
-        return s_bad("the address must look like tcp://HOST:PORT, not", o->addr);
+        return s_bad("give the router's address, e.g. swarm status swarm://HOST:PORT/KEY (the "
+                     "token it printed)", NULL);
+    char err[600];
+    if (node_join_parse(o->addr, &o->target, err, sizeof err) != 0) {
+        fprintf(stderr, "swarm status: %s\n", err + strlen("--join ")); // names the address
+        return -EINVAL;
+    }
+    o->addr = o->target.endpoint;
+    if (!o->router_key && o->target.router_key[0])
+        o->router_key = o->target.router_key;
     if (!o->router_key)
-        return s_bad("--router-key is required: the router's .pub file or its Z85 key", NULL);
+        return s_bad("--router-key is required with tcp://HOST:PORT: the router's .pub file or "
+                     "its Z85 key", NULL);
     return 0;
 }
 

@@ -33,6 +33,8 @@ typedef struct {
     double train_time;                    // seconds in training steps
     double t_start;                       // wall clock at start
     node_curve_t curve;                   // --loss-log and DIR/loss.csv
+    float *losses;                        // [iters]: each step's loss, for DIR/loss.svg
+    node_evals_t evals;                   // each evaluation's results, for DIR/loss.svg
     int tty;                              // stderr is a terminal
     char device_note[512];                // what --device auto chose and why, or ""
 } run_t;
@@ -63,7 +65,26 @@ static int s_eval(run_t *r)
     printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n",
            node_trainer_step(r->trainer), tr, va, s_now() - r->t_start, s_tokens_per_s(r));
     fflush(stdout);
+    node_evals_add(&r->evals, node_trainer_step(r->trainer), tr, va);
     return 0;
+}
+
+// This run's loss curve and evaluations in DIR/loss.svg (as swarm router's);
+// a plot that cannot be written is said, and the run goes on.
+static void s_plot(run_t *r)
+{
+    long last = node_trainer_step(r->trainer);
+    if (!r->o.save || !r->losses || last <= r->first)
+        return;
+    char path[PATH_MAX], title[128], err[PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/loss.svg", r->o.save);
+    snprintf(title, sizeof title, "swarm train: loss, steps %ld-%ld", r->first, last - 1);
+    node_plot_t plot = { title, r->losses + r->first, r->first, last - r->first, r->evals.at,
+                         r->evals.n };
+    if (node_plot_write(path, &plot, err, sizeof err) != 0)
+        fprintf(stderr, "swarm train: loss curve not plotted: %s\n", err);
+    else if (!r->o.quiet)
+        printf("swarm train: loss curve plotted in %s\n", path);
 }
 
 static int s_save(run_t *r)
@@ -132,6 +153,8 @@ static int s_one_step(run_t *r)
     if (rc != 0)
         return rc;
     node_curve_add(&r->curve, step, loss, lr);
+    if (r->losses && step < o->iters)
+        r->losses[step] = loss;
     if (!o->quiet)
         s_progress(r, loss, lr);
     return 0;
@@ -156,6 +179,8 @@ static int s_train_loop(run_t *r)
         rc = s_save(r);
     if (r->tty && !o->quiet)
         fprintf(stderr, "\n");
+    if (rc == 0)
+        s_plot(r);
     long steps = node_trainer_step(r->trainer) - r->first;
     double tps = s_tokens_per_s(r);
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | s/iter %.5f | tok/s %.0f | GFLOP/s %.2f\n",
@@ -203,6 +228,11 @@ static int s_setup(run_t *r, char *err, size_t n)
         snprintf(err, n, "out of memory for %zu parameters", node_config_params(&o->cfg));
         rc = -ENOMEM;
     }
+    r->losses = o->save ? calloc((size_t) o->iters + 1, sizeof(float)) : NULL;
+    if (rc == 0 && o->save && !r->losses) {
+        snprintf(err, n, "out of memory for the losses of %ld steps", o->iters);
+        rc = -ENOMEM;
+    }
 out:
     free(params);
     free(m);
@@ -214,6 +244,8 @@ static void s_teardown(run_t *r)
 {
     node_trainer_destroy(&r->trainer);
     free(r->full);
+    free(r->losses);
+    node_evals_free(&r->evals);
     node_curve_close(&r->curve);
     swarm_data_destroy(&r->data);
 }

@@ -10,7 +10,7 @@ DIR="$BUILD/demo"
 rm -rf "$DIR"
 echo "== scripts/local-swarm.sh -n 2 -s 2: a router and 2 nodes on loopback, 400 steps"
 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 400 --warmup 40 --lr 2e-3 \
-    --micro-batch 4 --eval-every 100 --eval-iters 10 --save "$DIR"
+    --eval-every 100 --eval-iters 10 --save "$DIR"
 echo
 echo "== swarm sample --ckpt $DIR --prompt 'static int ' --tokens 400"
 "$BUILD/swarm" sample --ckpt "$DIR" --prompt "static int " --tokens 400 --temperature 0.7

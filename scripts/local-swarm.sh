@@ -184,7 +184,7 @@ start_node() {  # I [SLOWDOWN]
     [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
     slow=${2:-$(slowdown_of "$1")}
     run "node$1" "$SWARM" node --join "${JOIN:-$endpoint}" --router-key "$TMP/router.pub" --key "$TMP/node$1" \
-        --threads 1 --name "node$1" --slowdown "$slow" >"$TMP/node$1.log" 2>&1 &
+        --threads 1 --name "node$1" --slowdown "$slow" --exit-when-done >"$TMP/node$1.log" 2>&1 &
     node_pids="$node_pids $!"
     node_slow="$node_slow $!:$slow"
 }
@@ -275,6 +275,13 @@ else
     rc=$?
     router=""
     [ "$rc" -eq 0 ] || failed="$me: the router exited with status $rc"
+    # a finished run's nodes exit by themselves (--exit-when-done): 5 s at most
+    for _ in $(seq 1 25); do
+        any=""
+        for p in $node_pids; do alive "$p" && any=1; done
+        [ -z "$any" ] && break
+        sleep 0.2
+    done
 fi
 stop "$tailer"
 tailer=""

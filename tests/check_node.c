@@ -688,6 +688,353 @@ START_TEST(test_stage_refuses_tokens_outside_vocabulary)
 }
 END_TEST
 
+// ---- the loss plot (node/plot.c) -------------------------------------------
+
+#define PLOT_MAX 4096 // points or labels a test reads back, at most
+
+static char *s_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s not written", path);
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    rewind(f);
+    char *s = malloc((size_t) n + 1);
+    ck_assert_uint_eq(fread(s, 1, (size_t) n, f), (size_t) n);
+    s[n] = '\0';
+    fclose(f);
+    return s;
+}
+
+// Well-formed as far as this test reads XML: one root, every element closed
+// in order, every '&' an entity. NULL, or what is wrong.
+static const char *s_xml_wrong(const char *s)
+{
+    static const char *entities[] = { "&amp;", "&lt;", "&gt;", "&quot;", "&apos;" };
+    for (const char *a = strchr(s, '&'); a; a = strchr(a + 1, '&')) {
+        int ok = 0;
+        for (int i = 0; i < 5; i++)
+            ok |= strncmp(a, entities[i], strlen(entities[i])) == 0;
+        if (!ok)
+            return "a bare '&'";
+    }
+    char open[64][32];
+    int depth = 0, roots = 0;
+    for (const char *p = strchr(s, '<'); p; p = strchr(p + 1, '<')) {
+        const char *end = strchr(p, '>');
+        if (!end)
+            return "an unterminated tag";
+        if (p[1] == '?' || p[1] == '!')
+            continue;
+        int closing = p[1] == '/';
+        const char *name = p + 1 + closing;
+        size_t len = strcspn(name, " \t\n/>");
+        if (len == 0 || len >= sizeof open[0])
+            return "a tag without a name";
+        if (closing && (depth == 0 || strlen(open[depth - 1]) != len
+                        || strncmp(open[depth - 1], name, len) != 0))
+            return "a closing tag that does not match the open element";
+        roots += depth == 0 && !closing;
+        if (closing) {
+            depth--;
+        } else if (end[-1] != '/') {
+            if (depth == 64)
+                return "elements nested too deep";
+            memcpy(open[depth], name, len);
+            open[depth++][len] = '\0';
+        }
+    }
+    return depth ? "an element left open" : roots != 1 ? "not one root element" : NULL;
+}
+
+// xmllint where the machine has it; the test's own reading always.
+static void s_assert_xml(const char *path, const char *svg)
+{
+    const char *wrong = s_xml_wrong(svg);
+    ck_assert_msg(wrong == NULL, "%s: %s", path, wrong);
+    ck_assert_ptr_nonnull(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    if (system("command -v xmllint >/dev/null 2>&1") == 0) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "xmllint --noout '%s'", path);
+        ck_assert_msg(system(cmd) == 0, "xmllint refuses %s", path);
+    }
+}
+
+static int s_count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+// The numbers <text class="cls"> elements hold, in file order, and their
+// attribute attr (" x=\"" or " y=\"") in at; the count.
+static int s_texts(const char *svg, const char *cls, const char *attr, double *v, double *at)
+{
+    char needle[64];
+    snprintf(needle, sizeof needle, "<text class=\"%s\"", cls);
+    int n = 0;
+    for (const char *p = strstr(svg, needle); p && n < PLOT_MAX; p = strstr(p + 1, needle)) {
+        const char *gt = strchr(p, '>'), *a = strstr(p, attr);
+        ck_assert_msg(a && a < gt, "a %s label without%s", cls, attr);
+        at[n] = strtod(a + strlen(attr), NULL);
+        v[n++] = strtod(gt + 1, NULL);
+    }
+    return n;
+}
+
+// The points of the first <polyline class="cls">; the count.
+static int s_polyline(const char *svg, const char *cls, double *xs, double *ys)
+{
+    char needle[64];
+    snprintf(needle, sizeof needle, "<polyline class=\"%s\"", cls);
+    const char *p = strstr(svg, needle);
+    ck_assert_msg(p != NULL, "no %s curve", cls);
+    p = strstr(p, "points=\"") + 8;
+    int n = 0;
+    for (char *end; *p != '"'; p = end + strspn(end, " ")) {
+        double x = strtod(p, &end);
+        ck_assert_msg(end != p && *end == ',', "%s: a point that is not x,y: %.20s", cls, p);
+        double y = strtod(end + 1, &end);
+        ck_assert_int_lt(n, PLOT_MAX);
+        xs[n] = x;
+        ys[n++] = y;
+    }
+    return n;
+}
+
+// Tick values at least 3, evenly spaced upwards, covering [lo, hi] to
+// within a tick and outside it by margin at most; pixels (at) the same way
+// round as the values (up for x, down for y).
+static void s_assert_ticks(const double *v, const double *at, int n, double lo, double hi,
+                           double margin, int down, const char *axis)
+{
+    ck_assert_msg(n >= 3, "%s axis: %d tick labels", axis, n);
+    double gap = v[1] - v[0];
+    for (int i = 1; i < n; i++) {
+        ck_assert_msg(fabs(v[i] - v[i - 1] - gap) < 1e-6 * fmax(1, fabs(gap)) && gap > 0,
+                      "%s axis: ticks %g, %g, ... not evenly upwards at %d", axis, v[0], v[1], i);
+        ck_assert_msg(down ? at[i] < at[i - 1] : at[i] > at[i - 1], "%s axis: tick %d misplaced",
+                      axis, i);
+    }
+    ck_assert_msg(v[0] >= lo - margin && v[0] <= lo + gap && v[n - 1] <= hi + margin
+                      && v[n - 1] >= hi - gap,
+                  "%s axis: ticks %g..%g for data %g..%g", axis, v[0], v[n - 1], lo, hi);
+}
+
+// Pixel to value along an axis, from its first and last tick label.
+static double s_unmap(const double *v, const double *at, int n, double px)
+{
+    return v[0] + (px - at[0]) * (v[n - 1] - v[0]) / (at[n - 1] - at[0]);
+}
+
+typedef struct {
+    char *svg;                 // the file
+    double frame[4];           // the plot area: x, y, width, height (px)
+    double xt[PLOT_MAX], xpx[PLOT_MAX]; // x tick values and their x pixels
+    double yt[PLOT_MAX], ypx[PLOT_MAX]; // y tick values and their y pixels
+    int nx, ny;                // tick labels
+} plot_read_t;
+
+// Write plot, check it is XML with both axis titles, read its ticks.
+static plot_read_t *s_plot_read(const node_plot_t *plot)
+{
+    char *dir = s_tmpdir(), path[128], err[256] = "";
+    snprintf(path, sizeof path, "%s/loss.svg", dir);
+    int rc = node_plot_write(path, plot, err, sizeof err);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, err);
+    plot_read_t *r = calloc(1, sizeof *r);
+    r->svg = s_slurp(path);
+    s_assert_xml(path, r->svg);
+    ck_assert_ptr_nonnull(strstr(r->svg, "<text class=\"xtitle\""));
+    ck_assert_ptr_nonnull(strstr(r->svg, ">step</text>"));
+    ck_assert_ptr_nonnull(strstr(r->svg, "<text class=\"ytitle\""));
+    ck_assert_ptr_nonnull(strstr(r->svg, ">loss</text>"));
+    const char *frame = strstr(r->svg, "<rect class=\"frame\"");
+    ck_assert_ptr_nonnull(frame);
+    ck_assert_int_eq(sscanf(frame, "<rect class=\"frame\" x=\"%lf\" y=\"%lf\" width=\"%lf\" "
+                                   "height=\"%lf\"", &r->frame[0], &r->frame[1], &r->frame[2],
+                            &r->frame[3]), 4);
+    r->nx = s_texts(r->svg, "xtick", " x=\"", r->xt, r->xpx);
+    r->ny = s_texts(r->svg, "ytick", " y=\"", r->yt, r->ypx);
+    ck_assert_int_ge(r->ny, 3);
+    return r;
+}
+
+static void s_plot_read_free(plot_read_t *r)
+{
+    free(r->svg);
+    free(r);
+}
+
+// The curve of class cls has n points at (steps[i], values[i]), read back
+// through the tick labels to within tol, all inside the frame.
+static void s_assert_curve(const plot_read_t *r, const char *cls, const double *steps,
+                           const double *values, int n, double tol)
+{
+    static double xs[PLOT_MAX], ys[PLOT_MAX];
+    ck_assert_int_eq(s_polyline(r->svg, cls, xs, ys), n);
+    for (int i = 0; i < n; i++) {
+        double step = s_unmap(r->xt, r->xpx, r->nx, xs[i]);
+        double v = s_unmap(r->yt, r->ypx, r->ny, ys[i]);
+        const double *f = r->frame;
+        ck_assert_msg(xs[i] >= f[0] && xs[i] <= f[0] + f[2] && ys[i] >= f[1]
+                          && ys[i] <= f[1] + f[3],
+                      "%s point %d at (%g, %g) is outside the frame", cls, i, xs[i], ys[i]);
+        ck_assert_msg(fabs(step - steps[i]) < 0.5 && fabs(v - values[i]) < tol,
+                      "%s point %d: drawn at step %.2f loss %.4f, is step %g loss %.4f", cls, i,
+                      step, v, steps[i], values[i]);
+    }
+}
+
+START_TEST(test_plot_draws_ticked_axes_every_step_each_evaluation_and_a_legend)
+{
+    enum { N = 120, E = 4 };
+    float loss[N];
+    double steps[N], values[N], ev_steps[E], ev_train[E], ev_val[E];
+    node_eval_point_t ev[E] = {
+        { 0, 4.5, 4.6 }, { 40, 2.7, 2.8 }, { 80, 2.2, 2.35 }, { 120, 2.1, 2.3 },
+    };
+    double lo = 1e9, hi = -1e9;
+    for (int k = 0; k < N; k++) {
+        loss[k] = 2.0f + 2.5f * expf(-k / 30.0f) + 0.05f * sinf(k * 1.7f);
+        steps[k] = k;
+        values[k] = loss[k];
+        lo = fmin(lo, loss[k]);
+        hi = fmax(hi, loss[k]);
+    }
+    for (int i = 0; i < E; i++) {
+        ev_steps[i] = (double) ev[i].step;
+        ev_train[i] = ev[i].train;
+        ev_val[i] = ev[i].val;
+        lo = fmin(lo, fmin(ev[i].train, ev[i].val));
+        hi = fmax(hi, fmax(ev[i].train, ev[i].val));
+    }
+    node_plot_t plot = { "run <1> & \"its\" loss", loss, 0, N, ev, E };
+    plot_read_t *r = s_plot_read(&plot);
+    ck_assert_ptr_nonnull(strstr(r->svg, ">run &lt;1&gt; &amp; &quot;its&quot; loss</text>"));
+    s_assert_ticks(r->xt, r->xpx, r->nx, 0, N, 0, 0, "x");
+    for (int i = 0; i < r->nx; i++)
+        ck_assert_msg(r->xt[i] == floor(r->xt[i]), "x tick %g is not a whole step", r->xt[i]);
+    s_assert_ticks(r->yt, r->ypx, r->ny, lo, hi, 0.1 * (hi - lo), 1, "y");
+    ck_assert_int_eq(s_count(r->svg, "<polyline class=\"train\""), 1);
+    s_assert_curve(r, "train", steps, values, N, 0.01);
+    ck_assert_int_eq(s_count(r->svg, "<circle class=\"eval-train\""), E);
+    ck_assert_int_eq(s_count(r->svg, "<circle class=\"eval-val\""), E);
+    s_assert_curve(r, "eval-train", ev_steps, ev_train, E, 0.01);
+    s_assert_curve(r, "eval-val", ev_steps, ev_val, E, 0.01);
+    ck_assert_int_eq(s_count(r->svg, "<text class=\"legend\""), 3);
+    ck_assert_ptr_nonnull(strstr(r->svg, ">train loss, every step</text>"));
+    ck_assert_ptr_nonnull(strstr(r->svg, ">train loss, evaluated</text>"));
+    ck_assert_ptr_nonnull(strstr(r->svg, ">val loss, evaluated</text>"));
+    s_plot_read_free(r);
+}
+END_TEST
+
+START_TEST(test_plot_without_evaluations_names_only_the_step_curve)
+{
+    enum { N = 300 };
+    float loss[N];
+    for (int k = 0; k < N; k++)
+        loss[k] = 5.5f - 3.0f * (float) k / N;
+    node_plot_t plot = { NULL, loss, 1000, N, NULL, 0 };
+    plot_read_t *r = s_plot_read(&plot);
+    s_assert_ticks(r->xt, r->xpx, r->nx, 1000, 1000 + N - 1, 0, 0, "x");
+    ck_assert_int_eq(s_count(r->svg, "<text class=\"legend\""), 1);
+    ck_assert_ptr_nonnull(strstr(r->svg, ">train loss, every step</text>"));
+    ck_assert_ptr_null(strstr(r->svg, "val"));
+    ck_assert_ptr_null(strstr(r->svg, "eval-"));
+    s_plot_read_free(r);
+}
+END_TEST
+
+START_TEST(test_plot_draws_one_step_and_a_flat_curve_within_ticks)
+{
+    float one = 3.0f, flat[50];
+    for (int k = 0; k < 50; k++)
+        flat[k] = 2.5f;
+    double steps[50], values[50];
+    for (int k = 0; k < 50; k++) {
+        steps[k] = k;
+        values[k] = 2.5;
+    }
+    node_plot_t plot = { "one", &one, 7, 1, NULL, 0 };
+    plot_read_t *r = s_plot_read(&plot);
+    ck_assert_msg(r->yt[0] < 3.0 && r->yt[r->ny - 1] > 3.0, "y ticks %g..%g", r->yt[0],
+                  r->yt[r->ny - 1]);
+    ck_assert_msg(r->nx >= 2 && r->xt[0] <= 7 && r->xt[r->nx - 1] >= 7, "x ticks around step 7");
+    ck_assert_int_eq(s_count(r->svg, "<circle class=\"train\""), 1); // a lone point shows
+    double seven = 7, three = 3;
+    s_assert_curve(r, "train", &seven, &three, 1, 0.01);
+    s_plot_read_free(r);
+    plot = (node_plot_t) { "flat", flat, 0, 50, NULL, 0 };
+    r = s_plot_read(&plot);
+    s_assert_ticks(r->yt, r->ypx, r->ny, 2.5, 2.5, 0.5, 1, "y");
+    ck_assert_msg(r->yt[0] < 2.5 && r->yt[r->ny - 1] > 2.5, "y ticks %g..%g", r->yt[0],
+                  r->yt[r->ny - 1]);
+    s_assert_curve(r, "train", steps, values, 50, 0.01);
+    s_plot_read_free(r);
+}
+END_TEST
+
+START_TEST(test_plot_keeps_a_long_curves_extremes_and_skips_non_finite_values)
+{
+    enum { N = 10000 };
+    float *loss = malloc(N * sizeof(float));
+    for (int k = 0; k < N; k++)
+        loss[k] = 3.0f - 1e-4f * (float) k;
+    loss[5003] = 9.0f; // one step each: a stride would miss them
+    loss[7777] = 0.5f;
+    loss[17] = INFINITY;
+    loss[18] = NAN;
+    node_plot_t plot = { NULL, loss, 0, N, NULL, 0 };
+    plot_read_t *r = s_plot_read(&plot);
+    static double xs[PLOT_MAX], ys[PLOT_MAX];
+    int n = s_polyline(r->svg, "train", xs, ys);
+    ck_assert_msg(n >= 1000 && n <= 2000, "%d points for %d steps", n, N);
+    double top = 1e9, bottom = -1e9;
+    for (int i = 0; i < n; i++) {
+        top = fmin(top, ys[i]);
+        bottom = fmax(bottom, ys[i]);
+        ck_assert(i == 0 || xs[i] >= xs[i - 1]); // in step order (0.07 px a step)
+    }
+    ck_assert_double_eq_tol(s_unmap(r->yt, r->ypx, r->ny, top), 9.0, 0.02);
+    ck_assert_double_eq_tol(s_unmap(r->yt, r->ypx, r->ny, bottom), 0.5, 0.02);
+    s_plot_read_free(r);
+    // every step drawn below the limit, less the two that are not finite
+    plot.count = 100;
+    r = s_plot_read(&plot);
+    ck_assert_int_eq(s_polyline(r->svg, "train", xs, ys), 98);
+    s_plot_read_free(r);
+    for (int k = 0; k < 3; k++)
+        loss[k] = NAN;
+    plot.count = 3;
+    char path[128], err[256] = "";
+    snprintf(path, sizeof path, "%s/none.svg", s_tmpdir());
+    ck_assert_int_eq(node_plot_write(path, &plot, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, path));
+    ck_assert_int_ne(access(path, F_OK), 0);
+    free(loss);
+}
+END_TEST
+
+START_TEST(test_evals_replace_what_a_replay_measures_again)
+{
+    node_evals_t e = { NULL, 0, 0 };
+    for (long s = 0; s <= 400; s += 100)
+        node_evals_add(&e, s, 3.0 - s * 1e-3, 3.1 - s * 1e-3);
+    node_evals_add(&e, 300, 1.0, 1.5); // rolled back to 250, evaluated at 300 again
+    ck_assert_int_eq(e.n, 4);
+    ck_assert_int_eq(e.at[3].step, 300);
+    ck_assert_double_eq(e.at[3].val, 1.5);
+    ck_assert_int_eq(e.at[2].step, 200);
+    node_evals_free(&e);
+    ck_assert_ptr_null(e.at);
+    ck_assert_int_eq(e.n, 0);
+}
+END_TEST
+
 // ---- status: the router's JSON as swarm status reads it ----
 
 START_TEST(test_status_reads_the_documented_reply_and_refuses_broken_ones)
@@ -843,6 +1190,13 @@ int main(void)
     tcase_add_test(tc, test_bgpt_missing_file_names_path);
     tcase_add_test(tc, test_bgpt_round_trip_is_exact);
     tcase_add_test(tc, test_checkpoint_round_trip_and_corruption_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plot");
+    tcase_add_test(tc, test_plot_draws_ticked_axes_every_step_each_evaluation_and_a_legend);
+    tcase_add_test(tc, test_plot_without_evaluations_names_only_the_step_curve);
+    tcase_add_test(tc, test_plot_draws_one_step_and_a_flat_curve_within_ticks);
+    tcase_add_test(tc, test_plot_keeps_a_long_curves_extremes_and_skips_non_finite_values);
+    tcase_add_test(tc, test_evals_replace_what_a_replay_measures_again);
     suite_add_tcase(s, tc);
     tc = tcase_create("status");
     tcase_add_test(tc, test_status_reads_the_documented_reply_and_refuses_broken_ones);

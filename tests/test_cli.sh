@@ -118,6 +118,24 @@ expect_error "status with no router" "no answer from tcp://127.0.0.1:9 within 4 
     status tcp://127.0.0.1:9 --router-key "$TMP/k1.pub"
 expect_error "node without --join" "--join" node --router-key "$TMP/k1.pub"
 expect_error "node with a bad router key" "$TMP/nokey.pub" node --join tcp://127.0.0.1:9 --router-key "$TMP/nokey.pub"
+# what a user pastes wrong: an address, a key the shell changed, a key file of text
+expect_error "node with a --join that is no address" "--join 127.0.0.1:7070: expected swarm://HOST:PORT/KEY" \
+    node --join 127.0.0.1:7070 --router-key "$TMP/k1.pub"
+expect_error "node with a --join on the listening address" "0.0.0.0 and \* are where a router listens" \
+    node --join tcp://0.0.0.0:7070 --router-key "$TMP/k1.pub"
+expect_error "node with a token cut short" "the KEY is not 64 hex digits (copy the whole token)" \
+    node --join swarm://127.0.0.1:7070/0123abcd
+expect_error "node with a router key the shell cut" "--router-key e40j: no such file, and not a key: a key is 40 Z85 characters, this is 4; .*single quotes" \
+    node --join tcp://127.0.0.1:9 --router-key e40j
+printf 'not a key at all\n' >"$TMP/text.pub"
+expect_error "node with a router key file that is not a key" "$TMP/text.pub: not a public key file.*copy the router's .pub again" \
+    node --join tcp://127.0.0.1:9 --router-key "$TMP/text.pub"
+printf 'garbage\n' >"$TMP/bad.key"
+chmod 600 "$TMP/bad.key"
+cp "$TMP/k1.pub" "$TMP/bad.pub"
+expect_error "node with a key file that is not a key" "--key $TMP/bad: $TMP/bad.key: expected one line of 40 Z85 characters.*regenerate" \
+    node --join tcp://127.0.0.1:9 --router-key "$TMP/k1.pub" --key "$TMP/bad"
+expect_error "status with a join token cut short" "no /KEY" status swarm://127.0.0.1:9
 expect_error "router with stages > layers" "--stages 9" router --stages 9 --layers 2 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with an unknown wire format" "--wire bf16: expected fp32, fp16 or int8" \
     router --wire bf16 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
@@ -132,6 +150,94 @@ elif grep -q "^wan-swarm.sh: --delay 50: '50' is not a value like 50ms$" "$TMP/o
 else
     bad "wan-swarm.sh --delay 50:"; cat "$TMP/out"
 fi
+
+# ---- --help and README.md agree ----
+# One convention in both. A help entry is a line "  --flag ..." (two spaces;
+# its continuation lines indented deeper) and states a default as "(default X"
+# or "(default: X", X ending at ")", ";", "," or ": ". README.md's tables
+# "| router flag |" and "| node flag |" state it the same way in the flag's
+# row; its "| training flag | default |" table in the default column, one
+# comma-separated value for each flag of the row. Backticks do not count.
+# Every flag a --help mentions must have a row, with the same default or none.
+cat >"$TMP/flags.awk" <<'EOF'
+# help: "--flag<TAB>default" per entry of a --help on stdin;
+# readme: the same per flag of the README tables whose first header cell is
+# in the comma-separated `tables`
+function dflt(t,   s) {
+    gsub(/`/, "", t)
+    gsub(/  +/, " ", t)
+    if (!match(t, /[(]default:? /))
+        return ""
+    s = substr(t, RSTART + RLENGTH)
+    if (match(s, /[);,]|: /))
+        s = substr(s, 1, RSTART - 1)
+    sub(/ +$/, "", s)
+    return s
+}
+function flush() {
+    if (flag != "")
+        print flag "\t" dflt(text)
+    flag = ""
+}
+mode == "help" && /^  --[a-z]/ { flush(); flag = $1; text = $0; next }
+mode == "help" && /^   / && flag != "" { text = text " " $0; next }
+mode == "help" { flush(); next }
+mode == "readme" && !intab && /^\| / {
+    h = $0
+    sub(/^\| */, "", h)
+    sub(/ *\|.*$/, "", h)
+    if (index("," tables ",", "," h ",")) {
+        intab = 1
+        cols = split($0, c, "|") - 2
+    }
+    next
+}
+mode == "readme" && intab && !/^\|/ { intab = 0; next }
+mode == "readme" && intab && !/^\|-/ {
+    row = $0
+    gsub(/\\\|/, "/", row)
+    split(row, c, "|")
+    s = c[2]
+    k = 0
+    while (match(s, /--[a-z][a-z0-9-]*/)) {
+        f[++k] = substr(s, RSTART, RLENGTH)
+        s = substr(s, RSTART + RLENGTH)
+    }
+    m = cols == 3 ? split(c[3], d, ",") : 0
+    for (i = 1; i <= k; i++) {
+        v = cols == 3 ? (i <= m ? d[i] : "") : dflt(c[3])
+        gsub(/`/, "", v)
+        gsub(/^ +| +$/, "", v)
+        print f[i] "\t" v
+    }
+}
+END { if (mode == "help") flush() }
+EOF
+# help_drift HELP TABLES: each way --help (in file HELP) and README.md's
+# TABLES disagree, a line each
+help_drift() {
+    awk -v mode=help -f "$TMP/flags.awk" "$1" >"$TMP/help.tsv"
+    awk -v mode=readme -v tables="$2" -f "$TMP/flags.awk" "${SWARM_README:-README.md}" >"$TMP/readme.tsv"
+    grep -o -- '--[a-z][a-z0-9-]*' "$1" | sort -u >"$TMP/mentioned"
+    [ -s "$TMP/help.tsv" ] || echo "no '  --flag' entries in the help"
+    [ -s "$TMP/readme.tsv" ] || echo "no table '| $2 |' in README.md"
+    awk -F'\t' 'FILENAME == ARGV[1] { row[$1] = 1; d[$1] = $2; next }
+        FILENAME == ARGV[2] { if (!($1 in row)) print $1 ": in --help, in no README.md table"; next }
+        ($1 in row) && d[$1] != $2 {
+            print $1 ": --help says default \"" ($2 == "" ? "(none)" : $2) "\", README.md says \"" \
+                  (d[$1] == "" ? "(none)" : d[$1]) "\""
+        }' "$TMP/readme.tsv" "$TMP/mentioned" "$TMP/help.tsv"
+}
+for cmd in "router:router flag,training flag" "train:training flag" "node:node flag"; do
+    "$SWARM" "${cmd%%:*}" --help >"$TMP/help" 2>&1
+    help_drift "$TMP/help" "${cmd#*:}" >"$TMP/drift"
+    if [ -s "$TMP/drift" ]; then
+        bad "swarm ${cmd%%:*} --help and README.md's '${cmd#*:}' tables disagree:"
+        sed 's/^/     /' "$TMP/drift"
+    else
+        ok "swarm ${cmd%%:*} --help: its $(wc -l <"$TMP/mentioned") flags are in README.md's '${cmd#*:}' tables, $(awk -F'\t' '$2 != ""' "$TMP/help.tsv" | wc -l) defaults the same"
+    fi
+done
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

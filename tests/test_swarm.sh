@@ -5,7 +5,9 @@
 # relative, and the replicas' checksums must agree after every step (the
 # router counts mismatches and fails on any); its --trace accounts for every
 # step and request (scripts/trace-steps.sh). Then the refusals: a node of
-# another protocol version and a status client with a wrong key.
+# another protocol version and a status client with a wrong key. Last, a
+# router without --micro-batch: it says what it chose, and its losses are
+# swarm train's with that micro-batch.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -135,6 +137,29 @@ if clean_run $rc "$TMP/local.log" \
     ok "local-swarm.sh, 2 nodes x 2 stages (no gradient traffic, stage 0 updates itself): the same losses as swarm train"
 else
     bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
+fi
+
+# no --micro-batch: the router chooses one and says so in its start-up line
+# (batch 4 of 64-byte windows over 2 stages: 4 micro-batches of 1, the most
+# of 64 tokens or more); the losses are swarm train's with that micro-batch
+CHOICE="--layers 2 --heads 4 --embd 32 --block 64 --batch 4 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 10 $CHOICE \
+    --loss-log "$TMP/chosen.txt" >"$TMP/chosen.log" 2>&1
+rc=$?
+line=$(grep -m1 "^swarm router: .* batch 4 in micro-batches of [0-9]* (chosen: .*; --micro-batch sets it)$" \
+    "$TMP/chosen.log")
+micro=$(echo "$line" | sed -n 's/.* in micro-batches of \([0-9]*\) (chosen: .*/\1/p')
+# shellcheck disable=SC2086
+"$SWARM" train $CHOICE --iters 10 --micro-batch "${micro:-4}" --threads 1 --quiet \
+    --loss-log "$TMP/train-chosen.txt" >/dev/null 2>&1 || bad "swarm train --micro-batch ${micro:-4} run"
+if clean_run $rc "$TMP/chosen.log" && [ "$micro" = 1 ] \
+    && ! grep -q "filling and draining the pipeline leaves" "$TMP/chosen.log" \
+    && losses_match "$TMP/chosen.txt" "$TMP/train-chosen.txt" 10; then
+    ok "no --micro-batch: the router says ${line#*of 1 }; losses equal swarm train --micro-batch 1's"
+else
+    bad "the router's own micro-batch (exit $rc): '$line'"; tail -20 "$TMP/chosen.log"
+    paste -d' ' "$TMP/chosen.txt" "$TMP/train-chosen.txt" | head
 fi
 
 lib_done

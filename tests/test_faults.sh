@@ -88,7 +88,7 @@ fi
 
 # chaos: a node SIGKILLed every 4 s and replaced (the new one joins between
 # steps), another SIGSTOPped for 5 s in between; uneven speeds
-BABY="--iters 60 --micro-batch 2 --eval-every 0 --data $TMP/data.txt --log-every 60"
+BABY="--iters 150 --micro-batch 2 --eval-every 0 --data $TMP/data.txt --log-every 150" # long enough for 2 kills 4 s apart
 # shellcheck disable=SC2086
 "$SWARM" train $BABY --quiet --loss-log "$TMP/train_baby.txt" >/dev/null 2>&1
 # shellcheck disable=SC2086
@@ -96,7 +96,7 @@ CHAOS_EVERY=4 timeout 200 sh scripts/local-swarm.sh --build "$BUILD" -n 5 -s 2 -
     --chaos 7 $BABY --loss-log "$TMP/chaos.txt" >"$TMP/chaos.log" 2>&1
 rc=$?
 kills=$(grep -c "chaos: SIGKILL" "$TMP/chaos.log")
-if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && losses_match "$TMP/chaos.txt" "$TMP/train_baby.txt" 60; then
+if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && losses_match "$TMP/chaos.txt" "$TMP/train_baby.txt" 150; then
     ok "chaos ($kills kills with replacements, a stall, speeds 1 to 0.5): losses equal swarm train's"
 else
     bad "chaos: exit $rc, $kills kills"; grep -E "chaos|dead|summary" "$TMP/chaos.log" | head -20

@@ -8,7 +8,10 @@ BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
 
-tiny_reference 40 1e-2 4
+# 100 steps: the third node, started at step 20, takes about a second to
+# measure itself and join, and the resumed swarm runs ~20 steps a second
+ITERS=100
+tiny_reference $ITERS 1e-2 4
 "$SWARM" keygen "$TMP/router" >/dev/null
 
 start_ckpt_router "$TMP/router1.log" --listen "tcp://127.0.0.1:0" --min-nodes 2
@@ -21,7 +24,7 @@ for i in 1 2; do
 done
 killed=0
 for _ in $(seq 1 600); do
-    if grep -q "^step 12/40 " "$TMP/router1.log"; then
+    if grep -q "^step 12/$ITERS " "$TMP/router1.log"; then
         kill -9 "$router" && killed=1
         break
     fi
@@ -37,7 +40,7 @@ fi
 start_ckpt_router "$TMP/router2.log" --listen "$endpoint" --resume "$TMP/ck"
 # a third node joins mid-run: it gets its stage's state from a live replica
 for _ in $(seq 1 600); do
-    grep -q "^step 20/40 " "$TMP/router2.log" && break
+    grep -q "^step 20/$ITERS " "$TMP/router2.log" && break
     sleep 0.05
 done
 "$SWARM" keygen "$TMP/node3" >/dev/null
@@ -53,15 +56,15 @@ if [ $rc -eq 0 ] && grep -q "resumed from $TMP/ck at step 10" "$TMP/router2.log"
 else
     bad "resume: exit $rc"; tail -15 "$TMP/router2.log"; tail -5 "$TMP/node1.log"
 fi
-sums=$(sed -n 's/.*step 40: updated, checksum \([0-9a-f]*\)$/\1/p' "$TMP"/node[123].log | sort | uniq -c)
-if grep -q "peer [0-9]* (node3) ready on stage" "$TMP/router2.log" && grep -q "step 40: updated" "$TMP/node3.log" \
+sums=$(sed -n "s/.*step $ITERS: updated, checksum \([0-9a-f]*\)\$/\1/p" "$TMP"/node[123].log | sort | uniq -c)
+if grep -q "peer [0-9]* (node3) ready on stage" "$TMP/router2.log" && grep -q "step $ITERS: updated" "$TMP/node3.log" \
     && [ "$(echo "$sums" | wc -l)" -eq 2 ] && echo "$sums" | grep -q "^ *2 "; then
     ok "a node that joined at step 20 ends with its replica's checksum: $(echo $sums)"
 else
     bad "the joining node"; echo "$sums"; tail -5 "$TMP/node3.log"; grep node3 "$TMP/router2.log"
 fi
 # the last line written for each step is the one that counts
-if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 40; then
+if losses_match "$TMP/swarm.txt" "$TMP/train.txt" $ITERS; then
     ok "every step's loss equals swarm train's to 1e-4 relative across the restart"
 else
     bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45

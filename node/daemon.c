@@ -240,9 +240,12 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
 
 static int s_parse_join(daemon_opts_t *o, const char *arg, char *err, size_t n)
 {
-    int rc = node_join_parse(arg, &o->target, err, n);
+    char why[600];
+    int rc = node_join_parse(arg, &o->target, why, sizeof why);
     if (rc == 0)
         o->join = o->target.endpoint;
+    else
+        snprintf(err, n, "--join %s", why);
     return rc;
 }
 
@@ -318,14 +321,15 @@ static int s_parse(int argc, char **argv, daemon_opts_t *o, char *err, size_t n)
 static int s_router_key_load(const char *arg, net_key_t **out, char *err, size_t n)
 {
     char why[512] = "";
-    if (access(arg, F_OK) != 0 && strlen(arg) == NET_KEY_Z85_LEN) {
+    int file = access(arg, F_OK) == 0;
+    if (!file && strlen(arg) == NET_KEY_Z85_LEN) {
         if (net_key_from_z85(arg, out) == 0)
             return 0;
         snprintf(err, n, "--router-key %s: neither a file nor a valid Z85 key (paste the key the "
                  "router printed, in single quotes)", arg);
         return -EINVAL;
     }
-    if (access(arg, F_OK) != 0) {
+    if (!file) {
         // most often a key the shell changed: unquoted, $x and ! expand
         snprintf(err, n, "--router-key %s: no such file, and not a key: a key is %d Z85 "
                  "characters, this is %zu; paste the key the router printed in single quotes "
@@ -441,17 +445,15 @@ static int s_client_open(daemon_t *d, char *err, size_t n)
 // machine: two keys), and its name follows the key (host, host-2, ...).
 static void s_identity_say(daemon_t *d)
 {
-    const char *note = d->id.note, *base = strrchr(d->id.name, '/');
+    const char *note = d->id.note;
     char how[200] = "";
     if (d->id.made || note[0])
         snprintf(how, sizeof how, " (%s%s%s)", d->id.made ? "new" : "",
                  d->id.made && note[0] ? "; " : "", note);
     s_log("node key %s.key%s, public key %s", d->id.name, how, net_key_public(d->id.key));
-    int k = 0;
     size_t len = strlen(d->o.name);
-    if (!d->o.name_given && !d->o.key && base && sscanf(base, "/node-%d", &k) == 1 && k > 1
-        && len + 12 < sizeof d->o.name)
-        snprintf(d->o.name + len, sizeof d->o.name - len, "-%d", k);
+    if (!d->o.name_given && d->id.index > 1 && len + 12 < sizeof d->o.name)
+        snprintf(d->o.name + len, sizeof d->o.name - len, "-%d", d->id.index);
 }
 
 static int s_setup(daemon_t *d, char *err, size_t n)

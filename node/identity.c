@@ -116,6 +116,7 @@ static int s_open_default(const char *dir, node_identity_t *id, char *err, size_
                      strerror(-rc));
             return rc;
         }
+        id->index = i;
         if (i > 1)
             snprintf(id->note, sizeof id->note, "node.key is in use by node pid %ld on this "
                      "machine", first_holder);

@@ -100,13 +100,13 @@ int node_join_parse(const char *arg, node_join_t *out, char *err, size_t n)
         }
         zmq_z85_encode(out->router_key, raw, sizeof raw);
     } else {
-        snprintf(err, n, "--join %s: %s", arg, hint);
+        snprintf(err, n, "%s: %s", arg, hint);
         return -EINVAL;
     }
     snprintf(out->endpoint, sizeof out->endpoint, "tcp://%s:%ld", host, port);
     return 0;
 bad:
-    snprintf(err, n, "--join %s: %s; %s", arg, why, hint);
+    snprintf(err, n, "%s: %s; %s", arg, why, hint);
     return -EINVAL;
 }
 

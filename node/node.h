@@ -357,6 +357,11 @@ typedef struct {
 // reason in err. Borrows everything.
 __attribute__((warn_unused_result))
 int node_plot_write(const char *path, const node_plot_t *plot, char *err, size_t errlen);
+// DIR/loss.svg of a run by `who` ("swarm router", "swarm train"): curve[k]
+// is step k's loss, for steps first .. last - 1, with evals. Says where it
+// went (unless quiet) or, on stderr, why not: the run goes on either way.
+void node_plot_save(const char *dir, const char *who, const float *curve, long first,
+                    long last, const node_evals_t *evals, int quiet);
 
 // The trainer settings the options describe.
 node_hparams_t node_train_hparams(const node_train_opts_t *o);
@@ -387,6 +392,7 @@ typedef struct {
     char name[4096];          // its files: NAME.key, NAME.pub
     int made;                 // 1 when the pair was created now
     int lock_fd;              // NAME.lock, held; -1 when none could be made
+    int index;                // N of the default name node-N (node: 1); 0 for --key
     char note[128];           // why not the first default name, or ""
 } node_identity_t;
 
@@ -407,8 +413,8 @@ typedef struct {
     char router_key[41];      // Z85, from a token; "" for tcp://HOST:PORT
 } node_join_t;
 
-// Parse --join's argument. 0, or -EINVAL with err naming the value and the
-// forms it may take.
+// Parse --join's argument (or swarm status's address). 0, or -EINVAL with
+// err: "ARG: what is wrong; the forms it may take" (the caller names its flag).
 __attribute__((warn_unused_result))
 int node_join_parse(const char *arg, node_join_t *out, char *err, size_t errlen);
 // The lines a router bound at `bound` (ZMQ_LAST_ENDPOINT) with public key

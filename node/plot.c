@@ -326,3 +326,16 @@ int node_plot_write(const char *path, const node_plot_t *plot, char *err, size_t
     free(svg);
     return rc;
 }
+
+void node_plot_save(const char *dir, const char *who, const float *curve, long first,
+                    long last, const node_evals_t *evals, int quiet)
+{
+    char path[4096], title[128], err[4096 + 128];
+    snprintf(path, sizeof path, "%s/loss.svg", dir);
+    snprintf(title, sizeof title, "%s: loss, steps %ld-%ld", who, first, last - 1);
+    node_plot_t plot = { title, curve + first, first, last - first, evals->at, evals->n };
+    if (node_plot_write(path, &plot, err, sizeof err) != 0)
+        fprintf(stderr, "%s: loss curve not plotted: %s\n", who, err);
+    else if (!quiet)
+        printf("%s: loss curve plotted in %s\n", who, path);
+}

@@ -2982,24 +2982,31 @@ static int s_load_key(router_t *r, char *err, size_t n)
     return rc;
 }
 
-// Without --micro-batch the router picks it: the largest divisor of the
-// batch that gives a step enough micro-batches G that filling and draining
-// S stages, about (S - 1) / (G + S - 1) of a step, is at most MICRO_IDLE; but
-// none of fewer than MICRO_MIN_TOKENS tokens (windows x T), under which each
-// request's fixed costs (the router's hop, waking the node, decoding) eat
-// what the pipeline gains (docs/performance.md). When no divisor does both,
-// the smallest with enough tokens; one stage (no pipeline), the whole batch.
-#define MICRO_IDLE 0.10
+// Exact steps fill and drain the pipeline once a step: over S equal stages
+// each waits about (S - 1) / (G + S - 1) of it for G micro-batches.
+#define MICRO_IDLE 0.10      // the share of a step the router accepts for it
 #define MICRO_MIN_TOKENS 64
 
+static double s_fill_idle(int G, int S)
+{
+    return (double) (S - 1) / (G + S - 1);
+}
+
+// Without --micro-batch the router picks it: the largest divisor of the
+// batch that keeps the fill and drain within MICRO_IDLE; but none of fewer
+// than MICRO_MIN_TOKENS tokens (windows x T), under which each request's
+// fixed costs (the router's hop, waking the node, decoding) eat what the
+// pipeline gains (docs/performance.md). When no divisor does both, the
+// smallest with enough tokens; one stage (no pipeline), the whole batch.
 static int s_micro_choose(int batch, int T, int S)
 {
     int best = batch;
-    for (int m = batch - 1; m >= 1 && (double) (S - 1) / (batch / best + S - 1) > MICRO_IDLE; m--) {
-        if ((long) m * T < MICRO_MIN_TOKENS)
+    for (int m = batch; m >= 1 && (long) m * T >= MICRO_MIN_TOKENS; m--) {
+        if (batch % m != 0)
+            continue;
+        best = m;
+        if (s_fill_idle(batch / m, S) <= MICRO_IDLE)
             break;
-        if (batch % m == 0)
-            best = m;
     }
     return best;
 }
@@ -3127,15 +3134,13 @@ static int s_listen(router_t *r, char *err, size_t n)
     printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
-    // exact steps fill and drain the pipeline once a step: over S equal
-    // stages each waits about (S - 1) / (G + S - 1) of it, at any speed
     int S = r->plan.stages;
-    double idle = (double) (S - 1) / (r->G + S - 1);
+    double idle = s_fill_idle(r->G, S);
     if (r->o.micro == 0)
         s_micro_why(r, idle);
     else
         printf("\n");
-    if (idle > 0.1 && r->o.micro != 0)
+    if (idle > MICRO_IDLE && r->o.micro != 0)
         printf("swarm router: %d micro-batch%s a step over %d stages: filling and draining the "
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
@@ -3166,17 +3171,8 @@ static void s_wire_summary(const router_t *r, long steps)
 // The loss curve of this run and its evaluations as an SVG plot in DIR/loss.svg.
 static void s_plot(router_t *r)
 {
-    if (!r->o.save || !r->curve || r->step <= r->first)
-        return;
-    char path[PATH_MAX], title[128], err[PATH_MAX + 128];
-    snprintf(path, sizeof path, "%s/loss.svg", r->o.save);
-    snprintf(title, sizeof title, "swarm router: loss, steps %ld-%ld", r->first, r->step - 1);
-    node_plot_t plot = { title, r->curve + r->first, r->first, r->step - r->first, r->evals.at,
-                         r->evals.n };
-    if (node_plot_write(path, &plot, err, sizeof err) != 0)
-        fprintf(stderr, "swarm router: loss curve not plotted: %s\n", err);
-    else
-        printf("swarm router: loss curve plotted in %s\n", path);
+    if (r->o.save && r->curve && r->step > r->first)
+        node_plot_save(r->o.save, "swarm router", r->curve, r->first, r->step, &r->evals, 0);
 }
 
 static void s_teardown(router_t *r)

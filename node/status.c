@@ -641,7 +641,7 @@ static int s_parse_args(int argc, char **argv, status_opts_t *o)
                      "token it printed)", NULL);
     char err[600];
     if (node_join_parse(o->addr, &o->target, err, sizeof err) != 0) {
-        fprintf(stderr, "swarm status: %s\n", err + strlen("--join ")); // names the address
+        fprintf(stderr, "swarm status: %s\n", err);
         return -EINVAL;
     }
     o->addr = o->target.endpoint;

@@ -69,22 +69,12 @@ static int s_eval(run_t *r)
     return 0;
 }
 
-// This run's loss curve and evaluations in DIR/loss.svg (as swarm router's);
-// a plot that cannot be written is said, and the run goes on.
+// This run's loss curve and evaluations in DIR/loss.svg (as swarm router's).
 static void s_plot(run_t *r)
 {
     long last = node_trainer_step(r->trainer);
-    if (!r->o.save || !r->losses || last <= r->first)
-        return;
-    char path[PATH_MAX], title[128], err[PATH_MAX + 128];
-    snprintf(path, sizeof path, "%s/loss.svg", r->o.save);
-    snprintf(title, sizeof title, "swarm train: loss, steps %ld-%ld", r->first, last - 1);
-    node_plot_t plot = { title, r->losses + r->first, r->first, last - r->first, r->evals.at,
-                         r->evals.n };
-    if (node_plot_write(path, &plot, err, sizeof err) != 0)
-        fprintf(stderr, "swarm train: loss curve not plotted: %s\n", err);
-    else if (!r->o.quiet)
-        printf("swarm train: loss curve plotted in %s\n", path);
+    if (r->o.save && r->losses && last > r->first)
+        node_plot_save(r->o.save, "swarm train", r->losses, r->first, last, &r->evals, r->o.quiet);
 }
 
 static int s_save(run_t *r)

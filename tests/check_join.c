@@ -236,6 +236,7 @@ START_TEST(test_identity_each_process_its_own_key)
     ck_assert_int_ge(first, 0);
     ck_assert_str_eq(net_key_public(id.key), keys[first]);
     ck_assert_ptr_nonnull(strstr(id.name, "/swarm/node"));
+    ck_assert_int_eq(id.index, 1); // node, the first name, free again
     ck_assert_int_eq(id.made, 0);
     node_identity_close(&id);
 }

@@ -1555,20 +1555,23 @@ static void s_step_update(router_t *r)
     }
 }
 
-// The last stage to finish a step has one replica, and every other
-// stage's gradients are in: that replica is sent the others' sum of
+// Stage 0 is the last to finish a step and has one replica, and every
+// other stage's gradients are in: that replica is sent the others' sum of
 // squares with its STEP and applies the update itself (STEP apply=1), and
 // the next step starts at once, behind it. The other stages get their
 // UPDATE when its norm comes back (s_on_applied), before any work of the
-// next step reaches them: that work starts at this replica. Over links of
-// 50 ms this saves the round trip from this stage to the router and back
-// at the end of every step (docs/swarm.md).
+// next step reaches them: that work starts at this replica, and reaches
+// stage 1 only in reply to a FWD queued behind the STEP. Any other stage
+// finishing last (its work redone after a replica died) takes the
+// ordinary STEP: the next step's first forwards would reach stage 0
+// before its UPDATE. Over links of 50 ms this saves the round trip from
+// stage 0 to the router and back at the end of every step (docs/swarm.md).
 // 1 when stage s (all its work sent, every forward through) should finish
 // the step so, -1 when it should wait for the others' sums still coming,
 // 0 when it takes the ordinary STEP.
 static int s_apply_here(const router_t *r, int s)
 {
-    if (s_ready_count(r, s) != 1 || !s_update_pipelined(r))
+    if (s != 0 || s_ready_count(r, s) != 1 || !s_update_pipelined(r))
         return 0;
     for (int k = 0; k < r->plan.stages; k++)
         if (k != s && !r->stepped[k])

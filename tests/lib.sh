@@ -60,6 +60,35 @@ clean_run() {
     [ "$1" -eq 0 ] && grep -q "checksum mismatches 0" "$2"
 }
 
+# log_invariants LOG ROLLBACKS FAULTED...: what a router's log shows holds
+# beyond the final losses: no peer but the FAULTED names (the ones the test
+# killed, stopped or made lie) was banned, expelled or refused, and the run
+# rolled back exactly ROLLBACKS times (a rollback nobody caused is a bug a
+# replay hides). Prints each violation; fails if there is one.
+log_invariants() {
+    inv_log=$1 inv_rb=$2
+    shift 2
+    inv_bad=0
+    # "swarm router: peer 3 (node2, cpu) ...: banned for 5 s (failure 1)"
+    grep -E "^swarm router: peer [0-9]+ \([^)]*\) .*(banned for [0-9]+ s|expelled for the run)" "$inv_log" \
+        | sed 's/^swarm router: peer [0-9]* (\([^,)]*\).*/\1 &/' >"$TMP/inv_bans.txt"
+    while read -r inv_name inv_line; do
+        inv_faulted=0
+        for inv_f in "$@"; do [ "$inv_name" = "$inv_f" ] && inv_faulted=1; done
+        if [ $inv_faulted -eq 0 ]; then
+            echo "invariant: an honest peer was banned: $inv_line"
+            inv_bad=1
+        fi
+    done <"$TMP/inv_bans.txt"
+    inv_n=$(grep -c "lost every replica at step .*: rolling back" "$inv_log")
+    if [ "$inv_n" -ne "$inv_rb" ]; then
+        echo "invariant: $inv_n rollbacks, $inv_rb caused:"
+        grep "rolling back" "$inv_log" | head -3
+        inv_bad=1
+    fi
+    return $inv_bad
+}
+
 # tiny_reference ITERS LR [BATCH]: the tiny test model's flags in TINY (on
 # 30 kB of the built-in corpus; batch 8 unless given) and its `swarm train`
 # losses in $TMP/train.txt

@@ -141,5 +141,14 @@ else
     bad "crash: exit $rc:"
     grep -E "crash3|dead|summary" "$TMP/crash.log" | head -10
 fi
+# the losses hold after a replay too: the log must show that none happened
+# (stage 1's only replica applying its own update out of turn once got
+# crash1 refused, banned, and stage 0 emptied)
+if log_invariants "$TMP/crash.log" 0 crash3; then
+    ok "crash: only the crasher was banned, and the swarm never rolled back"
+else
+    bad "crash: the log shows what the losses hide"
+    grep -E "dead|banned|rolling|applies" "$TMP/crash.log" | head -10
+fi
 
 lib_done

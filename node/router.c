@@ -28,8 +28,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MAX_PEERS 256
-#define MAX_REQS 4096
+#define PEERS_KEEP_DEAD 64  // dead entries kept for their bans before the oldest is reused
+#define REQ_BLOCK 1024       // requests a block of the table holds (blocks never move)
+#define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
 enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD };
@@ -76,6 +77,16 @@ typedef struct {
                              // the node), quick to fall, slow to rise; 0 unknown
     double busy[2];          // s: compute of one FWD [0] / BWD [1], EMA; 0 unknown
     int slots;               // micro-batches its activation cache holds; 0 unknown
+    int held_thirds;         // training work of its requests in flight (req_t.thirds)
+    int held_kind[2];        // its FWD [0] and BWD [1] requests in flight
+    // its part in the current step (a fresh entry has none; the entry of a
+    // dead peer whose part still counts is not reused before the step ends)
+    float *grad;             // its GRAD of this step (the largest stage's size: it may move)
+    int got_grad;            // its GRAD arrived
+    int in_step;             // it was sent this step's STEP
+    int norm_only;           // its stage has no other replica: it keeps its gradient
+    double sumsq;            // with norm_only: its gradient's sum of squares
+    int self_to;             // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
 } peer_t;
 
 typedef struct {
@@ -86,6 +97,7 @@ typedef struct {
     int stage;               // stage
     int64_t sent;            // ms
     int redo;                // re-run of work a dead peer had accumulated
+    int thirds;              // training work in thirds of a micro-batch (s_req_thirds)
 } req_t;
 
 // A spot check of one micro-batch's FWD at one stage (s_spot_*): the
@@ -138,11 +150,19 @@ typedef struct {
     net_key_t *key;          // router key
     net_allow_t *allow;      // allow-list
     net_server_t *srv;       // ROUTER
-    peer_t peers[MAX_PEERS]; // every node seen
+    peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)
     int npeers;              // used entries
+    int peers_cap;           // allocated entries, of peers and of the scratch below
+    swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (s_pick_but, s_pick_fit)
+    double *backlog, *ahead; // [peers_cap] scratch of s_views_as
     int next_peer_id;        // ids for logs, in join order (entries may be reused)
-    req_t reqs[MAX_REQS];    // outstanding requests
-    uint64_t next_id;        // request ids
+    req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
+                             // req_blocks[k / REQ_BLOCK][k % REQ_BLOCK]; id 0 = free slot
+    int req_slots;           // slots in use or freed (the table's high-water mark)
+    int *req_free;           // freed slots, a stack
+    int req_nfree;           // its size
+    uint64_t next_id;        // request ids' sequence numbers
+    uint64_t last_id;        // the id of the request made last
     mb_t *mbs;               // [G] micro-batches of the current step
     int G;                   // micro-batches per step
     long step;               // optimizer updates done
@@ -166,15 +186,9 @@ typedef struct {
     long self_step;          // that step
     double self_others;      // the other stages' sum of squares it was sent
     double self_lr;          // that step's learning rate
-    int self_to[MAX_PEERS];  // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
     int self_told;           // the log has said once that a stage applies its own update
     int redo_pending;        // re-runs of a dead peer's work still to come
-    float *peer_grad[MAX_PEERS]; // each peer's GRAD of this step (stage-sized)
-    int got_grad[MAX_PEERS]; // its GRAD arrived
-    int in_step[MAX_PEERS];  // it was sent this step's STEP
     int stepped[NODE_MAX_LAYERS]; // the stage's replicas were sent this step's STEP
-    int norm_only[MAX_PEERS];// its stage has no other replica: it keeps its gradient
-    double peer_sumsq[MAX_PEERS]; // with norm_only: its gradient's sum of squares
     int ckpt_pending;        // STATE replies still to come for a checkpoint
     long ck_step;            // the step the checkpoint being fetched holds
     int ck_lost;             // a replica it was fetched from died: it is skipped
@@ -275,27 +289,83 @@ static void s_trace(const router_t *r, const char *event, int kind, int mb, int 
                 kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage, r->peers[peer].id);
 }
 
-static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
+// Slot k of the request table (k < req_slots). Loops over the requests
+// in flight run over the slots up to the high-water mark: the most
+// requests ever in flight at once, not a fixed table.
+static req_t *s_req_at(const router_t *r, int k)
 {
-    for (int i = 0; i < MAX_REQS; i++) {
-        if (r->reqs[i].id == 0) {
-            r->reqs[i] = (req_t) { ++r->next_id, kind, peer, mb, stage, net_clock_ms(), 0 };
-            s_trace(r, "send", kind, mb, stage, peer);
-            r->peers[peer].inflight++;
-            if ((kind == R_FWD || kind == R_BWD) && r->peers[peer].working++ == 0)
-                r->peers[peer].busy_from = r->reqs[i].sent;
-            return &r->reqs[i];
-        }
-    }
-    return NULL;
+    return &r->req_blocks[k / REQ_BLOCK][k % REQ_BLOCK];
 }
 
+// Training work of a request of `kind` at `stage`, in thirds of a
+// micro-batch's forward and backward: a forward 1, a backward 2, the last
+// stage's fused pair 3 (an evaluation's forward 1), control 0.
+static int s_req_thirds(const router_t *r, int kind, int stage)
+{
+    if (kind == R_BWD)
+        return 2;
+    if (kind == R_VERIFY)
+        return 1;
+    if (kind == R_FWD)
+        return stage == r->plan.stages - 1 && !r->evaluating ? 3 : 1;
+    return 0;
+}
+
+// A free slot for a new request (a freed one, else the next, in a new block
+// when the last is full); NULL when out of memory or slots.
+static req_t *s_req_slot(router_t *r, int *slot)
+{
+    if (r->req_nfree > 0) {
+        *slot = r->req_free[--r->req_nfree];
+        return s_req_at(r, *slot);
+    }
+    if (r->req_slots == 1 << REQ_SLOT_BITS)
+        return NULL;
+    if (r->req_slots % REQ_BLOCK == 0) {
+        int n = r->req_slots / REQ_BLOCK;
+        req_t **blocks = realloc(r->req_blocks, (size_t) (n + 1) * sizeof *blocks);
+        if (!blocks)
+            return NULL;
+        r->req_blocks = blocks;
+        int *free_ = realloc(r->req_free, (size_t) (n + 1) * REQ_BLOCK * sizeof *free_);
+        if (!free_)
+            return NULL;
+        r->req_free = free_;
+        if (!(blocks[n] = calloc(REQ_BLOCK, sizeof **blocks)))
+            return NULL;
+    }
+    *slot = r->req_slots++;
+    return s_req_at(r, *slot);
+}
+
+static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
+{
+    int slot;
+    req_t *q = s_req_slot(r, &slot);
+    if (!q)
+        return NULL;
+    uint64_t id = r->last_id = (++r->next_id << REQ_SLOT_BITS) | (uint64_t) slot;
+    *q = (req_t) { id, kind, peer, mb, stage, net_clock_ms(), 0, s_req_thirds(r, kind, stage) };
+    s_trace(r, "send", kind, mb, stage, peer);
+    peer_t *pe = &r->peers[peer];
+    pe->inflight++;
+    pe->held_thirds += q->thirds;
+    if (kind == R_FWD || kind == R_BWD) {
+        pe->held_kind[kind == R_BWD]++;
+        if (pe->working++ == 0)
+            pe->busy_from = q->sent;
+    }
+    return q;
+}
+
+// The request a reply names, by the slot in its id: O(1).
 static req_t *s_req_find(router_t *r, uint64_t id)
 {
-    for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id == id && id != 0)
-            return &r->reqs[i];
-    return NULL;
+    uint64_t slot = id & ((1u << REQ_SLOT_BITS) - 1);
+    if (id == 0 || slot >= (uint64_t) r->req_slots)
+        return NULL;
+    req_t *q = s_req_at(r, (int) slot);
+    return q->id == id ? q : NULL;
 }
 
 static void s_req_done(router_t *r, req_t *q)
@@ -304,8 +374,13 @@ static void s_req_done(router_t *r, req_t *q)
     s_trace(r, "done", q->kind, q->mb, q->stage, q->peer);
     if (pe->inflight > 0)
         pe->inflight--;
-    if ((q->kind == R_FWD || q->kind == R_BWD) && pe->working > 0 && --pe->working == 0)
-        pe->busy_s += (double) (net_clock_ms() - pe->busy_from) / 1000.0;
+    pe->held_thirds -= q->thirds;
+    if (q->kind == R_FWD || q->kind == R_BWD) {
+        pe->held_kind[q->kind == R_BWD]--;
+        if (pe->working > 0 && --pe->working == 0)
+            pe->busy_s += (double) (net_clock_ms() - pe->busy_from) / 1000.0;
+    }
+    r->req_free[r->req_nfree++] = (int) (q->id & ((1u << REQ_SLOT_BITS) - 1));
     q->id = 0;
 }
 
@@ -371,7 +446,8 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
     req_t *q = s_req_new(r, kind, p, mb, stage);
     if (!q) {
         net_msg_destroy(m);
-        fprintf(stderr, "swarm router: more than %d requests outstanding\n", MAX_REQS);
+        fprintf(stderr, "swarm router: out of memory for the request table (%d requests)\n",
+                r->req_slots - r->req_nfree);
         return -ENOSPC;
     }
     net_msg_head(*m)->id = q->id;
@@ -416,20 +492,6 @@ static int s_peer_find(router_t *r, const net_peer_t *who)
     return -1;
 }
 
-// Training work of request q in micro-batch tokens (a forward a third, a
-// backward two thirds, the last stage's fused pair all of it, control 0).
-static double s_req_work(const router_t *r, const req_t *q)
-{
-    int last = q->stage == r->plan.stages - 1;
-    if (q->kind == R_BWD)
-        return 2.0 / 3.0;
-    if (q->kind == R_VERIFY)
-        return 1.0 / 3.0;
-    if (q->kind == R_FWD)
-        return last && !r->evaluating ? 1.0 : 1.0 / 3.0;
-    return 0.0;
-}
-
 // What each peer holds, in training tokens (swarm_peer_view_t.backlog):
 // its FWD/BWD requests in flight, and the backward it owes for every
 // forward it ran this step whose BWD is not sent yet (the router prefers to
@@ -439,15 +501,10 @@ static double s_req_work(const router_t *r, const req_t *q)
 static void s_backlog(const router_t *r, double *backlog, double *ahead)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    for (int p = 0; p < r->npeers; p++)
-        backlog[p] = ahead[p] = 0.0;
-    for (int i = 0; i < MAX_REQS; i++) {
-        const req_t *q = &r->reqs[i];
-        if (q->id == 0)
-            continue;
-        backlog[q->peer] += tokens * s_req_work(r, q);
-        if (q->kind == R_FWD || q->kind == R_BWD)
-            ahead[q->peer] += r->peers[q->peer].busy[q->kind == R_BWD];
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        backlog[p] = tokens * pe->held_thirds / 3.0;
+        ahead[p] = pe->held_kind[0] * pe->busy[0] + pe->held_kind[1] * pe->busy[1];
     }
     if (r->evaluating || !r->mbs)
         return;
@@ -470,7 +527,7 @@ static void s_backlog(const router_t *r, double *backlog, double *ahead)
 // run); rebalancing sees the speeds as measured.
 static void s_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[NODE_MAX_LAYERS] = {0}, backlog[MAX_PEERS], ahead[MAX_PEERS];
+    double fastest[NODE_MAX_LAYERS] = {0}, *backlog = r->backlog, *ahead = r->ahead;
     s_backlog(r, backlog, ahead);
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
@@ -570,7 +627,7 @@ static int s_cmp_double(const void *a, const void *b)
 // that one peer's false claim does not skew it).
 static double s_hello_speed(const router_t *r, double hello)
 {
-    double ratio[MAX_PEERS];
+    double *ratio = r->backlog; // scratch (s_views_as does not run meanwhile)
     int n = 0;
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *pe = &r->peers[i];
@@ -591,7 +648,7 @@ static void s_admit(router_t *r, int p, const net_msg_t *req)
     pe->failed = 0;
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
     s_speed_restart(pe);
-    swarm_peer_view_t views[MAX_PEERS];
+    swarm_peer_view_t *views = r->views;
     s_views(r, views);
     int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
                                : swarm_policy_assign(views, r->npeers, r->plan.stages);
@@ -619,19 +676,61 @@ static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
     }
 }
 
-// A full peer table makes room: the entry of the peer dead longest whose
-// ban is over (a banned peer keeps its entry, so that its ban holds).
-static int s_peer_slot_free(const router_t *r)
+// Peer p's entry is named by the current step: gradient work it holds or
+// sent, its part in STEP or UPDATE, a request in flight. (A forward it ran
+// may name it too: the backward then goes to whoever takes the entry,
+// which recomputes, as any replica can.)
+static int s_peer_in_step(const router_t *r, int p)
 {
-    int best = -1;
+    const peer_t *pe = &r->peers[p];
+    if (pe->got_grad || pe->in_step || pe->self_to || pe->inflight > 0 || r->self_peer == p)
+        return 1;
+    for (int i = 0; r->mbs && i < r->G; i++)
+        for (int s = 0; s < r->plan.stages; s++)
+            if (r->mbs[i].grad_peer[s] == p)
+                return 1;
+    return 0;
+}
+
+// An entry for a new peer: that of the peer dead longest whose ban is over
+// and that has no part in this step, once PEERS_KEEP_DEAD entries are
+// dead (a dead peer's entry keeps its ban and its back-off, should it
+// return), else a new one. -ENOMEM.
+static int s_peer_slot(router_t *r)
+{
+    int best = -1, dead = 0;
     double now = s_secs();
     for (int p = 0; p < r->npeers; p++) {
         const peer_t *pe = &r->peers[p];
-        if (pe->state == P_DEAD && pe->inflight == 0 && pe->banned_until <= now
+        if (pe->state != P_DEAD)
+            continue;
+        dead++;
+        if (pe->banned_until <= now && !s_peer_in_step(r, p)
             && (best < 0 || pe->last_seen < r->peers[best].last_seen))
             best = p;
     }
-    return best;
+    if (best >= 0 && dead >= PEERS_KEEP_DEAD) {
+        free(r->peers[best].grad);
+        return best;
+    }
+    if (r->npeers == r->peers_cap) {
+        int cap = r->peers_cap ? 2 * r->peers_cap : 16;
+        peer_t *peers = realloc(r->peers, (size_t) cap * sizeof *peers);
+        if (peers)
+            r->peers = peers;
+        swarm_peer_view_t *views = peers ? realloc(r->views, (size_t) cap * sizeof *views) : NULL;
+        if (views)
+            r->views = views;
+        double *backlog = views ? realloc(r->backlog, (size_t) cap * sizeof *backlog) : NULL;
+        if (backlog)
+            r->backlog = backlog;
+        double *ahead = backlog ? realloc(r->ahead, (size_t) cap * sizeof *ahead) : NULL;
+        if (!ahead)
+            return -ENOMEM;
+        r->ahead = ahead;
+        r->peers_cap = cap;
+    }
+    return r->npeers++;
 }
 
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
@@ -654,14 +753,11 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
     int p = s_peer_find(r, who);
     if (p < 0) {
-        p = r->npeers < MAX_PEERS ? r->npeers++ : s_peer_slot_free(r);
-        if (p < 0) {
-            fprintf(stderr, "swarm router: peer table full (%d, none of them dead and unbanned); "
-                    "ignoring %s\n", MAX_PEERS, name);
+        if ((p = s_peer_slot(r)) < 0) {
+            fprintf(stderr, "swarm router: out of memory for the peer table (%d peers); "
+                    "ignoring %s\n", r->npeers, name);
             return;
         }
-        free(r->peer_grad[p]);
-        r->peer_grad[p] = NULL;
         r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
     }
     peer_t *pe = &r->peers[p];
@@ -886,7 +982,7 @@ static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
 // 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
 static int s_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot)
 {
-    swarm_peer_view_t views[MAX_PEERS];
+    swarm_peer_view_t *views = r->views;
     s_views(r, views);
     for (int k = 0; k < nnot; k++)
         if (not[k] >= 0)
@@ -906,7 +1002,7 @@ static int s_forwards_left(const router_t *r, int s);
 // step still to go there (swarm_policy_pick_fit). -EAGAIN when none can.
 static int s_pick_fit(router_t *r, int s, int left)
 {
-    swarm_peer_view_t views[MAX_PEERS];
+    swarm_peer_view_t *views = r->views;
     s_views(r, views);
     int p = swarm_policy_pick_fit(views, r->npeers, s, r->hp.micro * r->hp.cfg.T, left);
     return p < 0 ? -EAGAIN : p;
@@ -967,7 +1063,7 @@ static int s_redo(router_t *r, int i, int s)
     r->mbs[i].grad_peer[s] = -1;
     int rc = s_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
     if (rc == 0) {
-        s_req_find(r, r->next_id)->redo = 1;
+        s_req_find(r, r->last_id)->redo = 1;
         r->redo_pending++;
     }
     return rc;
@@ -1212,9 +1308,11 @@ static net_msg_t *s_step_msg(router_t *r, int s, const char *meta)
 static void s_step_restart(router_t *r, const char *why)
 {
     fprintf(stderr, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
-    for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id && !(r->reqs[i].kind == R_STEP && r->reqs[i].mb == MB_APPLY))
-            s_req_done(r, &r->reqs[i]); // their answers are stale now (not the last step's)
+    for (int i = 0; i < r->req_slots; i++) {
+        req_t *q = s_req_at(r, i);
+        if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY))
+            s_req_done(r, q); // their answers are stale now (not the last step's)
+    }
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     r->pending = r->redo_pending = 0;
@@ -1339,7 +1437,7 @@ static void s_step_begin(router_t *r)
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++)
-        r->got_grad[p] = r->in_step[p] = 0; // nobody's gradient of this step is in yet
+        r->peers[p].got_grad = r->peers[p].in_step = 0; // nobody's gradient of this step is in yet
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
     r->phase = PH_MB;
@@ -1383,12 +1481,12 @@ static void s_step_ask(router_t *r, int s)
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY || r->peers[p].stage != s)
             continue;
-        r->in_step[p] = 0;
-        r->got_grad[p] = 0;
-        r->norm_only[p] = only;
+        r->peers[p].in_step = 0;
+        r->peers[p].got_grad = 0;
+        r->peers[p].norm_only = only;
         net_msg_t *m = s_step_msg(r, s, only ? "norm_only=1\n" : NULL);
         if (m && s_send(r, p, &m, R_STEP, -1, s) == 0) {
-            r->in_step[p] = 1;
+            r->peers[p].in_step = 1;
             r->pending++;
         }
     }
@@ -1398,12 +1496,14 @@ static void s_step_ask(router_t *r, int s)
 // the survivors' sums must include it): they are asked again.
 static void s_step_unask(router_t *r)
 {
-    for (int k = 0; k < MAX_REQS; k++)
-        if (r->reqs[k].id && r->reqs[k].kind == R_STEP && r->reqs[k].mb != MB_APPLY)
-            s_req_done(r, &r->reqs[k]); // their answers are stale now (not the last step's)
+    for (int k = 0; k < r->req_slots; k++) {
+        req_t *q = s_req_at(r, k);
+        if (q->id && q->kind == R_STEP && q->mb != MB_APPLY)
+            s_req_done(r, q); // their answers are stale now (not the last step's)
+    }
     for (int q = 0; q < r->npeers; q++)
         if (r->peers[q].state != P_DEAD)
-            r->got_grad[q] = 0; // a dead peer's gradient that came in still counts
+            r->peers[q].got_grad = 0; // a dead peer's gradient that came in still counts
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
     if (r->phase == PH_GRAD)
@@ -1457,9 +1557,9 @@ static void s_step_micro(router_t *r)
 static int s_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
 {
     char text[64];
-    if (r->norm_only[q->peer] && net_msg_meta_get(m, "sumsq", text, sizeof text) == 0)
-        r->peer_sumsq[q->peer] = strtod(text, NULL);
-    r->got_grad[q->peer] = 1;
+    if (r->peers[q->peer].norm_only && net_msg_meta_get(m, "sumsq", text, sizeof text) == 0)
+        r->peers[q->peer].sumsq = strtod(text, NULL);
+    r->peers[q->peer].got_grad = 1;
     r->pending--;
     return 0;
 }
@@ -1472,10 +1572,10 @@ static double s_grad_reduce(router_t *r)
     double sumsq = 0.0;
     int summed[NODE_MAX_LAYERS] = {0};
     for (int p = 0; p < r->npeers; p++) {
-        if (!r->got_grad[p])
+        if (!r->peers[p].got_grad)
             continue;
-        if (r->norm_only[p]) {
-            sumsq += r->peer_sumsq[p];
+        if (r->peers[p].norm_only) {
+            sumsq += r->peers[p].sumsq;
             continue;
         }
         int s = r->peers[p].stage;
@@ -1483,7 +1583,7 @@ static double s_grad_reduce(router_t *r)
         if (!summed[s]++)
             memset(dst, 0, r->stage_n[s] * sizeof(float));
         for (size_t j = 0; j < r->stage_n[s]; j++)
-            dst[j] += r->peer_grad[p][j];
+            dst[j] += r->peers[p].grad[j];
     }
     // the stages whose gradients came here
     for (int s = 0; s < r->plan.stages; s++)
@@ -1521,17 +1621,25 @@ static int s_update_to(router_t *r, int p, long step, double lr, float scale, in
     return rc;
 }
 
-// UPDATE of `step` to each ready peer p with to[p] (1: with its stage's
-// sum, 2: its own gradient kept), stage by stage: the next step's first
-// forward reaches stage 0 first, then stage 1, and waits at each replica
-// behind its UPDATE.
-static void s_update_all(router_t *r, const int *to, long step, double lr, float scale,
-                         int pipelined)
+// What peer pe is sent in an UPDATE: 0 none, 1 its stage's sum, 2 its own
+// gradient kept (self: the UPDATE after a stage applied its own, self_to).
+static int s_update_kind(const peer_t *pe, int self)
 {
-    for (int s = 0; s < r->plan.stages; s++)
-        for (int p = 0; p < r->npeers; p++)
-            if (to[p] && r->peers[p].stage == s && r->peers[p].state == P_READY)
-                s_ignore(s_update_to(r, p, step, lr, scale, to[p] == 2, pipelined));
+    return self ? pe->self_to : pe->in_step ? (pe->norm_only ? 2 : 1) : 0;
+}
+
+// UPDATE of `step` to each ready peer with an s_update_kind, stage by
+// stage: the next step's first forward reaches stage 0 first, then stage
+// 1, and waits at each replica behind its UPDATE.
+static void s_update_all(router_t *r, int self, long step, double lr, float scale, int pipelined)
+{
+    for (int s = 0; s < r->plan.stages; s++) {
+        for (int p = 0; p < r->npeers; p++) {
+            int to = s_update_kind(&r->peers[p], self);
+            if (to && r->peers[p].stage == s && r->peers[p].state == P_READY)
+                s_ignore(s_update_to(r, p, step, lr, scale, to == 2, pipelined));
+        }
+    }
 }
 
 // All gradients are in: sum each stage's over its replicas in peer order,
@@ -1542,12 +1650,10 @@ static void s_step_update(router_t *r)
     double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
     float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
     r->pending = 0;
-    int pipelined = s_update_pipelined(r), to[MAX_PEERS] = { 0 }; // (GCC 12 sees it unset)
-    for (int p = 0; p < r->npeers; p++) {
+    int pipelined = s_update_pipelined(r);
+    for (int p = 0; p < r->npeers; p++)
         r->peers[p].updated = 0;
-        to[p] = r->in_step[p] ? (r->norm_only[p] ? 2 : 1) : 0;
-    }
-    s_update_all(r, to, r->step, lr, scale, pipelined);
+    s_update_all(r, 0, r->step, lr, scale, pipelined);
     r->phase = PH_UPDATE;
     if (pipelined) {
         r->update_step = r->step;
@@ -1610,18 +1716,20 @@ static void s_step_apply_ask(router_t *r, int s)
         r->self_told = 1;
     }
     for (int q = 0; q < r->npeers; q++) {
-        r->self_to[q] = q != p && r->in_step[q] && r->peers[q].state == P_READY
-                        ? (r->norm_only[q] ? 2 : 1) : 0;
+        r->peers[q].self_to = q != p && r->peers[q].in_step && r->peers[q].state == P_READY
+                        ? (r->peers[q].norm_only ? 2 : 1) : 0;
         r->peers[q].updated = 0;
     }
     // its backwards still in flight belong to no micro-batch of the next
     // step: their replies are only counted (its stage has no other replica
     // to redo them on; if it dies, the swarm rolls back)
-    for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id && (r->reqs[i].kind == R_FWD || r->reqs[i].kind == R_BWD))
-            r->reqs[i].mb = -1;
+    for (int i = 0; i < r->req_slots; i++) {
+        req_t *q = s_req_at(r, i);
+        if (q->id && (q->kind == R_FWD || q->kind == R_BWD))
+            q->mb = -1;
+    }
     r->stepped[s] = 1;
-    r->in_step[p] = r->norm_only[p] = 1;
+    r->peers[p].in_step = r->peers[p].norm_only = 1;
     r->self_peer = p;
     r->self_step = r->step;
     r->self_others = others;
@@ -1643,7 +1751,9 @@ static int s_on_applied(router_t *r, const req_t *q, const net_msg_t *m)
     float scale = node_clip_scale(sqrt(r->self_others + sumsq), (float) r->hp.grad_clip);
     r->self_peer = -1;
     r->update_step = r->self_step;
-    s_update_all(r, r->self_to, r->self_step, r->self_lr, scale, 1);
+    s_update_all(r, 1, r->self_step, r->self_lr, scale, 1);
+    for (int p = 0; p < r->npeers; p++)
+        r->peers[p].self_to = 0;
     if (r->update_pending == 0)
         s_consensus(r, r->update_step);
     return 0;
@@ -1669,16 +1779,21 @@ static int s_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
 // replica that joined first); a replica that reports another is resynced
 // from one that agrees (it fetches the stage's state again between steps)
 // and expelled for the rest of the run if it diverges a second time.
+static int s_voter(const peer_t *pe, int s)
+{
+    return pe->updated && pe->state == P_READY && pe->stage == s; // the dead do not vote
+}
+
 static void s_consensus(router_t *r, long step)
 {
     for (int s = 0; s < r->plan.stages; s++) {
         int best = -1, best_votes = 0;
         for (int p = 0; p < r->npeers; p++) {
-            if (!r->peers[p].updated || r->peers[p].stage != s)
+            if (!s_voter(&r->peers[p], s))
                 continue;
             int votes = 0;
             for (int q = 0; q < r->npeers; q++)
-                votes += r->peers[q].updated && r->peers[q].stage == s
+                votes += s_voter(&r->peers[q], s)
                          && !strcmp(r->peers[q].checksum, r->peers[p].checksum);
             if (votes > best_votes) {
                 best = p;
@@ -1687,7 +1802,7 @@ static void s_consensus(router_t *r, long step)
         }
         for (int p = 0; p < r->npeers && best >= 0; p++) {
             peer_t *pe = &r->peers[p];
-            if (!pe->updated || pe->stage != s || !strcmp(pe->checksum, r->peers[best].checksum))
+            if (!s_voter(pe, s) || !strcmp(pe->checksum, r->peers[best].checksum))
                 continue;
             r->checksum_mismatches++;
             pe->updated = 0;
@@ -2127,7 +2242,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
             snprintf(why, wn, "sent no parameter checksum after applying its update");
             return -EPROTO;
         }
-        if (r->norm_only[q->peer] || q->mb == MB_APPLY) {
+        if (r->peers[q->peer].norm_only || q->mb == MB_APPLY) {
             double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
                                                                             : NAN;
             if (isfinite(v) && v >= 0)
@@ -2136,16 +2251,16 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
             return -EPROTO;
         }
         // the largest stage's size: a peer may move between stages
-        if (!r->peer_grad[q->peer] && !(r->peer_grad[q->peer] = malloc(r->max_stage_n * sizeof(float))))
+        if (!r->peers[q->peer].grad && !(r->peers[q->peer].grad = malloc(r->max_stage_n * sizeof(float))))
             abort();
-        int rc = node_wire_get(m, 0, r->peer_grad[q->peer], r->stage_n[s]);
+        int rc = node_wire_get(m, 0, r->peers[q->peer].grad, r->stage_n[s]);
         if (rc != 0) {
             snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
                                             : "sent a gradient of the wrong shape or type");
             return -EPROTO;
         }
         for (size_t j = 0; j < r->stage_n[s]; j++) {
-            if (!isfinite(r->peer_grad[q->peer][j])) {
+            if (!isfinite(r->peers[q->peer].grad[j])) {
                 snprintf(why, wn, "sent a non-finite gradient (element %zu)", j);
                 return -EPROTO;
             }
@@ -2370,7 +2485,7 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
 // survivors' sums then include them).
 static void s_redo_lost(router_t *r, int p)
 {
-    if (r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD) || r->got_grad[p])
+    if (r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD) || r->peers[p].got_grad)
         return;
     int redone = 0;
     for (int i = 0; i < r->G; i++) {
@@ -2383,7 +2498,7 @@ static void s_redo_lost(router_t *r, int p)
             redone++;
         }
     }
-    if (redone > 0 || r->in_step[p]) // the sums must include the re-runs
+    if (redone > 0 || r->peers[p].in_step) // the sums must include the re-runs
         s_step_unask(r);
     fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "
             "other replicas\n", r->step, redone);
@@ -2422,7 +2537,7 @@ static int s_refill(router_t *r, int s)
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
             return -1; // a newcomer is already on its way
-    swarm_peer_view_t views[MAX_PEERS];
+    swarm_peer_view_t *views = r->views; // s_move picks nothing
     double cost[NODE_MAX_LAYERS];
     for (int k = 0; k < r->plan.stages; k++)
         cost[k] = node_plan_stage_cost(&r->hp.cfg, &r->plan, k);
@@ -2461,9 +2576,9 @@ static void s_rollback(router_t *r, int s)
             "step %ld%s\n", s, r->step, r->ckpt_step,
             r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
     s_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
-    for (int i = 0; i < MAX_REQS; i++)
-        if (r->reqs[i].id)
-            s_req_done(r, &r->reqs[i]);
+    for (int i = 0; i < r->req_slots; i++)
+        if (s_req_at(r, i)->id)
+            s_req_done(r, s_req_at(r, i)); // (s_req_done frees the slot: the loop goes on)
     for (int i = 0; i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++) {
@@ -2473,6 +2588,8 @@ static void s_rollback(router_t *r, int s)
     }
     r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
     r->self_peer = -1;
+    for (int p = 0; p < r->npeers; p++)
+        r->peers[p].self_to = 0;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
     r->started = 0; // joins get the router's copy again
@@ -2491,11 +2608,11 @@ static void s_peer_dead(router_t *r, int p, const char *why)
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
     r->peers[p].state = P_DEAD;
-    for (int i = 0; i < MAX_REQS; i++) {
-        req_t q = r->reqs[i];
+    for (int i = 0; i < r->req_slots; i++) {
+        req_t q = *s_req_at(r, i);
         if (q.id == 0 || q.peer != p)
             continue;
-        s_req_done(r, &r->reqs[i]);
+        s_req_done(r, s_req_at(r, i));
         if (q.redo) {
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
         } else if ((q.kind == R_FWD || q.kind == R_BWD) && q.mb >= 0)
@@ -2610,8 +2727,8 @@ static void s_reap(router_t *r)
     size_t n = 0;
     int64_t now = net_clock_ms();
     s_probe(r, now);
-    for (int i = 0; i < MAX_REQS; i++) {
-        const req_t *q = &r->reqs[i];
+    for (int i = 0; i < r->req_slots; i++) {
+        const req_t *q = s_req_at(r, i);
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
         if (!q->id || (q->kind == R_STATE_GET && q->mb < 0)) // checkpoints hold nothing up
             continue;
@@ -2675,7 +2792,7 @@ static void s_rebalance(router_t *r)
     for (int q = 0; q < r->npeers; q++)
         if (r->peers[q].state == P_READY && r->peers[q].samples < 1)
             return; // judge speeds once every ready peer has been measured
-    swarm_peer_view_t views[MAX_PEERS];
+    swarm_peer_view_t *views = r->views; // s_move picks nothing
     double cost[NODE_MAX_LAYERS];
     s_views_as(r, views, 0);
     s_views_checked(r, views);
@@ -2924,7 +3041,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return rc;
         } else if (!strcmp(a, "--min-nodes")) {
             long x;
-            if (node_parse_long(a + 2, v, 0, MAX_PEERS, &x, err, n) != 0)
+            if (node_parse_long(a + 2, v, 0, 1000000, &x, err, n) != 0)
                 return -EINVAL;
             r->min_nodes = (int) x;
         } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
@@ -3188,8 +3305,16 @@ static void s_teardown(router_t *r)
         s_meta(bye, "done=%d\nstep=%ld\nsteps=%ld", r->done, r->step, (long) r->hp.iters);
         s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
     }
-    for (int p = 0; p < MAX_PEERS; p++)
-        free(r->peer_grad[p]);
+    for (int p = 0; p < r->npeers; p++)
+        free(r->peers[p].grad);
+    free(r->peers);
+    for (int k = 0; k < (r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK; k++)
+        free(r->req_blocks[k]);
+    free(r->req_blocks);
+    free(r->req_free);
+    free(r->views);
+    free(r->backlog);
+    free(r->ahead);
     for (int i = 0; r->mbs && i < r->G; i++)
         s_mb_clear(r, &r->mbs[i]);
     free(r->mbs);

@@ -5,6 +5,10 @@
  *                                       are no swarm message at all
  *   rogue oldproto ENDPOINT ROUTER_PUB  a well-formed HELLO of protocol 0;
  *                                       prints the router's ERROR reason
+ *   rogue crowd N ENDPOINT ROUTER_PUB   N peers with keys of their own connect
+ *                                       and say HELLO, all at once; it counts
+ *                                       the ASSIGNs, then all leave without a
+ *                                       word: a crowd that comes and goes
  */
 #include "net.h"
 
@@ -79,10 +83,67 @@ static int s_oldproto(const char *endpoint, const char *router_pub)
     return reason[0] ? 0 : 1;
 }
 
+// One peer of the crowd: HELLO as peer `i`; 1 when the router answered ASSIGN.
+static int s_crowd_one(net_client_t *c, int i)
+{
+    char meta[128], err[256];
+    snprintf(meta, sizeof meta, "proto=1\nname=crowd%d\ndevice=cpu\ntok_s=1000\n", i);
+    net_msg_t *hello = net_msg_new(NET_MSG_HELLO), *reply = NULL;
+    if (net_msg_set_meta(hello, meta) != 0) {
+        net_msg_destroy(&hello);
+        return 0;
+    }
+    net_retry_t retry = { 3000, 2 };
+    int rc = net_client_request(c, &hello, &retry, &reply, err, sizeof err);
+    int assigned = rc == 0 && net_msg_head_const(reply)->type == NET_MSG_ASSIGN;
+    if (!assigned && i == 1)
+        fprintf(stderr, "rogue: crowd1: %s\n", rc != 0 ? err : net_msg_type_name(net_msg_head_const(reply)->type));
+    net_msg_destroy(&reply);
+    return assigned;
+}
+
+static int s_crowd(int n, const char *endpoint, const char *router_pub)
+{
+    net_key_t *server = NULL;
+    net_client_t **c = calloc((size_t) n, sizeof *c);
+    net_key_t **key = calloc((size_t) n, sizeof *key);
+    if (!c || !key || net_key_from_z85(router_pub, &server) != 0)
+        return 2;
+    int assigned = 0;
+    for (int k = 0; k < n; k++) { // all of them connected at once
+        char err[256];
+        net_client_config_t cfg = {
+            .endpoint = endpoint, .server = server,
+            .limits = { .max_tensors = NET_TENSORS_MAX, .max_dims = 4, .max_dim = 1u << 24,
+                        .max_payload = 1u << 26, .max_meta = 4096 },
+        };
+        if (net_key_generate(&key[k]) != 0)
+            break;
+        cfg.key = key[k];
+        if (net_client_new(&cfg, &c[k], err, sizeof err) != 0) {
+            fprintf(stderr, "rogue: crowd%d: %s\n", k + 1, err);
+            break;
+        }
+        assigned += s_crowd_one(c[k], k + 1);
+    }
+    for (int k = 0; k < n; k++) { // then gone, without a BYE
+        net_client_destroy(&c[k]);
+        net_key_destroy(&key[k]);
+    }
+    free(c);
+    free(key);
+    net_key_destroy(&server);
+    printf("rogue: %d of %d peers assigned a stage\n", assigned, n);
+    return assigned == n ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "crowd"))
+        return s_crowd(atoi(argv[2]), argv[3], argv[4]);
     if (argc != 4) {
-        fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n");
+        fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n"
+                        "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n");
         return 2;
     }
     if (!strcmp(argv[1], "garbage"))

@@ -162,4 +162,39 @@ else
     paste -d' ' "$TMP/chosen.txt" "$TMP/train-chosen.txt" | head
 fi
 
+# a crowd: 300 peers, each with a key of its own, connect at once and say
+# HELLO while the router waits for its nodes (more than the 256 entries its
+# peer table once had: crowd257 on were ignored), then leave without a
+# word; two real nodes train after them. The table grows, reuses the
+# entries of the dead once it holds 64, and the run is swarm train's, with
+# no one but the crowd lost
+"$SWARM" keygen "$TMP/crowd-router" >/dev/null
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/crowd-router" --loss-log "$TMP/crowd.txt" >"$TMP/crowd.log" 2>&1 &
+crouter=$!
+pids="$pids $crouter"
+endpoint=$(wait_endpoint "$TMP/crowd.log")
+cpub=$(grep -v '^#' "$TMP/crowd-router.pub" | head -1 | tr -d '[:space:]')
+"$ROGUE" crowd 300 "$endpoint" "$cpub" >"$TMP/crowd.out" 2>&1
+crowd_rc=$?
+for i in 1 2; do
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/crowd-router.pub" --threads 1 \
+        --key "$TMP/cnode$i" --name "cnode$i" >"$TMP/cnode$i.log" 2>&1 &
+    pids="$pids $!"
+done
+wait_exit "$crouter" 120 || bad "crowd: router still running after 120 s"
+wait "$crouter"
+rc=$?
+crowd_ids=$(grep -c "^swarm router: peer [0-9]* (crowd[0-9]*, " "$TMP/crowd.log")
+last_id=$(sed -n 's/^swarm router: peer \([0-9]*\) (cnode[12], .*joins stage.*/\1/p' "$TMP/crowd.log" | sort -n | tail -1)
+if [ $crowd_rc -eq 0 ] && [ "$crowd_ids" -eq 300 ] && [ "${last_id:-0}" -gt 300 ] \
+    && clean_run $rc "$TMP/crowd.log" && losses_match "$TMP/crowd.txt" "$TMP/train.txt" 20 \
+    && log_invariants "$TMP/crowd.log" 0 $(seq -f 'crowd%g' 1 300); then
+    ok "a crowd of 300 peers came and went: $(cat "$TMP/crowd.out"); then 2 nodes trained as swarm train"
+else
+    bad "crowd (exit $rc, $crowd_ids crowd peers joined, nodes' ids ${last_id:-none}): $(cat "$TMP/crowd.out")"
+    grep -v "crowd[0-9]" "$TMP/crowd.log" | tail -10
+fi
+
 lib_done

@@ -48,6 +48,8 @@ ZMQ_CFLAGS    := $(shell pkg-config --cflags libzmq 2>/dev/null)
 ZMQ_LIBS      := $(shell pkg-config --libs libzmq 2>/dev/null || echo -lzmq)
 SODIUM_CFLAGS := $(shell pkg-config --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(shell pkg-config --libs libsodium 2>/dev/null || echo -lsodium)
+JANSSON_CFLAGS := $(shell pkg-config --cflags jansson 2>/dev/null)
+JANSSON_LIBS  := $(shell pkg-config --libs jansson 2>/dev/null || echo -ljansson)
 CHECK_CFLAGS  := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS    := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck)
 CUDA_HOME     ?= /usr/local/cuda
@@ -76,7 +78,7 @@ NODE_SRC  := $(filter-out node/main.c,$(wildcard node/*.c))
 INC_blas  := -Iblas $(BLAS_CFLAGS)
 INC_net   := -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
 INC_swarm := -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
-INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
+INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS)
 # Kernels may be vectorised harder (no value in them is ever inf or NaN on
 # purpose: inputs from peers are checked before they reach a kernel); the
 # optimizer must round the same way on every x86-64 build (DESIGN.md 7):
@@ -91,6 +93,8 @@ NET_OBJ   := $(call obj,$(NET_SRC))
 SWARM_OBJ := $(call obj,$(SWARM_SRC))
 NODE_OBJ  := $(call obj,$(NODE_SRC)) $(BUILD)/obj/corpus.o
 LIBS      := $(BLAS_LIBS) $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -ldl -lpthread
+# what links node/ (the status document and its reader: jansson) links these too
+NODE_LIBS := $(JANSSON_LIBS)
 
 $(BUILD)/obj/blas/%.o: blas/%.c
 	@mkdir -p $(@D)
@@ -160,7 +164,7 @@ all: $(BUILD)/swarm $(CUDA_PLUGIN) $(BUILD)/wanproxy
 
 $(BUILD)/swarm: $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 
 # ---- tests -----------------------------------------------------------------
 TEST_RUNNERS := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/check_*.c))
@@ -170,7 +174,7 @@ $(BUILD)/obj/tests/%.o: tests/%.c
 	$(Q)$(CC) $(CFLAGS_BASE) $(INC_node) -Itests $(CHECK_CFLAGS) -c $< -o $@
 $(BUILD)/check_%: $(BUILD)/obj/tests/check_%.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(CHECK_LIBS) $(LIBS) -o $@
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(CHECK_LIBS) $(NODE_LIBS) $(LIBS) -o $@
 
 # a stand-in plugin: check_blas tests how a plugin is found, loaded and checked
 $(BUILD)/check_blas: | $(BUILD)/fake-cuda.so
@@ -199,7 +203,7 @@ $(BUILD)/obj/node/daemon-misbehave.o: node/daemon.c
 $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/node/daemon.o,$(NODE_OBJ)) \
                           $(BUILD)/obj/node/daemon-misbehave.o $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 
 check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave $(BUILD)/wanproxy
 	@sh tests/run.sh $(BUILD)
@@ -262,13 +266,15 @@ FUZZ_TARGETS ?= wire files keys meta status
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-                -Inet -Inode -Iblas -Iswarm -Itests $(BLAS_CFLAGS) $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
+                -Inet -Inode -Iblas -Iswarm -Itests $(BLAS_CFLAGS) $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) \
+                $(JANSSON_CFLAGS)
 FUZZ_LIBS    := $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -lpthread
 FUZZ_SRC_wire   := tests/fuzz_wire.c net/wire.c net/codec.c
 FUZZ_SRC_keys   := tests/fuzz_keys.c $(NET_SRC)
 FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC)
 FUZZ_SRC_files  := tests/fuzz_files.c node/files.c node/model.c
 FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/join.c $(NET_SRC)
+FUZZ_LIBS_status := $(JANSSON_LIBS)
 FUZZ_LEN_wire   := 16384
 FUZZ_LEN_files  := 16384
 FUZZ_LEN_keys   := 4096
@@ -279,7 +285,7 @@ FUZZ_LEN_status := 8192
 $(FUZZ_BUILD)/fuzz_%: $$(FUZZ_SRC_$$*) tests/fuzz.h net/net.h net/wire.h node/node.h
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZ  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC_$*) $(FUZZ_LIBS) -o $@
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC_$*) $(FUZZ_LIBS_$*) $(FUZZ_LIBS) -o $@
 
 fuzz: deps-fuzz
 	@$(MAKE) --no-print-directory $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
@@ -313,12 +319,12 @@ bench-net: $(BUILD)/bench_net
 # ---- make release: one file for a volunteer ---------------------------------
 # $(BUILD)/release/swarm-linux-x86_64: $(BUILD)/swarm's objects, linked so
 # that only glibc stays dynamic (libc, libm, ld-linux; also libdl, libpthread
-# and librt on a glibc older than 2.34). OpenBLAS, libzmq, libsodium and what
-# they pull in (libstdc++, libgomp, libgfortran, libquadmath, libgcc; libzmq's
-# libpgm, libnorm + libprotokit, libbsd + libmd) come from their .a files, the
-# ones pkg-config --static lists, in one link group so their order does not
-# matter; a member goes in only when something references it (of OpenBLAS,
-# all its DYNAMIC_ARCH kernels: most of the 30 MB). docs/release.md.
+# and librt on a glibc older than 2.34). OpenBLAS, libzmq, libsodium, jansson
+# and what they pull in (libstdc++, libgomp, libgfortran, libquadmath, libgcc;
+# libzmq's libpgm, libnorm + libprotokit, libbsd + libmd) come from their .a
+# files, the ones pkg-config --static lists, in one link group so their order
+# does not matter; a member goes in only when something references it (of
+# OpenBLAS, all its DYNAMIC_ARCH kernels: most of the 30 MB). docs/release.md.
 #
 # GSSAPI: Debian's libzmq.a has its Kerberos mechanism built in, and Debian
 # ships no static libgssapi_krb5 (nor libkrb5, libk5crypto). Linked
@@ -340,8 +346,8 @@ RELEASE_GLIBC := -pthread -lpthread -lrt -lm -ldl
 # link takes nothing from them), and libzmq3-dev does not bring all their .a
 RELEASE_UNUSED := -lxml2 -licui18n -licuuc -licudata -lz -llzma
 # (deferred: pkg-config runs only when the release is linked)
-RELEASE_PC     = $(shell pkg-config --static --libs libzmq libsodium 2>/dev/null \
-                   || echo -lzmq -lstdc++ -lpgm -lnorm -lprotokit -lbsd -lmd -lsodium)
+RELEASE_PC     = $(shell pkg-config --static --libs libzmq libsodium jansson 2>/dev/null \
+                   || echo -lzmq -lstdc++ -lpgm -lnorm -lprotokit -lbsd -lmd -lsodium -ljansson)
 RELEASE_LIBS   = -Wl,-Bstatic -Wl,--start-group $(filter -L% -l%,$(BLAS_LIBS)) \
                  $(patsubst lib%.a,-l%,$(filter-out -L% $(RELEASE_GSS) $(RELEASE_GLIBC) $(RELEASE_UNUSED),$(RELEASE_PC))) \
                  -lstdc++ -lgfortran -lquadmath -lgomp -Wl,--end-group \

@@ -2,15 +2,17 @@
  * for its STATUS and show it, as tables for people or as the raw JSON object
  * for scripts, once or every few seconds (--watch).
  *
- * The reply comes from the network, so its JSON is read by a small bounded
- * parser that knows exactly the shape of docs/swarm.md (numbers, strings,
- * arrays of flat objects), skips what it does not know and never trusts a
- * length. It does not change anything in the swarm: STATUS is read-only.
+ * The reply comes from the network: jansson parses it (at most NET_META_MAX
+ * bytes, STATUS_DEPTH_MAX deep, nothing but JSON: no inf or nan), then the
+ * fields of docs/swarm.md are read with their types checked; what a newer
+ * router adds is ignored. It does not change anything in the swarm: STATUS
+ * is read-only.
  */
 #include "node.h"
 #include "net.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <sodium.h>
@@ -24,7 +26,7 @@
 #define STATUS_TRIES 2          // tries in all
 #define STATUS_STAGES_MAX 256   // stages kept for the table
 #define STATUS_PEERS_MAX 1024   // peers kept for the table (the rest are counted)
-#define STATUS_DEPTH_MAX 16     // nesting the parser accepts in skipped values
+#define STATUS_DEPTH_MAX 16     // arrays and objects nested, the document's own included
 #define STATUS_TEXT_MAX 64      // bytes kept of a string field
 
 // ---- the status, as parsed -------------------------------------------------
@@ -47,7 +49,8 @@ typedef struct {
     double inflight;                // requests sent to it, not yet answered
     double heartbeat_age_s;         // seconds since its last heartbeat
     double failures;                // requests it failed
-    double banned_s;                // seconds of its ban still to run
+    double banned_s;                // seconds of its ban still to run (NAN: null)
+    int expelled;                   // banned for the run: its ban never ends
     char state[STATUS_TEXT_MAX];    // joining, ready, moving, banned, dead
     char why[96];                   // why it is dead or banned
 } status_peer_t;
@@ -66,368 +69,220 @@ typedef struct {
     size_t stages_dropped;          // stages beyond STATUS_STAGES_MAX
     status_peer_t peers[STATUS_PEERS_MAX];    // npeers used
     size_t npeers;                  // peers kept
-    size_t peers_dropped;           // peers beyond STATUS_PEERS_MAX
+    size_t peers_dropped;           // peers beyond STATUS_PEERS_MAX, and peers_omitted
 } status_t;
 
-// ---- a bounded JSON reader ---------------------------------------------------
+// ---- reading the document (jansson) -------------------------------------------
 
-typedef struct {
-    const char *start;              // first byte of the text
-    const char *p;                  // next byte to read
-    const char *end;                // one past the last byte
-    char err[200];                  // what went wrong, first error only
-} s_json_t;
-
-typedef int (*s_field_fn)(s_json_t *j, const char *key, void *ctx);
-
-static int s_json_fail(s_json_t *j, const char *what)
+// What a JSON value is, for an error.
+static const char *s_kind(const json_t *v)
 {
-    if (!j->err[0])
-        snprintf(j->err, sizeof j->err, "at byte %td: %s", j->p - j->start, what);
-    return -EPROTO;
-}
-
-static void s_json_ws(s_json_t *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-// Skip whitespace and consume c; 0 or -EPROTO.
-static int s_json_expect(s_json_t *j, char c, const char *what)
-{
-    s_json_ws(j);
-    if (j->p >= j->end || *j->p != c)
-        return s_json_fail(j, what);
-    j->p++;
-    return 0;
-}
-
-static int s_json_peek(s_json_t *j)
-{
-    s_json_ws(j);
-    return j->p < j->end ? (unsigned char) *j->p : -1;
-}
-
-static int s_hex4(const char *s, unsigned *out)
-{
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0)
-            return -1;
-        v = v << 4 | (unsigned) d;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: return "true";
+    case JSON_FALSE: return "false";
+    default: return "null";
     }
-    *out = v;
-    return 0;
 }
 
-// One escape after the backslash; *c gets the byte to keep ('?' for anything
-// that is not printable ASCII, so no peer can write control codes to a
-// terminal).
-static int s_json_escape(s_json_t *j, char *c)
+// 1 when v nests more than `levels` arrays and objects deep (v itself counts).
+static int s_too_deep(json_t *v, int levels)
 {
-    if (j->p >= j->end)
-        return s_json_fail(j, "string ends inside an escape");
-    char e = *j->p++;
-    const char *from = "\"\\/bfnrt", *to = "\"\\/     ";
-    const char *hit = strchr(from, e);
-    if (e && hit) {
-        *c = to[hit - from];
+    if (!json_is_object(v) && !json_is_array(v))
         return 0;
+    if (levels == 0)
+        return 1;
+    const char *key;
+    json_t *item;
+    size_t i;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, item)
+            if (s_too_deep(item, levels - 1))
+                return 1;
+    } else {
+        json_object_foreach(v, key, item)
+            if (s_too_deep(item, levels - 1))
+                return 1;
     }
-    unsigned u;
-    if (e != 'u' || j->end - j->p < 4 || s_hex4(j->p, &u) < 0)
-        return s_json_fail(j, "bad escape in a string");
-    j->p += 4;
-    *c = u >= 0x20 && u < 0x7f ? (char) u : '?';
     return 0;
 }
 
-// A string into out (cap >= 1 bytes, NUL-terminated, truncated to fit,
-// printable ASCII only). out may be NULL to skip it.
-static int s_json_string(s_json_t *j, char *out, size_t cap)
+// Field key of object `in` (where: "" at the top, or e.g. "\"peers\"[3]: ")
+// as a number into *out: absent keeps *out, null is NAN. 0; -EPROTO with
+// the field and what it holds in err.
+static int s_num(const json_t *in, const char *where, const char *key, double *out, char *err,
+                 size_t errlen)
 {
-    size_t n = 0;
-    if (s_json_expect(j, '"', "expected a string") < 0)
+    const json_t *v = json_object_get(in, key);
+    if (v && !json_is_null(v) && !json_is_number(v)) {
+        snprintf(err, errlen, "%s\"%s\" is %s, not a number", where, key, s_kind(v));
         return -EPROTO;
-    for (;;) {
-        if (j->p >= j->end)
-            return s_json_fail(j, "string not closed");
-        unsigned char b = (unsigned char) *j->p++;
-        char c = (char) b;
-        if (b == '"')
-            break;
-        if (b < 0x20)
-            return s_json_fail(j, "control character inside a string");
-        if (b == '\\' && s_json_escape(j, &c) < 0)
-            return -EPROTO;
-        if (b >= 0x7f)
-            c = '?';
-        if (out && n + 1 < cap)
-            out[n++] = c;
     }
-    if (out)
-        out[n] = '\0';
+    if (v)
+        *out = json_is_number(v) ? json_number_value(v) : NAN;
     return 0;
 }
 
-// A number (or null, read as NAN). Only JSON's characters go to strtod, so
-// it never sees hex; the value must be finite.
-static int s_json_number(s_json_t *j, double *out)
+// Field key as text into out (cap bytes, NUL-terminated, truncated to fit):
+// absent or null is "". Printable ASCII only, one '?' for each other
+// character, so that no peer can write control codes to a terminal.
+static int s_str(const json_t *in, const char *where, const char *key, char *out, size_t cap,
+                 char *err, size_t errlen)
 {
-    s_json_ws(j);
-    // null is "not known"; nan and inf are not JSON, but a router that
-    // printed a diverged loss with %f writes them: read them as not known
-    static const char *const words[] = {"null", "-nan", "nan", "-inf", "inf"};
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
-        size_t n = strlen(words[i]);
-        if ((size_t) (j->end - j->p) >= n && memcmp(j->p, words[i], n) == 0) {
-            j->p += n;
-            *out = NAN;
-            return 0;
-        }
+    const json_t *v = json_object_get(in, key);
+    if (v && !json_is_null(v) && !json_is_string(v)) {
+        snprintf(err, errlen, "%s\"%s\" is %s, not a string", where, key, s_kind(v));
+        return -EPROTO;
     }
-    char buf[64];
-    size_t n = 0;
-    while (j->p + n < j->end && n < sizeof buf - 1 && j->p[n] && strchr("+-0123456789.eE", j->p[n]))
-        n++;
-    memcpy(buf, j->p, n);
-    buf[n] = '\0';
-    char *stop = NULL;
-    double v = n ? strtod(buf, &stop) : 0;
-    if (!n || n == sizeof buf - 1 || stop != buf + n || !isfinite(v))
-        return s_json_fail(j, "expected a number");
-    j->p += n;
-    *out = v;
+    const unsigned char *s = (const unsigned char *) (v ? json_string_value(v) : NULL);
+    size_t len = s ? json_string_length(v) : 0, n = 0;
+    for (size_t i = 0; i < len && n + 1 < cap; i++)
+        if (s[i] < 0x80 || s[i] >= 0xc0) // UTF-8: a continuation byte is no character
+            out[n++] = s[i] >= 0x20 && s[i] < 0x7f ? (char) s[i] : '?';
+    out[n] = '\0';
     return 0;
 }
 
-static int s_json_skip(s_json_t *j, int depth);
-
-// '{' "key": value, ... '}' with field(j, key, ctx) reading each value.
-static int s_json_object(s_json_t *j, s_field_fn field, void *ctx)
+// Field key as true or false into *out: absent or null is 0.
+static int s_bool(const json_t *in, const char *where, const char *key, int *out, char *err,
+                  size_t errlen)
 {
-    if (s_json_expect(j, '{', "expected '{'") < 0)
+    const json_t *v = json_object_get(in, key);
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        snprintf(err, errlen, "%s\"%s\" is %s, not true or false", where, key, s_kind(v));
         return -EPROTO;
-    if (s_json_peek(j) == '}') {
-        j->p++;
-        return 0;
     }
-    for (;;) {
-        char key[32];
-        if (s_json_string(j, key, sizeof key) < 0 ||
-            s_json_expect(j, ':', "expected ':' after a key") < 0 || field(j, key, ctx) < 0)
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int s_stage_read(const json_t *in, const char *where, status_stage_t *s, char *err,
+                        size_t errlen)
+{
+    *s = (status_stage_t) {NAN, NAN, NAN, NAN, NAN};
+    struct { const char *key; double *v; } nums[] = {
+        {"stage", &s->stage}, {"replicas", &s->replicas}, {"tok_s", &s->tok_s},
+        {"node_tok_s", &s->node_tok_s}, {"queue", &s->queue},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        if (s_num(in, where, nums[i].key, nums[i].v, err, errlen) < 0)
             return -EPROTO;
-        int c = s_json_peek(j);
-        j->p += c == ',' || c == '}';
-        if (c == '}')
-            return 0;
-        if (c != ',')
-            return s_json_fail(j, "expected ',' or '}' in an object");
-    }
+    return 0;
 }
 
-// '[' value, ... ']' with item(j, index, ctx) reading each value.
-static int s_json_array(s_json_t *j, int (*item)(s_json_t *, size_t, void *), void *ctx)
+static int s_peer_read(const json_t *in, const char *where, status_peer_t *p, char *err,
+                       size_t errlen)
 {
-    if (s_json_expect(j, '[', "expected '['") < 0)
-        return -EPROTO;
-    if (s_json_peek(j) == ']') {
-        j->p++;
-        return 0;
-    }
-    for (size_t i = 0;; i++) {
-        if (item(j, i, ctx) < 0)
-            return -EPROTO;
-        int c = s_json_peek(j);
-        j->p += c == ',' || c == ']';
-        if (c == ']')
-            return 0;
-        if (c != ',')
-            return s_json_fail(j, "expected ',' or ']' in an array");
-    }
-}
-
-static int s_skip_field(s_json_t *j, const char *key, void *ctx)
-{
-    (void) key;
-    return s_json_skip(j, *(int *) ctx);
-}
-
-static int s_skip_item(s_json_t *j, size_t i, void *ctx)
-{
-    (void) i;
-    return s_json_skip(j, *(int *) ctx);
-}
-
-// Any value, to a bounded depth: what a newer router adds is ignored.
-static int s_json_skip(s_json_t *j, int depth)
-{
-    if (depth >= STATUS_DEPTH_MAX)
-        return s_json_fail(j, "nested too deep");
-    int c = s_json_peek(j), next = depth + 1;
-    if (c == '{')
-        return s_json_object(j, s_skip_field, &next);
-    if (c == '[')
-        return s_json_array(j, s_skip_item, &next);
-    if (c == '"')
-        return s_json_string(j, NULL, 0);
-    static const char *const words[] = {"true", "false"}; // null: as a number
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
-        size_t n = strlen(words[i]);
-        if ((size_t) (j->end - j->p) >= n && memcmp(j->p, words[i], n) == 0) {
-            j->p += n;
-            return 0;
-        }
-    }
-    double ignored;
-    return s_json_number(j, &ignored);
-}
-
-// ---- the status object -------------------------------------------------------
-
-// A numeric field (or null): the error names the key.
-static int s_num(s_json_t *j, const char *key, double *out)
-{
-    if (s_json_number(j, out) == 0)
-        return 0;
-    j->err[0] = '\0'; // say which field
-    char what[64];
-    snprintf(what, sizeof what, "\"%s\" is not a finite number", key);
-    return s_json_fail(j, what);
-}
-
-// A string field (or null, read as ""): the error names the key.
-static int s_str(s_json_t *j, const char *key, char *out, size_t cap)
-{
-    int c = s_json_peek(j);
-    if (c == '"')
-        return s_json_string(j, out, cap);
-    if (c == 'n' && j->end - j->p >= 4 && memcmp(j->p, "null", 4) == 0) {
-        j->p += 4;
-        out[0] = '\0';
-        return 0;
-    }
-    char what[64];
-    snprintf(what, sizeof what, "\"%s\" is not a string", key);
-    return s_json_fail(j, what);
-}
-
-static int s_stage_field(s_json_t *j, const char *key, void *ctx)
-{
-    status_stage_t *s = ctx;
-    if (!strcmp(key, "stage"))
-        return s_num(j, key, &s->stage);
-    if (!strcmp(key, "replicas"))
-        return s_num(j, key, &s->replicas);
-    if (!strcmp(key, "tok_s"))
-        return s_num(j, key, &s->tok_s);
-    if (!strcmp(key, "node_tok_s"))
-        return s_num(j, key, &s->node_tok_s);
-    if (!strcmp(key, "queue"))
-        return s_num(j, key, &s->queue);
-    return s_json_skip(j, 2);
-}
-
-static int s_peer_field(s_json_t *j, const char *key, void *ctx)
-{
-    status_peer_t *p = ctx;
+    *p = (status_peer_t) {.id = NAN, .stage = NAN, .tok_s = NAN, .inflight = NAN,
+                          .heartbeat_age_s = NAN, .failures = NAN, .banned_s = NAN};
     struct { const char *key; double *v; } nums[] = {
         {"id", &p->id}, {"stage", &p->stage}, {"tok_s", &p->tok_s},
         {"inflight", &p->inflight}, {"heartbeat_age_s", &p->heartbeat_age_s},
         {"failures", &p->failures}, {"banned_s", &p->banned_s},
     };
-    struct { const char *key; char *s; } strs[] = {
-        {"name", p->name}, {"key", p->key}, {"device", p->device}, {"state", p->state},
+    struct { const char *key; char *s; size_t cap; } strs[] = {
+        {"name", p->name, sizeof p->name}, {"key", p->key, sizeof p->key},
+        {"device", p->device, sizeof p->device}, {"state", p->state, sizeof p->state},
+        {"why", p->why, sizeof p->why},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
-        if (!strcmp(key, nums[i].key))
-            return s_num(j, key, nums[i].v);
+        if (s_num(in, where, nums[i].key, nums[i].v, err, errlen) < 0)
+            return -EPROTO;
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        if (!strcmp(key, strs[i].key))
-            return s_str(j, key, strs[i].s, STATUS_TEXT_MAX);
-    if (!strcmp(key, "why"))
-        return s_str(j, key, p->why, sizeof p->why);
-    return s_json_skip(j, 2);
+        if (s_str(in, where, strs[i].key, strs[i].s, strs[i].cap, err, errlen) < 0)
+            return -EPROTO;
+    return s_bool(in, where, "expelled", &p->expelled, err, errlen);
 }
 
-static int s_stage_item(s_json_t *j, size_t i, void *ctx)
+// "stages" (is_peers 0) or "peers" of the document into st: absent or null
+// is no table; each entry an object. 0 or -EPROTO with err.
+static int s_table_read(const json_t *doc, int is_peers, status_t *st, char *err, size_t errlen)
 {
-    status_t *st = ctx;
-    (void) i;
-    status_stage_t scratch, *s = st->nstages < STATUS_STAGES_MAX ? &st->stages[st->nstages]
-                                                                 : &scratch;
-    *s = (status_stage_t) {NAN, NAN, NAN, NAN, NAN};
-    if (s_json_peek(j) != '{')
-        return s_json_fail(j, "\"stages\" holds something that is not an object");
-    if (s_json_object(j, s_stage_field, s) < 0)
+    const char *name = is_peers ? "peers" : "stages";
+    const json_t *table = json_object_get(doc, name), *entry;
+    if (!table || json_is_null(table))
+        return 0;
+    if (!json_is_array(table)) {
+        snprintf(err, errlen, "\"%s\" is %s, not an array", name, s_kind(table));
         return -EPROTO;
-    if (s == &scratch)
-        st->stages_dropped++;
-    else
-        st->nstages++;
+    }
+    size_t i;
+    json_array_foreach(table, i, entry) {
+        char where[48];
+        snprintf(where, sizeof where, "\"%s\"[%zu]: ", name, i);
+        if (!json_is_object(entry)) {
+            snprintf(err, errlen, "\"%s\"[%zu] is %s, not an object", name, i, s_kind(entry));
+            return -EPROTO;
+        }
+        status_stage_t stage;
+        status_peer_t peer;
+        int rc = is_peers ? s_peer_read(entry, where, &peer, err, errlen)
+                          : s_stage_read(entry, where, &stage, err, errlen);
+        if (rc < 0)
+            return rc;
+        if (is_peers && st->npeers < STATUS_PEERS_MAX)
+            st->peers[st->npeers++] = peer;
+        else if (is_peers)
+            st->peers_dropped++;
+        else if (st->nstages < STATUS_STAGES_MAX)
+            st->stages[st->nstages++] = stage;
+        else
+            st->stages_dropped++;
+    }
     return 0;
 }
 
-static int s_peer_item(s_json_t *j, size_t i, void *ctx)
+// The fields of the document (a JSON object) into *st.
+static int s_status_read(const json_t *doc, status_t *st, char *err, size_t errlen)
 {
-    status_t *st = ctx;
-    (void) i;
-    status_peer_t scratch, *p = st->npeers < STATUS_PEERS_MAX ? &st->peers[st->npeers]
-                                                              : &scratch;
-    *p = (status_peer_t) {.id = NAN, .stage = NAN, .tok_s = NAN, .inflight = NAN,
-                          .heartbeat_age_s = NAN, .failures = NAN, .banned_s = NAN};
-    if (s_json_peek(j) != '{')
-        return s_json_fail(j, "\"peers\" holds something that is not an object");
-    if (s_json_object(j, s_peer_field, p) < 0)
-        return -EPROTO;
-    if (p == &scratch)
-        st->peers_dropped++;
-    else
-        st->npeers++;
-    return 0;
-}
-
-static int s_status_field(s_json_t *j, const char *key, void *ctx)
-{
-    status_t *st = ctx;
     struct { const char *key; double *v; } nums[] = {
         {"step", &st->step}, {"iters", &st->iters}, {"loss", &st->loss},
         {"loss_avg", &st->loss_avg}, {"tok_s", &st->tok_s}, {"eta_s", &st->eta_s},
         {"bound_tok_s", &st->bound_tok_s},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
-        if (!strcmp(key, nums[i].key))
-            return s_num(j, key, nums[i].v);
-    if (!strcmp(key, "state"))
-        return s_str(j, key, st->state, sizeof st->state);
-    if (!strcmp(key, "stages") && s_json_peek(j) != 'n') // null: no table
-        return s_json_array(j, s_stage_item, st);
-    if (!strcmp(key, "peers") && s_json_peek(j) != 'n')
-        return s_json_array(j, s_peer_item, st);
-    return s_json_skip(j, 1);
+        if (s_num(doc, "", nums[i].key, nums[i].v, err, errlen) < 0)
+            return -EPROTO;
+    double omitted = 0;
+    if (s_str(doc, "", "state", st->state, sizeof st->state, err, errlen) < 0 ||
+        s_num(doc, "", "peers_omitted", &omitted, err, errlen) < 0 ||
+        s_table_read(doc, 0, st, err, errlen) < 0 || s_table_read(doc, 1, st, err, errlen) < 0)
+        return -EPROTO;
+    if (omitted > 0 && omitted < 1e15) // the router left them off: counted as dropped
+        st->peers_dropped += (size_t) omitted;
+    return 0;
 }
 
 // Parse the reply's meta (len bytes, not NUL-terminated) into *st.
-// 0; -EPROTO with the reason in err.
+// 0; -EPROTO with the reason in err (printable ASCII: it may quote the text).
 static int s_status_parse(const char *text, size_t len, status_t *st, char *err, size_t errlen)
 {
     memset(st, 0, sizeof *st);
     st->step = st->iters = st->loss = st->loss_avg = st->tok_s = st->eta_s = NAN;
     st->bound_tok_s = NAN;
-    s_json_t j = {.start = text, .p = text, .end = text + len};
-    int rc = text && len ? 0 : s_json_fail(&j, "empty (no JSON object)");
-    if (rc == 0 && s_json_peek(&j) != '{')
-        rc = s_json_fail(&j, "not a JSON object");
-    if (rc == 0)
-        rc = s_json_object(&j, s_status_field, st);
-    if (rc == 0 && s_json_peek(&j) != -1)
-        rc = s_json_fail(&j, "text after the JSON object");
-    if (rc < 0)
-        snprintf(err, errlen, "%s", j.err);
+    json_error_t e;
+    json_t *doc = NULL;
+    int rc = -EPROTO;
+    if (!text || !len)
+        snprintf(err, errlen, "empty (no JSON object)");
+    else if (len > NET_META_MAX)
+        snprintf(err, errlen, "%zu bytes, more than a message's %u", len, NET_META_MAX);
+    else if (!(doc = json_loadb(text, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL |
+                                JSON_ALLOW_NUL, &e)))
+        snprintf(err, errlen, "at byte %d: %s", e.position, e.text);
+    else if (!json_is_object(doc))
+        snprintf(err, errlen, "not a JSON object but %s", s_kind(doc));
+    else if (s_too_deep(doc, STATUS_DEPTH_MAX))
+        snprintf(err, errlen, "nested more than %d arrays and objects deep", STATUS_DEPTH_MAX);
+    else
+        rc = s_status_read(doc, st, err, errlen);
+    json_decref(doc);
+    for (char *c = err; rc < 0 && *c; c++)
+        *c = *c < 0x20 || *c > 0x7e ? '?' : *c;
     return rc;
 }
 
@@ -509,7 +364,9 @@ static void s_print_peers(FILE *out, const status_t *st)
         fprintf(out, "(no peers)\n");
     for (size_t i = 0; i < st->npeers; i++) {
         const status_peer_t *p = &st->peers[i];
-        if (p->banned_s > 0)
+        if (p->expelled)
+            snprintf(state, sizeof state, "%s for the run", p->state[0] ? p->state : "banned");
+        else if (p->banned_s > 0)
             snprintf(state, sizeof state, "%s %.0fs", p->state, p->banned_s);
         else
             snprintf(state, sizeof state, "%s", p->state[0] ? p->state : "-");

@@ -20,6 +20,7 @@ have_pc openblas || need="$need libopenblas-dev"
     || have_deb libopenblas-openmp-dev || need="$need libopenblas-openmp-dev"
 have_pc libzmq || need="$need libzmq3-dev"
 have_pc libsodium || need="$need libsodium-dev"
+have_pc jansson || need="$need libjansson-dev"
 have_pc check || need="$need check"
 # make release links libzmq's C++ runtime and OpenBLAS's Fortran one
 # statically: their .a files come with g++ and gfortran, not with gcc
@@ -45,7 +46,7 @@ if [ "${1:-}" = fuzz ]; then
 fi
 
 if [ -z "$need" ]; then
-    echo "deps: all present (openblas, libzmq, libsodium, check, pkg-config${1:+, clang with libFuzzer})"
+    echo "deps: all present (openblas, libzmq, libsodium, jansson, check, pkg-config${1:+, clang with libFuzzer})"
     exit 0
 fi
 echo "deps: missing:$need"
@@ -72,6 +73,7 @@ why() {
     libopenblas-openmp-dev) echo "OpenBLAS's OpenMP build, one thread pool with swarm's loops" ;;
     libzmq3-dev) echo "ZeroMQ, the transport" ;;
     libsodium-dev) echo "libsodium, CurveZMQ keys and BLAKE2b checksums" ;;
+    libjansson-dev) echo "jansson, the router's status JSON" ;;
     check) echo "Check, the unit tests" ;;
     clang) echo "clang, for the libFuzzer targets of make fuzz" ;;
     libclang-rt-dev) echo "clang's libFuzzer and sanitizer runtimes" ;;

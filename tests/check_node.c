@@ -1051,7 +1051,88 @@ START_TEST(test_status_reads_the_documented_reply_and_refuses_broken_ones)
     ck_assert_ptr_null(strchr(text, '\033')); // a peer's name cannot drive the terminal
     free(text);
     ck_assert_int_eq(node_status_show("{\"step\": 1e999}", 15, "a", NULL, err, sizeof err), -EPROTO);
-    ck_assert_msg(strstr(err, "\"step\" is not a finite number"), "%s", err);
+    ck_assert_msg(strstr(err, "real number overflow"), "%s", err);
+    ck_assert_int_eq(node_status_show("{\"step\": \"12\"}", 14, "a", NULL, err, sizeof err), -EPROTO);
+    ck_assert_msg(strstr(err, "\"step\" is a string, not a number"), "%s", err);
+}
+END_TEST
+
+// The tables swarm status prints for reply (len bytes); *rc is what
+// node_status_show returned. The text is the caller's to free.
+static char *s_status_tables(const char *reply, size_t len, int *rc, char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *out = open_memstream(&text, &n);
+    ck_assert_ptr_nonnull(out);
+    *rc = node_status_show(reply, len, "tcp://h:1", out, err, errlen);
+    fclose(out);
+    return text;
+}
+
+START_TEST(test_status_refuses_inf_and_nan_and_reads_an_expelled_peer)
+{
+    char err[256] = "";
+    // what the router wrote for a peer expelled for the run, before jansson
+    const char *old = "{\"step\": 40, \"state\": \"training\", \"stages\": [], \"peers\": [{\"id\": 5, "
+        "\"name\": \"drift\", \"state\": \"banned\", \"failures\": 1, \"banned_s\": inf, \"why\": \"\"}]}";
+    ck_assert_int_eq(node_status_show(old, strlen(old), "a", NULL, err, sizeof err), -EPROTO);
+    ck_assert_msg(strstr(err, "at byte ") && strstr(err, "inf"), "%s", err);
+    ck_assert_int_eq(node_status_show("{\"loss\": nan}", 13, "a", NULL, err, sizeof err), -EPROTO);
+    // what it writes now: a ban that ends, one that never does (expelled)
+    const char *reply = "{\"step\": 40, \"iters\": 400, \"loss\": 2.5, \"loss_avg\": 2.6, "
+        "\"tok_s\": 100.0, \"bound_tok_s\": 120.0, \"eta_s\": null, \"state\": \"training\", "
+        "\"stages\": [{\"stage\": 0, \"replicas\": 1, \"tok_s\": 100.0, \"node_tok_s\": 120.0, "
+        "\"queue\": 0, \"flops_per_token\": 1000}], \"peers\": ["
+        "{\"id\": 1, \"name\": \"honest\", \"key\": \"k1\", \"device\": \"cpu\", \"stage\": 0, "
+        "\"tok_s\": 100.0, \"node_tok_s\": 120.0, \"inflight\": 1, \"heartbeat_age_s\": 0.2, "
+        "\"state\": \"ready\", \"failures\": 0, \"banned_s\": 0, \"expelled\": false, \"why\": \"\"}, "
+        "{\"id\": 2, \"name\": \"slow\", \"key\": \"k2\", \"device\": \"cpu\", \"stage\": 0, "
+        "\"tok_s\": 0.0, \"node_tok_s\": 0.0, \"inflight\": 0, \"heartbeat_age_s\": 3.1, "
+        "\"state\": \"banned\", \"failures\": 1, \"banned_s\": 12, \"expelled\": false, "
+        "\"why\": \"missed the deadline\"}, "
+        "{\"id\": 3, \"name\": \"drift\", \"key\": \"k3\", \"device\": \"cpu\", \"stage\": 0, "
+        "\"tok_s\": 0.0, \"node_tok_s\": 0.0, \"inflight\": 0, \"heartbeat_age_s\": 9.0, "
+        "\"state\": \"banned\", \"failures\": 2, \"banned_s\": null, \"expelled\": true, "
+        "\"why\": \"diverged from its replicas a second time: expelled\"}], \"peers_omitted\": 2}";
+    int rc = 0;
+    char *text = s_status_tables(reply, strlen(reply), &rc, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_msg(strstr(text, "step 40/400") && strstr(text, "banned 12s (missed the deadline)")
+                  && strstr(text, "banned for the run (diverged from its replicas a second time")
+                  && strstr(text, "... and 2 more peers"), "%s", text);
+    free(text);
+    // each field's type is checked; the error names the entry and the field
+    const char *typed = "{\"peers\": [{\"id\": 1}, {\"expelled\": \"yes\"}]}";
+    ck_assert_int_eq(node_status_show(typed, strlen(typed), "a", NULL, err, sizeof err), -EPROTO);
+    ck_assert_msg(strstr(err, "\"peers\"[1]: \"expelled\" is a string"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_status_reads_a_table_of_2000_peers)
+{
+    char *doc = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&doc, &len);
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"step\": 1, \"iters\": 10, \"state\": \"training\", \"stages\": [], \"peers\": [");
+    for (int i = 0; i < 2000; i++)
+        fprintf(f, "%s{\"id\": %d, \"name\": \"node-%04d\", \"key\": \"%040d\", \"device\": \"cpu\", "
+                "\"stage\": %d, \"tok_s\": 1300.5, \"node_tok_s\": 1400.0, \"inflight\": 1, "
+                "\"heartbeat_age_s\": 0.4, \"state\": \"ready\", \"failures\": 0, \"banned_s\": 0, "
+                "\"expelled\": false, \"why\": \"\"}", i ? ", " : "", i + 1, i, i, i % 4);
+    fprintf(f, "], \"peers_omitted\": 0}");
+    fclose(f);
+    ck_assert_uint_gt(len, 65536); // more than the router's old fixed buffer
+    char err[256] = "";
+    int rc = 0;
+    char *text = s_status_tables(doc, len, &rc, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    // the table keeps the first 1024 and counts the rest
+    ck_assert(strstr(text, "node-0000") && strstr(text, "node-1023") && !strstr(text, "node-1024"));
+    ck_assert_msg(strstr(text, "... and 976 more peers"), "%.300s", text);
+    free(text);
+    free(doc);
 }
 END_TEST
 
@@ -1200,6 +1281,8 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("status");
     tcase_add_test(tc, test_status_reads_the_documented_reply_and_refuses_broken_ones);
+    tcase_add_test(tc, test_status_refuses_inf_and_nan_and_reads_an_expelled_peer);
+    tcase_add_test(tc, test_status_reads_a_table_of_2000_peers);
     suite_add_tcase(s, tc);
     tc = tcase_create("fuzz");
     tcase_add_loop_test(tc, test_fuzz_target_seeds_are_current, 0, N_FUZZ_TARGETS);

@@ -1,6 +1,7 @@
 /* fuzz_status.c - libFuzzer target for `swarm status`'s reading of the
- * router's STATUS reply: its bounded JSON parser and the tables it prints
- * (node/status.c), on any bytes.
+ * router's STATUS reply: jansson's parser under status.c's limits, the
+ * reading of the fields and the tables it prints (node/status.c), on any
+ * bytes.
  *
  * Input: the reply's meta text, as it came off the wire. The parser must
  * accept or refuse it with a reason (-EPROTO), and an accepted reply must
@@ -56,7 +57,13 @@ static const struct {
     {"ok-unknown-fields-skipped",
      "{\"new\": {\"a\": [1, 2, {\"b\": true}], \"c\": false}, \"step\": 1e3, \"x\": \"\\u00e9\\n\","
      " \"peers\": [{\"name\": \"a\\\"b\\\\c\\u0007\", \"extra\": [null]}]}"},
-    {"ok-diverged-loss", "{\"loss\": nan, \"loss_avg\": -inf, \"state\": \"training\"}"},
+    {"ok-expelled-peer",
+     "{\"step\": 40, \"loss\": null, \"state\": \"training\", \"peers\": [{\"id\": 5, \"name\": \"drift\",\n"
+     " \"state\": \"banned\", \"failures\": 1, \"banned_s\": null, \"expelled\": true,\n"
+     " \"why\": \"diverged from its replicas a second time: expelled\"}], \"peers_omitted\": 0}"},
+    {"ok-nul-and-utf8-in-strings", "{\"state\": \"a\\u0000b\", \"peers\": [{\"name\": \"\\u00e9t\\u00e9\"}]}"},
+    {"ok-number-long-mantissa",
+     "{\"step\": 1.00000000000000000000000000000000000000000000000000000000000000000001}"},
     {"ok-long-strings",
      "{\"state\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\","
      " \"peers\": [{\"device\": \"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\"}]}"},
@@ -78,7 +85,11 @@ static const struct {
     {"bad-trailing-comma", "{\"step\": 1,}"},
     {"bad-too-deep",
      "{\"x\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}"},
-    {"bad-number-too-long", "{\"step\": 1.00000000000000000000000000000000000000000000000000000000000000000001}"},
+    {"bad-diverged-loss", "{\"loss\": nan, \"loss_avg\": -inf, \"state\": \"training\"}"},
+    {"bad-banned-inf", "{\"peers\": [{\"id\": 5, \"state\": \"banned\", \"banned_s\": inf, \"why\": \"\"}]}"},
+    {"bad-invalid-utf8", "{\"state\": \"\xff\xfe\"}"},
+    {"bad-expelled-not-boolean", "{\"peers\": [{\"expelled\": 1}]}"},
+    {"bad-peers-not-an-array", "{\"peers\": {\"id\": 1}}"},
 };
 
 int fuzz_status_seed(int i, char *name, size_t namecap, uint8_t *buf, size_t cap, size_t *len)

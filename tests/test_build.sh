@@ -52,6 +52,15 @@ else
     fail=$((fail + 1)); echo "FAIL the fallback does not link pkg-config's '${pc_libs:--lopenblas}':"
     echo "$out" | sed 's/^/     /'
 fi
+# the status JSON (node/router.c, node/status.c) links what pkg-config says of jansson
+jansson_libs=$(pkg-config --libs jansson 2>/dev/null | sed 's/ *$//')
+out=$(make -n -B build/swarm build/check_node V=1 2>&1 | grep -- "-o build/\(swarm\|check_node\)$")
+if [ "$(echo "$out" | grep -cF -- " ${jansson_libs:--ljansson} ")" -eq 2 ]; then
+    pass=$((pass + 1)); echo "ok   swarm and check_node link pkg-config's --libs jansson: ${jansson_libs:--ljansson}"
+else
+    fail=$((fail + 1)); echo "FAIL swarm and check_node do not both link '${jansson_libs:--ljansson}':"
+    echo "$out" | sed 's/^/     /'
+fi
 omp=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
 if [ -f "$omp/libopenblas.so" ]; then
     out=$(make -n -B build/swarm V=1 2>&1 | grep -- "-o build/swarm")

@@ -151,6 +151,9 @@ typedef struct {
     net_key_t *key;          // router key
     net_allow_t *allow;      // allow-list
     net_server_t *srv;       // ROUTER
+    swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
+    int64_t now_ms;          // the time (net_clock_ms) of what the router handles now: set by
+                             // s_loop for each message and turn, read by everything else
     peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)
     int npeers;              // used entries
     int peers_cap;           // allocated entries, of peers and of the scratch below
@@ -240,7 +243,6 @@ enum { WIN_FIXED = 0, WIN_AUTO, WIN_ALL }; // --window W, auto, all
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
-static swarm_loglimit_t s_loglimit;     // lines about what peers send (a flood fills no disk)
 
 // A peer is gone (its work is redone elsewhere); fail also bans it.
 static void s_peer_dead(router_t *r, int p, const char *why);
@@ -261,14 +263,23 @@ static void s_on_signal(int sig)
 }
 
 // 1 when a line about peer `key` may be logged now (swarm_loglimit_pass).
-static int s_loud(const char *key, char *note, size_t cap)
+static int s_loud(router_t *r, const char *key, char *note, size_t cap)
 {
-    return swarm_loglimit_pass(&s_loglimit, key, net_clock_ms(), note, cap);
+    return swarm_loglimit_pass(&r->loglimit, key, r->now_ms, note, cap);
 }
 
-static double s_secs(void)
+// Now, in seconds: the router reads no clock but s_loop's (time is an
+// argument of what it does, as it will be in the simulator).
+static double s_secs(const router_t *r)
 {
-    return (double) net_clock_ms() / 1000.0;
+    return (double) r->now_ms / 1000.0;
+}
+
+// Every message the router sends leaves here: to the connection `to`
+// (takes *m). 0 or -errno.
+static int s_emit(router_t *r, const net_peer_t *to, net_msg_t **m)
+{
+    return net_server_send(r->srv, to, m);
 }
 
 // ---- requests --------------------------------------------------------------
@@ -284,9 +295,9 @@ static void s_trace(const router_t *r, const char *event, int kind, int mb, int 
     if (!r->trace)
         return;
     if (peer < 0)
-        fprintf(r->trace, "%lld %s %ld - - - -\n", (long long) net_clock_ms(), event, r->step);
+        fprintf(r->trace, "%lld %s %ld - - - -\n", (long long) r->now_ms, event, r->step);
     else
-        fprintf(r->trace, "%lld %s %ld %s %d %d %d\n", (long long) net_clock_ms(), event, r->step,
+        fprintf(r->trace, "%lld %s %ld %s %d %d %d\n", (long long) r->now_ms, event, r->step,
                 kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage, r->peers[peer].id);
 }
 
@@ -346,7 +357,7 @@ static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
     if (!q)
         return NULL;
     uint64_t id = r->last_id = (++r->next_id << REQ_SLOT_BITS) | (uint64_t) slot;
-    *q = (req_t) { id, kind, peer, mb, stage, net_clock_ms(), 0, s_req_thirds(r, kind, stage) };
+    *q = (req_t) { id, kind, peer, mb, stage, r->now_ms, 0, s_req_thirds(r, kind, stage) };
     s_trace(r, "send", kind, mb, stage, peer);
     peer_t *pe = &r->peers[peer];
     pe->inflight++;
@@ -379,7 +390,7 @@ static void s_req_done(router_t *r, req_t *q)
     if (q->kind == R_FWD || q->kind == R_BWD) {
         pe->held_kind[q->kind == R_BWD]--;
         if (pe->working > 0 && --pe->working == 0)
-            pe->busy_s += (double) (net_clock_ms() - pe->busy_from) / 1000.0;
+            pe->busy_s += (double) (r->now_ms - pe->busy_from) / 1000.0;
     }
     r->req_free[r->req_nfree++] = (int) (q->id & ((1u << REQ_SLOT_BITS) - 1));
     q->id = 0;
@@ -392,9 +403,9 @@ static double s_busy_s(const peer_t *pe, int64_t now)
 }
 
 // Peer pe's speed is measured afresh from now (it joined, or moved stage).
-static void s_speed_restart(peer_t *pe)
+static void s_speed_restart(peer_t *pe, int64_t now)
 {
-    pe->rate_busy = pe->check_busy = s_busy_s(pe, net_clock_ms());
+    pe->rate_busy = pe->check_busy = s_busy_s(pe, now);
     pe->rate_work = pe->check_work = pe->work;
     pe->samples = 0;
 }
@@ -454,7 +465,7 @@ static int s_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage
     net_msg_head(*m)->id = q->id;
     r->bytes_out += s_payload(*m);
     s_wire_count(*m, r->wire_out);
-    int rc = net_server_send(r->srv, &r->peers[p].who, m);
+    int rc = s_emit(r, &r->peers[p].who, m);
     if (rc != 0) {
         // not connected (or its queue is full): dead for this run; the next
         // turn hands its work to others (s_reap), not in the middle of this one
@@ -604,7 +615,7 @@ static int s_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     int rc = s_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
                     "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
                     r->hp.micro, pe->id, node_wire_name(r->wire), node_wire_name(r->grad_wire));
-    if (rc == 0 && (rc = net_server_send(r->srv, &pe->who, &a)) != 0)
+    if (rc == 0 && (rc = s_emit(r, &pe->who, &a)) != 0)
         pe->failed = 1; // not connected: s_reap finds it dead
     net_msg_destroy(&a);
     if (rc != 0)
@@ -648,7 +659,7 @@ static void s_admit(router_t *r, int p, const net_msg_t *req)
     peer_t *pe = &r->peers[p];
     pe->failed = 0;
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
-    s_speed_restart(pe);
+    s_speed_restart(pe, r->now_ms);
     swarm_peer_view_t *views = r->views;
     s_views(r, views);
     int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
@@ -662,7 +673,7 @@ static void s_admit(router_t *r, int p, const net_msg_t *req)
 static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
 {
     peer_t *pe = &r->peers[p];
-    double now = s_secs();
+    double now = s_secs(r);
     if (now >= pe->banned_until) {
         printf("swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
                pe->name, pe->why);
@@ -670,8 +681,11 @@ static void s_on_dead_peer(router_t *r, int p, const net_msg_t *m)
         s_admit(r, p, net_msg_head_const(m)->type == NET_MSG_HELLO ? m : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *e = net_msg_new(NET_MSG_ERROR);
-        if (s_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why) == 0)
-            s_ignore(net_server_send(r->srv, &pe->who, &e));
+        int rc = isinf(pe->banned_until)
+                 ? s_meta(e, "reason=expelled for the run: it %s", pe->why)
+                 : s_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
+        if (rc == 0)
+            s_ignore(s_emit(r, &pe->who, &e));
         net_msg_destroy(&e);
         pe->ban_told = 1;
     }
@@ -700,7 +714,7 @@ static int s_peer_in_step(const router_t *r, int p)
 static int s_peer_slot(router_t *r)
 {
     int best = -1, dead = 0;
-    double now = s_secs();
+    double now = s_secs(r);
     for (int p = 0; p < r->npeers; p++) {
         const peer_t *pe = &r->peers[p];
         if (pe->state != P_DEAD)
@@ -743,10 +757,10 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
         net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
         s_sanitize(proto);
         s_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
-        if (s_loud(who->key, note, sizeof note))
+        if (s_loud(r, who->key, note, sizeof note))
             fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
                     who->key, proto[0] ? proto : "missing", note);
-        s_ignore(net_server_send(r->srv, who, &err));
+        s_ignore(s_emit(r, who, &err));
         return;
     }
     s_ignore(net_msg_meta_get(hello, "name", name, sizeof name));
@@ -768,7 +782,7 @@ static void s_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hell
     snprintf(pe->device, sizeof pe->device, "%s", device);
     double t = strtod(tok, NULL);
     pe->hello_tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
-    pe->last_seen = net_clock_ms();
+    pe->last_seen = r->now_ms;
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
     if (pe->state == P_DEAD)
@@ -1154,7 +1168,7 @@ static void s_work_done(router_t *r, const req_t *q)
     int last = q->stage == r->plan.stages - 1;
     pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
               : last && !r->evaluating ? tokens : tokens / 3.0;
-    double busy = s_busy_s(pe, net_clock_ms());
+    double busy = s_busy_s(pe, r->now_ms);
     if (busy - pe->rate_busy < 0.2)
         return;
     double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
@@ -1275,7 +1289,7 @@ static void s_peer_ban(router_t *r, int p, double seconds, const char *why, cons
 {
     peer_t *pe = &r->peers[p];
     pe->failures++;
-    pe->banned_until = s_secs() + seconds;
+    pe->banned_until = s_secs(r) + seconds;
     pe->ban_told = 0;
     s_peer_dead(r, p, line);
     snprintf(pe->why, sizeof pe->why, "%s", why);
@@ -1389,7 +1403,7 @@ static int s_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     int S = r->plan.stages, s = q->stage;
     s_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
-                  (double) (net_clock_ms() - q->sent) / 1000.0);
+                  (double) (r->now_ms - q->sent) / 1000.0);
     if (q->mb < 0)
         return 0; // of a step its stage finished itself (s_step_apply_ask): counted
     mb_t *b = &r->mbs[q->mb];
@@ -1442,7 +1456,7 @@ static void s_step_begin(router_t *r)
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
     r->phase = PH_MB;
-    r->step_t0 = s_secs();
+    r->step_t0 = s_secs(r);
     s_window_update(r);
 }
 
@@ -1689,7 +1703,7 @@ static int s_apply_here(const router_t *r, int s)
     long next = r->step + 1;
     if ((r->o.save && r->o.save_every > 0 && next % r->o.save_every == 0)
         || (r->o.eval_every > 0 && (next % r->o.eval_every == 0 || next == r->hp.iters))
-        || (r->rebalance_every > 0 && s_secs() - r->last_rebalance >= r->rebalance_every))
+        || (r->rebalance_every > 0 && s_secs(r) - r->last_rebalance >= r->rebalance_every))
         return 0;
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_JOINING)
@@ -1954,7 +1968,7 @@ static void s_step_end(router_t *r)
     node_curve_add(&r->logs, r->step, r->last_loss, lr);
     if (r->curve && r->step < r->hp.iters)
         r->curve[r->step] = r->last_loss;
-    r->train_time += s_secs() - r->step_t0;
+    r->train_time += s_secs(r) - r->step_t0;
     s_trace(r, "step", 0, 0, 0, -1);
     r->step++;
     s_progress(r, lr);
@@ -2029,7 +2043,7 @@ static void s_eval_turn(router_t *r)
     if (isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN"))
         fprintf(stderr, "\r\033[K");
     printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n", r->step,
-           r->eval_loss[0], r->eval_loss[1], s_secs() - r->t_start, tps);
+           r->eval_loss[0], r->eval_loss[1], s_secs(r) - r->t_start, tps);
     fflush(stdout);
     node_evals_add(&r->evals, r->step, r->eval_loss[0], r->eval_loss[1]);
     r->evaluating = 0;
@@ -2148,7 +2162,7 @@ static json_t *s_status_doc(const router_t *r)
     int rc = doc ? 0 : -1;
     for (int s = 0; rc == 0 && s < r->plan.stages; s++)
         rc = json_array_append_new(stages, s_status_stage(r, s));
-    int64_t now = net_clock_ms();
+    int64_t now = r->now_ms;
     for (int p = 0; rc == 0 && p < r->npeers; p++)
         rc = json_array_append_new(peers, s_status_peer(&r->peers[p], now));
     if (rc != 0)
@@ -2196,7 +2210,7 @@ static void s_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *
     if (rc != 0)
         net_msg_destroy(&m);
     else
-        s_ignore(net_server_send(r->srv, who, &m));
+        s_ignore(s_emit(r, who, &m));
     free(text);
     json_decref(doc);
 }
@@ -2434,7 +2448,7 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
 static int s_flooding(router_t *r, int p, const net_head_t *h)
 {
     peer_t *pe = &r->peers[p];
-    int64_t now = net_clock_ms();
+    int64_t now = r->now_ms;
     if (h->flags & NET_FLAG_REPLY)
         return 0;
     if (now - pe->burst_from >= 1000) {
@@ -2473,7 +2487,7 @@ static void s_doubt_claim(router_t *r, int p)
 static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_t *m)
 {
     peer_t *pe = &r->peers[p];
-    int64_t now = net_clock_ms();
+    int64_t now = r->now_ms;
     if (net_msg_head_const(m)->type != NET_MSG_HELLO)
         return;
     if (strcmp(pe->rival.conn, who->conn) != 0) {
@@ -2488,7 +2502,7 @@ static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_
                "each node needs a key of its own: start this one without --key (swarm picks a "
                "free one) or with --key NAME of another pair (swarm keygen NAME)\nfatal=1",
                who->key, pe->id, pe->name);
-        s_ignore(net_server_send(r->srv, who, &e));
+        s_ignore(s_emit(r, who, &e));
         if (pe->rival_told)
             return;
         pe->rival_told = 1;
@@ -2497,7 +2511,7 @@ static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_
         net_msg_t *t = net_msg_new(NET_MSG_ERROR);
         s_meta(t, "reason=another node with this node's key tried to join and was refused; this "
                "node goes on (a copy of this key elsewhere needs a key of its own)\nnotice=1");
-        s_ignore(net_server_send(r->srv, &pe->who, &t));
+        s_ignore(s_emit(r, &pe->who, &t));
         return;
     }
     if (now - pe->rival_since < RIVAL_MS)
@@ -2521,14 +2535,14 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
     if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
         // a dead peer's key on a new connection speaks for it, unless the
         // old connection (a banned node, alive) is still heard from
-        if (r->peers[p].state != P_DEAD || net_clock_ms() - r->peers[p].last_seen < RIVAL_MS) {
+        if (r->peers[p].state != P_DEAD || r->now_ms - r->peers[p].last_seen < RIVAL_MS) {
             s_on_rival(r, p, who, m);
             return;
         }
         r->peers[p].who = *who;
     }
     if (p >= 0)
-        r->peers[p].last_seen = net_clock_ms();
+        r->peers[p].last_seen = r->now_ms;
     if (p >= 0 && s_flooding(r, p, h))
         return;
     if (h->type == NET_MSG_HELLO) {
@@ -2536,7 +2550,7 @@ static void s_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
     } else if (h->type == NET_MSG_STATUS) {
         s_status_reply(r, who, m);
     } else if (p < 0) {
-        if (s_loud(who->key, note, sizeof note))
+        if (s_loud(r, who->key, note, sizeof note))
             fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
                     net_msg_type_name(h->type), who->key, note);
     } else if (h->type == NET_MSG_HEARTBEAT) {
@@ -2603,9 +2617,9 @@ static int s_move(router_t *r, int p, int to, const double *cost, const char *wh
         return rc;
     }
     pe->tok_s *= from_cost / cost[to];
-    s_speed_restart(pe); // its next speed sample is of the new stage
+    s_speed_restart(pe, r->now_ms); // its next speed sample is of the new stage
     pe->moving = 1;
-    pe->moved_at = s_secs();
+    pe->moved_at = s_secs(r);
     return 0;
 }
 
@@ -2797,7 +2811,7 @@ static void s_probe(router_t *r, int64_t now)
             continue;
         pe->probed = now;
         net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
-        if (m && net_server_send(r->srv, &pe->who, &m) == -EHOSTUNREACH) {
+        if (m && s_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
             fprintf(stderr, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
             pe->failed = 1;
         }
@@ -2808,7 +2822,7 @@ static void s_reap(router_t *r)
 {
     net_peer_t dead[16];
     size_t n = 0;
-    int64_t now = net_clock_ms();
+    int64_t now = r->now_ms;
     s_probe(r, now);
     for (int i = 0; i < r->req_slots; i++) {
         const req_t *q = s_req_at(r, i);
@@ -2825,7 +2839,7 @@ static void s_reap(router_t *r)
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].failed && r->peers[p].state != P_DEAD)
             s_peer_dead(r, p, "is not connected: dead");
-    net_server_reap(r->srv, net_clock_ms(), dead, 16, &n);
+    net_server_reap(r->srv, r->now_ms, dead, 16, &n);
     for (size_t k = 0; k < n; k++) {
         int p = s_peer_find(r, &dead[k]);
         if (p >= 0)
@@ -2850,7 +2864,7 @@ static int s_all_stages_ready(const router_t *r)
 // bottleneck.
 static void s_views_checked(router_t *r, swarm_peer_view_t *views)
 {
-    int64_t now = net_clock_ms();
+    int64_t now = r->now_ms;
     for (int q = 0; q < r->npeers; q++) {
         peer_t *pe = &r->peers[q];
         double busy = s_busy_s(pe, now) - pe->check_busy;
@@ -2868,7 +2882,7 @@ static void s_views_checked(router_t *r, swarm_peer_view_t *views)
 // replica (s_joins) before the next step.
 static void s_rebalance(router_t *r)
 {
-    double now = s_secs();
+    double now = s_secs(r);
     if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
         return;
     r->last_rebalance = now;
@@ -2986,7 +3000,7 @@ static void s_allow_reload(router_t *r)
             continue;
         net_msg_t *bye = net_msg_new(NET_MSG_ERROR);
         s_meta(bye, "reason=this node's key was removed from the swarm's allow-list\nfatal=1");
-        s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
+        s_ignore(s_emit(r, &r->peers[p].who, &bye));
         s_peer_dead(r, p, "was removed from the allow-list: dropped");
     }
 }
@@ -2998,6 +3012,7 @@ static int s_loop(router_t *r)
         net_peer_t who;
         net_msg_t *m = NULL;
         int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
+        r->now_ms = net_clock_ms(); // what follows happens at this time
         if (rc == 0) {
             r->bytes_in += s_payload(m);
             s_wire_count(m, r->wire_in);
@@ -3005,7 +3020,7 @@ static int s_loop(router_t *r)
             net_msg_destroy(&m);
         } else if (rc == -EPROTO) {
             char note[64];
-            if (s_loud(who.key, note, sizeof note))
+            if (s_loud(r, who.key, note, sizeof note))
                 fprintf(stderr, "swarm router: bad message from %.8s...: %s%s\n", who.key, err, note);
         } else if (rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN) {
             fprintf(stderr, "swarm router: receive failed: %s\n", strerror(-rc));
@@ -3386,7 +3401,7 @@ static void s_teardown(router_t *r)
             continue;
         net_msg_t *bye = net_msg_new(NET_MSG_BYE);
         s_meta(bye, "done=%d\nstep=%ld\nsteps=%ld", r->done, r->step, (long) r->hp.iters);
-        s_ignore(net_server_send(r->srv, &r->peers[p].who, &bye));
+        s_ignore(s_emit(r, &r->peers[p].who, &bye));
     }
     for (int p = 0; p < r->npeers; p++)
         free(r->peers[p].grad);
@@ -3425,6 +3440,7 @@ int cmd_router(int argc, char **argv)
     if (!r)
         abort();
     r->self_peer = -1;
+    r->now_ms = net_clock_ms();
     int rc = s_setup(r, argc, argv, err, sizeof err);
     if (rc == 1) {
         s_help(stdout);
@@ -3447,9 +3463,11 @@ int cmd_router(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
-    r->t_start = s_secs();
+    r->now_ms = net_clock_ms();
+    r->t_start = s_secs(r);
     rc = s_loop(r);
     s_ckpt_wait(r);
+    r->now_ms = net_clock_ms();
     if (isatty(STDERR_FILENO))
         fprintf(stderr, "\n");
     long steps = r->step - r->first;
@@ -3458,7 +3476,7 @@ int cmd_router(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
-           "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs() - r->t_start,
+           "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs(r) - r->t_start,
            r->train_time, tps, s_ready_count(r, -1), r->checksum_mismatches, r->resyncs, r->expelled);
     printf("checks | forwards verified %d, undecided %d | steps started over %d\n", r->spot_checks,
            r->spot_undecided, r->restarts);

@@ -1,0 +1,316 @@
+/* router_int.h - what the files of `swarm router` share: its peer table,
+ * request table, micro-batches and step state (router_t), and the
+ * functions one file calls in another. Private to node/router*.c.
+ */
+#ifndef NODE_ROUTER_INT_H
+#define NODE_ROUTER_INT_H
+
+#include "node.h"
+#include "net.h"
+#include "swarm.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PEERS_KEEP_DEAD 64  // dead entries kept for their bans before the oldest is reused
+#define REQ_BLOCK 1024       // requests a block of the table holds (blocks never move)
+#define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
+
+enum { P_JOINING = 1, P_READY, P_DEAD };
+enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD };
+
+typedef struct {
+    net_peer_t who;          // identity: public key, and the connection that speaks for it
+    net_peer_t rival;        // another connection with its key that said HELLO, or zeroes
+    int64_t rival_since;     // ms: when the rival first said HELLO
+    int rival_told;          // the refusal of that rival was logged and told
+    int id;                  // small id for logs, in join order
+    char name[64];           // node's name
+    char device[128];        // node's device
+    int stage;               // assigned stage, -1 before
+    int state;               // P_*
+    double tok_s;            // tokens per second, EMA over its requests
+    int inflight;            // requests outstanding
+    int working;             // of them FWD/BWD (its busy time runs while > 0)
+    int queue;               // queue depth from its last heartbeat
+    int64_t last_seen;       // ms (net_clock_ms)
+    int64_t probed;          // ms: when s_probe last sent it a HEARTBEAT
+    char checksum[65];       // after the last update
+    int updated;             // acked the current UPDATE
+    int failed;              // a send to it failed: to be declared dead
+    double moved_at;         // s (router_secs) of its last rebalancing move, -1e30 never
+    int moving;              // joining its new stage after a move
+    double banned_until;     // s: refused until then (a failure's back-off)
+    double ban_s;            // length of its last ban: doubles with each failure
+    int failures;            // requests it failed (deadline, refusal, bad result)
+    int ban_told;            // it was told of its current ban
+    int divergences;         // steps after which its checksum differed from its stage's
+    int64_t burst_from;      // ms: start of the second its unasked messages are counted in
+    int burst;               // unasked messages (not replies) in that second
+    int claim_doubted;       // its HEARTBEAT speed is far above what the router measures
+    char why[96];            // why it was last declared dead or banned
+    int64_t busy_from;       // ms: start of its busy period (requests in flight)
+    double busy_s;           // seconds with requests in flight, in all
+    double work;             // training tokens of work it finished (see s_work)
+    double rate_busy, rate_work; // busy_s and work at its last speed sample
+    double check_busy, check_work; // busy_s and work at the last rebalancing check
+    int samples;             // speed samples taken (since it joined or moved)
+    double node_tok_s;       // what the node says it sustains (HEARTBEAT)
+    double hello_tok_s;      // what it measured at start (HELLO)
+    double rtt;              // s: network round trip (a request's time less its time at
+                             // the node), quick to fall, slow to rise; 0 unknown
+    double busy[2];          // s: compute of one FWD [0] / BWD [1], EMA; 0 unknown
+    int slots;               // micro-batches its activation cache holds; 0 unknown
+    int held_thirds;         // training work of its requests in flight (req_t.thirds)
+    int held_kind[2];        // its FWD [0] and BWD [1] requests in flight
+    // its part in the current step (a fresh entry has none; the entry of a
+    // dead peer whose part still counts is not reused before the step ends)
+    float *grad;             // its GRAD of this step (the largest stage's size: it may move)
+    int got_grad;            // its GRAD arrived
+    int in_step;             // it was sent this step's STEP
+    int norm_only;           // its stage has no other replica: it keeps its gradient
+    double sumsq;            // with norm_only: its gradient's sum of squares
+    int self_to;             // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
+} peer_t;
+
+typedef struct {
+    uint64_t id;             // request id, 0 = free slot
+    int kind;                // R_*
+    int peer;                // index into peers
+    int mb;                  // micro-batch index within the step
+    int stage;               // stage
+    int64_t sent;            // ms
+    int redo;                // re-run of work a dead peer had accumulated
+    int thirds;              // training work in thirds of a micro-batch (s_req_thirds)
+} req_t;
+
+// A spot check of one micro-batch's FWD at one stage (s_spot_*): the
+// outputs of the peer under test ([0]) and of up to two other replicas.
+typedef struct {
+    float *out[3];           // stage outputs (NULL at the last stage: losses only)
+    float loss[3];           // last stage: the losses
+    int peer[3];             // who produced each
+    int n;                   // results in; 0: no check open
+} spot_t;
+
+typedef struct {
+    int stage;               // stage it is at; -1 idle, S = done
+    int backward;            // in backward
+    int fwd_peer[NODE_MAX_LAYERS]; // who ran its forward at each stage
+    void *in[NODE_MAX_LAYERS + 1]; // wire bytes of each stage's input (stage 0: tokens)
+    int32_t *targets;        // (micro, T)
+    void *dy[NODE_MAX_LAYERS]; // wire bytes of the output gradient each stage's BWD got
+    int grad_peer[NODE_MAX_LAYERS]; // who accumulated its gradient at each stage, -1 none
+    int retry_kind;          // R_FWD/R_BWD that could not be sent yet, 0 none
+    int retry_stage;         // its stage
+    unsigned char redo_wanted[NODE_MAX_LAYERS]; // stage work to re-run once a peer is free
+    float loss;              // from the last stage
+    spot_t *spot;            // per stage, from its first check on (NULL: none yet)
+    uint8_t in_dtype[NODE_MAX_LAYERS + 1]; // NET_DTYPE_* of in[s] (s > 0)
+    int8_t in_pow2[NODE_MAX_LAYERS + 1];   // its 2^k scale (meta pow2_I)
+    uint8_t dy_dtype[NODE_MAX_LAYERS];     // NET_DTYPE_* of dy[s]
+    int8_t dy_pow2[NODE_MAX_LAYERS];       // its 2^k scale
+} mb_t;
+
+typedef struct {
+    node_train_opts_t o;     // model and training flags
+    node_hparams_t hp;       // the same, resolved
+    node_plan_t plan;        // stages
+    size_t stage_n[NODE_MAX_LAYERS]; // parameters per stage
+    size_t stage_off[NODE_MAX_LAYERS]; // offset of each stage in the model
+    size_t max_stage_n;      // the largest of stage_n
+    swarm_data_t *data;      // training bytes
+    float *params, *m, *v;   // model-sized: initial state, then checkpoints
+    float *grad_sum;         // model-sized: this step's summed gradients
+    const char *listen;      // bind endpoint
+    const char *key_name;    // router key pair NAME
+    const char *allow_path;  // allow-list file, NULL = open
+    int min_nodes;           // ready nodes needed before training starts
+    double rebalance_every;  // seconds between rebalancing checks, 0 = never
+    double last_rebalance;   // s of the last check
+    int rebalance_id;        // the move the last check found: peer id (0 none) ...
+    int rebalance_to;        // ... to this stage; made when the next check finds it too
+    int window;              // micro-batches in flight
+    net_key_t *key;          // router key
+    net_allow_t *allow;      // allow-list
+    net_server_t *srv;       // ROUTER
+    swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
+    int64_t now_ms;          // the time (net_clock_ms) of what the router handles now: set by
+                             // s_loop for each message and turn, read by everything else
+    peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)
+    int npeers;              // used entries
+    int peers_cap;           // allocated entries, of peers and of the scratch below
+    swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (router_pick_but, s_pick_fit)
+    double *backlog, *ahead; // [peers_cap] scratch of router_views_as
+    int next_peer_id;        // ids for logs, in join order (entries may be reused)
+    req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
+                             // req_blocks[k / REQ_BLOCK][k % REQ_BLOCK]; id 0 = free slot
+    int req_slots;           // slots in use or freed (the table's high-water mark)
+    int *req_free;           // freed slots, a stack
+    int req_nfree;           // its size
+    uint64_t next_id;        // request ids' sequence numbers
+    uint64_t last_id;        // the id of the request made last
+    mb_t *mbs;               // [G] micro-batches of the current step
+    int G;                   // micro-batches per step
+    long step;               // optimizer updates done
+    long first;              // step the run started at
+    int started;             // training has begun (state lives on the nodes now)
+    size_t tok_bytes;        // wire bytes of one (micro, T) int32 tensor
+    double loss_avg;         // EMA of the loss
+    float last_loss;         // last step's loss
+    double train_time;       // seconds in steps
+    double t_start;          // wall clock at start
+    node_curve_t logs;       // --loss-log and DIR/loss.csv
+    float *curve;            // [iters] losses for the plot
+    int checksum_mismatches; // replicas that disagreed with their stage after a step
+    int resyncs;             // of them, resynced from a replica that agrees
+    int expelled;            // peers expelled for diverging twice
+    int phase;               // PH_*
+    int pending;             // STEP or UPDATE replies still to come
+    int update_pending;      // replies to an UPDATE the next step did not wait for
+    long update_step;        // the step that UPDATE closed
+    int self_peer;           // applying step self_step's update itself (STEP apply=1), -1 none
+    long self_step;          // that step
+    double self_others;      // the other stages' sum of squares it was sent
+    double self_lr;          // that step's learning rate
+    int self_told;           // the log has said once that a stage applies its own update
+    int redo_pending;        // re-runs of a dead peer's work still to come
+    int stepped[NODE_MAX_LAYERS]; // the stage's replicas were sent this step's STEP
+    int ckpt_pending;        // STATE replies still to come for a checkpoint
+    long ck_step;            // the step the checkpoint being fetched holds
+    int ck_lost;             // a replica it was fetched from died: it is skipped
+    float *ck_state;         // [3 * params]: that checkpoint's params, m, v as they come
+    pthread_t ck_writer;     // writes the last checkpoint to --save DIR (router_ckpt_part)
+    int ck_writing;          // ck_writer runs: params/m/v are not to change
+    double step_t0;          // when the current step started (s)
+    int done;                // the schedule is finished
+    int want_eval;           // evaluate before the next step
+    int want_ckpt;           // checkpoint before the next step
+    int evaluating;          // micro-batches are evaluation batches
+    int eval_split;          // 0 train, 1 val
+    int eval_iter;           // batches of the split evaluated
+    uint64_t eval_state;     // the split's splitmix64 stream
+    double eval_sum;         // sum of batch losses of the split
+    double eval_loss[2];     // train and val results
+    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
+    long ckpt_step;          // the step params/m/v hold (the last checkpoint)
+    int rollbacks;           // times every replica of a stage was lost
+    uint64_t bytes_in;       // tensor bytes received
+    uint64_t bytes_out;      // tensor bytes sent (requests)
+    float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
+    double rms[2][NODE_MAX_LAYERS]; // running RMS of each stage's outputs (0) and input gradients (1)
+    long rms_n[2][NODE_MAX_LAYERS]; // tensors it has seen
+    double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
+    int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
+    double verify;           // --verify: fraction of FWDs re-run on a second replica
+    int spot_checks;         // FWDs verified
+    int spot_undecided;      // verifications two replicas disagreed on, with no third to decide
+    int restarts;            // steps started over (a liar's outputs had been used)
+    int wire;                // NET_DTYPE_* of activations and their gradients (--wire)
+    int grad_wire;           // NET_DTYPE_* of replicas' gradient sums (--grad-wire)
+    const char *trace_path;  // --trace FILE
+    FILE *trace;             // a line per request sent and done, per step ended
+    int window_mode;         // --window: WIN_FIXED, WIN_AUTO (Little's law) or WIN_ALL (the
+                             // default: the step's micro-batches within the caches)
+    int window_shown;        // the window last logged, 0 none
+    double window_sum;       // sum of the windows steps began with, for the mean
+    long window_n;           // steps begun
+    uint64_t wire_in[3];     // tensor bytes received by class (W_*)
+    uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
+} router_t;
+
+enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
+enum { WIN_FIXED = 0, WIN_AUTO, WIN_ALL }; // --window W, auto, all
+#define MB_APPLY 2           // mb of an R_STEP that applies the update (STEP apply=1)
+#define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
+
+
+
+enum { W_ACTS = 0, W_GRADS, W_STATE }; // activations and their gradients; gradient sums; state
+
+// For a call whose failure is reported where it happens (or is harmless).
+static inline void s_ignore(int rc)
+{
+    (void) rc;
+}
+
+// ---- across the router's files ----
+
+int router_loud(router_t *r, const char *key, char *note, size_t cap);
+double router_secs(const router_t *r);
+int router_emit(router_t *r, const net_peer_t *to, net_msg_t **m);
+void router_trace(const router_t *r, const char *event, int kind, int mb, int stage, int peer);
+req_t *router_req_at(const router_t *r, int k);
+req_t *router_req_find(router_t *r, uint64_t id);
+void router_req_done(router_t *r, req_t *q);
+double router_busy_s(const peer_t *pe, int64_t now);
+void router_speed_restart(peer_t *pe, int64_t now);
+uint64_t router_payload(const net_msg_t *m);
+void router_wire_count(const net_msg_t *m, uint64_t by[3]);
+size_t router_acts_count(const router_t *r);
+int router_acts_add(const router_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
+                    char *meta, size_t cap);
+int router_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
+int router_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int router_peer_find(router_t *r, const net_peer_t *who);
+void router_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic);
+void router_views(const router_t *r, swarm_peer_view_t *v);
+int router_ready_count(const router_t *r, int stage);
+void router_sanitize(char *text);
+int router_send_assign(router_t *r, int p, int stage, const net_msg_t *req);
+void router_on_dead_peer(router_t *r, int p, const net_msg_t *m);
+void router_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello);
+void router_joins(router_t *r);
+void router_window_update(router_t *r);
+void *router_dup_bytes(const void *src, size_t n);
+void router_mb_clear(router_t *r, mb_t *b);
+net_msg_t *router_fwd_msg(router_t *r, int i, int s);
+int router_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot);
+int router_fwd(router_t *r, int i, int s);
+int router_next(router_t *r, int i, int kind, int s);
+void router_retry(router_t *r);
+int router_mb_start(router_t *r, int i);
+int router_spots_open(const router_t *r);
+void router_spot_begin(router_t *r, const req_t *q, float loss);
+void router_peer_expel(router_t *r, int p, const char *why);
+net_msg_t *router_step_msg(router_t *r, int s, const char *meta);
+void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m);
+void router_spot_lost(router_t *r, const req_t *q);
+int router_on_result(router_t *r, const req_t *q, const net_msg_t *m);
+void router_step_begin(router_t *r);
+void router_step_unask(router_t *r);
+void router_step_micro(router_t *r);
+int router_on_grad(router_t *r, const req_t *q, const net_msg_t *m);
+void router_step_update(router_t *r);
+int router_on_applied(router_t *r, const req_t *q, const net_msg_t *m);
+int router_on_updated(router_t *r, const req_t *q, const net_msg_t *m);
+void router_consensus(router_t *r, long step);
+void router_ckpt_wait(router_t *r);
+void router_ckpt_part(router_t *r, int ok);
+void router_step_end(router_t *r);
+double router_stage_capacity(const router_t *r, int s);
+double router_bound(const router_t *r);
+void router_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req);
+void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m);
+void router_refill_all(router_t *r, int say);
+void router_peer_dead(router_t *r, int p, const char *why);
+void router_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int router_join_held(const router_t *r);
+void router_reap(router_t *r);
+int router_all_stages_ready(const router_t *r);
+void router_rebalance(router_t *r);
+void router_turn(router_t *r);
+
+#endif

@@ -1,0 +1,382 @@
+/* router_mb.c - micro-batches through the stages: the window in flight,
+ * each FWD and BWD to the replica the policy picks, work a dead peer held
+ * redone, results in. The step's gradients: router_step.c.
+ */
+#include "router_int.h"
+
+// A FWD/BWD reply's meta held= (s at the node) and busy= (s of compute):
+// the rest of its time dt was the network's round trip.
+static void s_peer_timing(peer_t *pe, int bwd, const net_msg_t *m, double dt)
+{
+    char text[2][32];
+    if (net_msg_meta_get(m, "held", text[0], sizeof text[0]) != 0
+        || net_msg_meta_get(m, "busy", text[1], sizeof text[1]) != 0)
+        return; // a node that does not say
+    double held = strtod(text[0], NULL), busy = strtod(text[1], NULL);
+    if (!(held >= 0 && held < 1e6 && busy >= 0 && busy < 1e6))
+        return;
+    // a request that reached a busy node waited in its socket, which looks
+    // like network: follow a lower sample at once, a higher one slowly
+    double net = dt > held ? dt - held : 0.0;
+    pe->rtt = pe->rtt > 0 && net > pe->rtt ? 0.95 * pe->rtt + 0.05 * net : net;
+    pe->busy[bwd] = pe->busy[bwd] > 0 ? 0.8 * pe->busy[bwd] + 0.2 * busy : busy;
+}
+
+// What swarm_policy_window needs, from the ready peers' measurements.
+static void s_window_in(const router_t *r, swarm_window_in_t *in)
+{
+    int S = r->plan.stages, unknown_slots[NODE_MAX_LAYERS] = {0};
+    *in = (swarm_window_in_t) { .stages = S, .micro_batches = r->G };
+    double work[NODE_MAX_LAYERS] = {0}, rate[NODE_MAX_LAYERS] = {0};
+    int measured[NODE_MAX_LAYERS] = {0};
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        int s = pe->stage;
+        if (pe->state != P_READY || pe->failed || s < 0 || s >= S)
+            continue;
+        in->replicas[s]++;
+        in->rtt = pe->rtt > in->rtt ? pe->rtt : in->rtt; // the slowest link sets the pace
+        // the last stage's backward runs inside its FWD
+        if (pe->busy[0] > 0 && (s == S - 1 || pe->busy[1] > 0)) {
+            double each = pe->busy[0] + (s == S - 1 ? 0.0 : pe->busy[1]);
+            work[s] += each;
+            rate[s] += 1.0 / each;
+            measured[s]++;
+        }
+        in->slots[s] += pe->slots;
+        unknown_slots[s] |= pe->slots <= 0;
+    }
+    for (int s = 0; s < S; s++) {
+        in->work[s] = measured[s] ? work[s] / measured[s] : 0.0; // the measured replicas' mean
+        // every replica busy (the unmeasured ones as fast as the mean)
+        in->pace[s] = measured[s] ? 1.0 / (rate[s] * in->replicas[s] / measured[s]) : 0.0;
+        if (unknown_slots[s])
+            in->slots[s] = 0;
+    }
+}
+
+// At the start of a step, with --window auto: the window for the swarm as
+// it is now; said when it changes by a quarter or more.
+void router_window_update(router_t *r)
+{
+    if (r->window_mode != WIN_FIXED) {
+        swarm_window_in_t in;
+        s_window_in(r, &in);
+        in.all = r->window_mode == WIN_ALL;
+        r->window = swarm_policy_window(&in);
+        if (!r->window_shown || 4 * abs(r->window - r->window_shown) >= r->window_shown) {
+            printf("swarm router: step %ld: window %d of %d micro-batches (round trip %.0f ms%s)\n",
+                   r->step, r->window, r->G, 1000.0 * in.rtt,
+                   in.work[0] > 0 ? "" : ", stages not measured yet");
+            fflush(stdout);
+            r->window_shown = r->window;
+        }
+    }
+    r->window_sum += r->window;
+    r->window_n++;
+}
+
+void router_mb_clear(router_t *r, mb_t *b)
+{
+    for (int s = 0; s <= r->plan.stages; s++) {
+        free(b->in[s]);
+        b->in[s] = NULL;
+    }
+    free(b->targets);
+    for (int s = 0; s < r->plan.stages; s++) {
+        free(b->dy[s]);
+        b->dy[s] = NULL;
+    }
+    for (int s = 0; b->spot && s < r->plan.stages; s++)
+        for (int k = 0; k < 3; k++)
+            free(b->spot[s].out[k]);
+    free(b->spot);
+    *b = (mb_t) { .stage = -1 };
+    for (int s = 0; s < r->plan.stages; s++)
+        b->grad_peer[s] = -1;
+}
+
+// The FWD message of micro-batch i at stage s.
+net_msg_t *router_fwd_msg(router_t *r, int i, int s)
+{
+    mb_t *b = &r->mbs[i];
+    int S = r->plan.stages, T = r->hp.cfg.T, micro = r->hp.micro;
+    net_msg_t *m = net_msg_new(NET_MSG_FWD);
+    net_head_t *h = net_msg_head(m);
+    h->step = (uint64_t) r->step;
+    h->stage = (uint32_t) s;
+    h->mb = (uint32_t) (r->evaluating ? EVAL_MB + i : i);
+    uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
+    char meta[256] = "";
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
+                    : router_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+    if (rc == 0 && s == S - 1) {
+        rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
+        if (r->evaluating)
+            strcat(meta, "eval=1\n");
+        else
+            snprintf(meta + strlen(meta), sizeof meta - strlen(meta), "scale=%a\n",
+                     1.0f / (float) ((double) r->hp.batch * T));
+    }
+    if (rc == 0 && meta[0])
+        rc = router_meta(m, "%s", meta);
+    if (rc != 0)
+        net_msg_destroy(&m);
+    return m;
+}
+
+// The BWD message of micro-batch i at stage s (< S-1): its input and dy.
+static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
+{
+    mb_t *b = &r->mbs[i];
+    int T = r->hp.cfg.T, micro = r->hp.micro;
+    net_msg_t *m = net_msg_new(NET_MSG_BWD);
+    net_head_t *h = net_msg_head(m);
+    h->step = (uint64_t) r->step;
+    h->stage = (uint32_t) s;
+    h->mb = (uint32_t) i;
+    uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
+    char meta[128] = "";
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
+                    : router_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+    if (rc == 0)
+        rc = router_acts_add(r, m, b->dy[s], b->dy_dtype[s], b->dy_pow2[s], meta, sizeof meta);
+    if (rc == 0 && meta[0])
+        rc = router_meta(m, "%s", meta);
+    if (rc != 0)
+        net_msg_destroy(&m);
+    return m;
+}
+
+// The best ready peer of stage s, but none of not[], for `work` (of a
+// micro-batch's training work: 1/3 a forward alone; a forward and the
+// backward it brings, or a backward recomputed away from its activations,
+// 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
+int router_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot)
+{
+    swarm_peer_view_t *views = r->views;
+    router_views(r, views);
+    for (int k = 0; k < nnot; k++)
+        if (not[k] >= 0)
+            views[not[k]].ready = 0;
+    int p = swarm_policy_pick(views, r->npeers, s, prefer, work * r->hp.micro * r->hp.cfg.T);
+    return p < 0 ? -EAGAIN : p;
+}
+
+static int s_pick(router_t *r, int s, int prefer, double work)
+{
+    return router_pick_but(r, s, prefer, work, NULL, 0);
+}
+
+// Forwards of this step not yet sent to stage s.
+static int s_forwards_left(const router_t *r, int s)
+{
+    int n = 0;
+    for (int i = 0; i < r->G; i++)
+        n += r->mbs[i].stage < s && !r->mbs[i].backward;
+    return n;
+}
+
+// The replica of stage s for a training forward, `left` forwards of the
+// step still to go there (swarm_policy_pick_fit). -EAGAIN when none can.
+static int s_pick_fit(router_t *r, int s, int left)
+{
+    swarm_peer_view_t *views = r->views;
+    router_views(r, views);
+    int p = swarm_policy_pick_fit(views, r->npeers, s, r->hp.micro * r->hp.cfg.T, left);
+    return p < 0 ? -EAGAIN : p;
+}
+
+// FWD of micro-batch i at stage s to the best ready peer.
+int router_fwd(router_t *r, int i, int s)
+{
+    // a training forward brings its backward (the last stage runs both)
+    int p = r->evaluating ? s_pick(r, s, -1, 1.0 / 3.0) : s_pick_fit(r, s, s_forwards_left(r, s));
+    net_msg_t *m = p >= 0 ? router_fwd_msg(r, i, s) : NULL;
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].stage = s;
+    r->mbs[i].fwd_peer[s] = p;
+    return router_send(r, p, &m, R_FWD, i, s);
+}
+
+// BWD of micro-batch i at stage s (< S-1), to its forward's peer, which
+// holds the activations. Once the stage has no forwards left to do this
+// step, a replica that would be through everything it holds sooner, even
+// recomputing the forward, takes it instead: a slow replica's backwards
+// do not hold up the end of the step.
+static int s_bwd(router_t *r, int i, int s)
+{
+    int holder = r->mbs[i].fwd_peer[s];
+    int p = holder >= 0 && holder < r->npeers && r->peers[holder].state == P_READY
+                    && !r->peers[holder].failed && r->peers[holder].stage == s
+                    && s_forwards_left(r, s) > 0
+                ? holder
+                : s_pick(r, s, holder, 1.0);
+    net_msg_t *m = p >= 0 ? s_bwd_msg(r, i, s) : NULL;
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].stage = s;
+    r->mbs[i].backward = 1;
+    return router_send(r, p, &m, R_BWD, i, s);
+}
+
+// Re-run the gradient-accumulating work of micro-batch i at stage s (a
+// dead peer held it) on another replica; its outputs are not needed.
+static int s_redo(router_t *r, int i, int s)
+{
+    int last = s == r->plan.stages - 1;
+    int p = s_pick(r, s, -1, 1.0);
+    net_msg_t *m = p < 0 ? NULL : last ? router_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
+    if (!m)
+        return p < 0 ? p : -ENOMEM;
+    r->mbs[i].grad_peer[s] = -1;
+    int rc = router_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
+    if (rc == 0) {
+        router_req_find(r, r->last_id)->redo = 1;
+        r->redo_pending++;
+    }
+    return rc;
+}
+
+// Send the next request of micro-batch i, or remember it for the next turn
+// when no peer of the stage can take it now (never lose a micro-batch).
+int router_next(router_t *r, int i, int kind, int s)
+{
+    int rc = kind == R_FWD ? router_fwd(r, i, s) : s_bwd(r, i, s);
+    r->mbs[i].retry_kind = rc == 0 ? 0 : kind;
+    r->mbs[i].retry_stage = s;
+    return 0;
+}
+
+// Retry what could not be sent: chain requests and lost work to re-run.
+void router_retry(router_t *r)
+{
+    // a stage that held a forward back (swarm_policy_pick_fit) holds the
+    // others too until something changes: not asked again this turn
+    int held[NODE_MAX_LAYERS] = {0};
+    for (int i = 0; i < r->G; i++) {
+        mb_t *b = &r->mbs[i];
+        int at = b->retry_stage, fwd = b->retry_kind == R_FWD && at >= 0 && at < NODE_MAX_LAYERS;
+        if (b->retry_kind && !(fwd && held[at])) {
+            s_ignore(router_next(r, i, b->retry_kind, at));
+            if (fwd && b->retry_kind)
+                held[at] = 1;
+        }
+        for (int s = 0; s < r->plan.stages; s++) {
+            if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
+                b->redo_wanted[s] = 0;
+                r->redo_pending--; // counted when it was wanted
+            }
+        }
+    }
+}
+
+// Start micro-batch i of the current step.
+int router_mb_start(router_t *r, int i)
+{
+    mb_t *b = &r->mbs[i];
+    int T = r->hp.cfg.T, micro = r->hp.micro;
+    b->in[0] = malloc(r->tok_bytes);
+    b->targets = malloc(r->tok_bytes);
+    if (!b->in[0] || !b->targets)
+        abort();
+    swarm_data_train_batch(r->data, r->hp.seed, r->step, r->hp.batch, i * micro, micro, T,
+                           b->in[0], b->targets);
+    int rc = router_fwd(r, i, 0);
+    if (rc != 0)
+        router_mb_clear(r, b);
+    return rc;
+}
+
+// Keep tensor 0 of a FWD/BWD reply, activations or their gradient in any
+// float format, as its wire bytes in *dst (replacing what was there) with
+// its format and scale; the next stage decodes it. -EPROTO when it is not.
+static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_t *dtype,
+                       int8_t *pow2)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    size_t bytes = 0;
+    int k = 0, dt = h->ntensors > 0 ? h->tensors[0].dtype : 0;
+    if ((dt != NET_DTYPE_F32 && dt != NET_DTYPE_F16 && dt != NET_DTYPE_I8)
+        || node_wire_pow2(m, 0, &k) != 0)
+        return -EPROTO;
+    const void *p = net_msg_raw(m, 0, &bytes);
+    if (!p || bytes != net_codec_bytes(dt, router_acts_count(r)))
+        return -EPROTO;
+    free(*dst);
+    *dst = router_dup_bytes(p, bytes);
+    *dtype = (uint8_t) dt;
+    *pow2 = (int8_t) k;
+    return 0;
+}
+
+// A peer's speed is measured, not believed: training tokens of work it
+// finished per second it was busy (a token's forward is a third of its
+// work, its backward two thirds; the last stage does both at once). It is
+// sampled every half second of busy time into an average, so a peer that
+// queues requests is not mistaken for a slow one.
+static void s_work_done(router_t *r, const req_t *q)
+{
+    peer_t *pe = &r->peers[q->peer];
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    int last = q->stage == r->plan.stages - 1;
+    pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
+              : last && !r->evaluating ? tokens : tokens / 3.0;
+    double busy = router_busy_s(pe, r->now_ms);
+    if (busy - pe->rate_busy < 0.2)
+        return;
+    double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
+    pe->tok_s = pe->samples > 0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
+    pe->samples++;
+    pe->rate_busy = busy;
+    pe->rate_work = pe->work;
+}
+
+// A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
+int router_on_result(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    int S = r->plan.stages, s = q->stage;
+    s_work_done(r, q);
+    s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
+                  (double) (r->now_ms - q->sent) / 1000.0);
+    if (q->mb < 0)
+        return 0; // of a step its stage finished itself (s_step_apply_ask): counted
+    mb_t *b = &r->mbs[q->mb];
+    int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
+    if (accumulates)
+        b->grad_peer[s] = q->peer;
+    if (q->redo) {
+        r->redo_pending--;
+        return 0;
+    }
+    if (q->kind == R_FWD && s < S - 1) {
+        if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
+            return -EPROTO;
+        router_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
+        return router_next(r, q->mb, R_FWD, s + 1);
+    }
+    if (q->kind == R_FWD) {
+        char loss[64];
+        if (net_msg_meta_get(m, "loss", loss, sizeof loss) != 0)
+            return -EPROTO;
+        b->loss = strtof(loss, NULL);
+        if (!isfinite(b->loss))
+            return -EPROTO;
+        router_spot_begin(r, q, b->loss);
+        if (S == 1 || r->evaluating) {
+            b->stage = S;
+            return 0;
+        }
+        if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
+            return -EPROTO;
+        return router_next(r, q->mb, R_BWD, S - 2);
+    }
+    if (s == 0) {
+        b->stage = S; // through
+        return 0;
+    }
+    if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)
+        return -EPROTO;
+    return router_next(r, q->mb, R_BWD, s - 1);
+}

@@ -1,0 +1,347 @@
+/* router_peers.c - the peer table: HELLO, admission to a stage, the
+ * entries of the dead and their reuse, the views the policy sees, and
+ * joiners getting their stage's state. Deaths and bans: router_fail.c.
+ */
+#include "router_int.h"
+
+int router_peer_find(router_t *r, const net_peer_t *who)
+{
+    for (int i = 0; i < r->npeers; i++)
+        if (!strcmp(r->peers[i].who.key, who->key))
+            return i;
+    return -1;
+}
+
+// What each peer holds, in training tokens (swarm_peer_view_t.backlog):
+// its FWD/BWD requests in flight, and the backward it owes for every
+// forward it ran this step whose BWD is not sent yet (the router prefers to
+// send it there, where the activations are). ahead[]: the seconds of
+// compute its requests in flight take, as it reports them (the router's
+// own speed of a peer counts the time on its link too).
+static void s_backlog(const router_t *r, double *backlog, double *ahead)
+{
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        backlog[p] = tokens * pe->held_thirds / 3.0;
+        ahead[p] = pe->held_kind[0] * pe->busy[0] + pe->held_kind[1] * pe->busy[1];
+    }
+    if (r->evaluating || !r->mbs)
+        return;
+    int S = r->plan.stages;
+    for (int i = 0; i < r->G; i++) {
+        const mb_t *b = &r->mbs[i];
+        // stages whose forward ran (or runs) and whose backward is not sent:
+        // in forward up to the stage it is at, in backward below it
+        int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
+        for (int k = 0; k < owed && k < S - 1; k++)
+            if (b->fwd_peer[k] >= 0 && b->fwd_peer[k] < r->npeers)
+                backlog[b->fwd_peer[k]] += tokens * 2.0 / 3.0;
+    }
+}
+
+// The peer table as the policy sees it. For routing (optimistic) a ready
+// peer the router has not measured yet is taken to be as fast as the
+// fastest measured peer of its stage, so that it gets work and is measured
+// (otherwise a first guess below the others' could starve it for the whole
+// run); rebalancing sees the speeds as measured.
+void router_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
+{
+    double fastest[NODE_MAX_LAYERS] = {0}, *backlog = r->backlog, *ahead = r->ahead;
+    s_backlog(r, backlog, ahead);
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
+            fastest[p->stage] = p->tok_s;
+    }
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        double tok_s = p->tok_s;
+        if (optimistic && p->samples == 0 && p->stage >= 0 && fastest[p->stage] > tok_s)
+            tok_s = fastest[p->stage];
+        v[i] = (swarm_peer_view_t) {
+            .stage = p->stage, .ready = p->state == P_READY && !p->failed,
+            .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
+            .backlog = backlog[i], .ahead = ahead[i], .rtt = p->rtt, .tok_s = tok_s,
+            .moved_at = p->moved_at,
+        };
+    }
+}
+
+void router_views(const router_t *r, swarm_peer_view_t *v)
+{
+    router_views_as(r, v, 1);
+}
+
+int router_ready_count(const router_t *r, int stage)
+{
+    int n = 0;
+    for (int i = 0; i < r->npeers; i++)
+        if (r->peers[i].state == P_READY && (stage < 0 || r->peers[i].stage == stage))
+            n++;
+    return n;
+}
+
+// Send a stage's state (params, m, v of the stage) to peer p.
+static int s_send_state(router_t *r, int p, const float *params, const float *m, const float *v)
+{
+    int s = r->peers[p].stage;
+    uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
+    size_t off = r->stage_off[s];
+    net_msg_t *msg = net_msg_new(NET_MSG_STATE);
+    net_head_t *h = net_msg_head(msg);
+    h->stage = (uint32_t) s;
+    h->step = (uint64_t) r->step;
+    const float *parts[3] = { params + off, m + off, v + off };
+    for (int i = 0; i < 3; i++) {
+        int rc = net_msg_add_tensor(msg, NET_DTYPE_F32, dims, 1, parts[i]);
+        if (rc != 0) {
+            net_msg_destroy(&msg);
+            return rc;
+        }
+    }
+    return router_send(r, p, &msg, R_STATE, -1, s);
+}
+
+// Text from a peer goes into logs and JSON: printable ASCII only, no quotes.
+void router_sanitize(char *text)
+{
+    for (char *c = text; *c; c++)
+        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
+            *c = '?';
+}
+
+// Assign peer p to `stage` (as the answer to req, or unasked when NULL);
+// its state follows between steps (router_joins). 0 or -errno.
+int router_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
+{
+    peer_t *pe = &r->peers[p];
+    net_msg_t *a = req ? net_msg_reply(req, NET_MSG_ASSIGN) : net_msg_new(NET_MSG_ASSIGN);
+    net_msg_head(a)->stage = (uint32_t) stage;
+    net_msg_head(a)->step = (uint64_t) r->step;
+    const node_config_t *c = &r->hp.cfg;
+    int rc = router_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
+                         "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
+                    r->hp.micro, pe->id, node_wire_name(r->wire), node_wire_name(r->grad_wire));
+    if (rc == 0 && (rc = router_emit(r, &pe->who, &a)) != 0)
+        pe->failed = 1; // not connected: router_reap finds it dead
+    net_msg_destroy(&a);
+    if (rc != 0)
+        return rc;
+    pe->stage = stage;
+    pe->state = P_JOINING;
+    printf("swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
+    fflush(stdout);
+    return 0;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+// A joiner's speed in the router's units (training tokens/s on a stage,
+// see s_work_done): what it measured at start, scaled by how the measured
+// peers' speeds compare with what they measured at start (the median, so
+// that one peer's false claim does not skew it).
+static double s_hello_speed(const router_t *r, double hello)
+{
+    double *ratio = r->backlog; // scratch (router_views_as does not run meanwhile)
+    int n = 0;
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *pe = &r->peers[i];
+        if (pe->state == P_READY && pe->samples > 0 && pe->hello_tok_s > 0.0)
+            ratio[n++] = pe->tok_s / pe->hello_tok_s;
+    }
+    if (!n)
+        return hello;
+    qsort(ratio, (size_t) n, sizeof ratio[0], s_cmp_double);
+    return hello * ratio[n / 2];
+}
+
+// Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
+// dead one coming back once its ban is over.
+static void s_admit(router_t *r, int p, const net_msg_t *req)
+{
+    peer_t *pe = &r->peers[p];
+    pe->failed = 0;
+    pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
+    router_speed_restart(pe, r->now_ms);
+    swarm_peer_view_t *views = r->views;
+    router_views(r, views);
+    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
+                               : swarm_policy_assign(views, r->npeers, r->plan.stages);
+    s_ignore(router_send_assign(r, p, stage, req));
+}
+
+// A peer the router declared dead talks again (HELLO or HEARTBEAT): once
+// its ban is over it joins again, with fresh state; until then it is told
+// once why it waits.
+void router_on_dead_peer(router_t *r, int p, const net_msg_t *m)
+{
+    peer_t *pe = &r->peers[p];
+    double now = router_secs(r);
+    if (now >= pe->banned_until) {
+        printf("swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
+               pe->name, pe->why);
+        fflush(stdout);
+        s_admit(r, p, net_msg_head_const(m)->type == NET_MSG_HELLO ? m : NULL);
+    } else if (!pe->ban_told) {
+        net_msg_t *e = net_msg_new(NET_MSG_ERROR);
+        int rc = isinf(pe->banned_until)
+                 ? router_meta(e, "reason=expelled for the run: it %s", pe->why)
+                 : router_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
+        if (rc == 0)
+            s_ignore(router_emit(r, &pe->who, &e));
+        net_msg_destroy(&e);
+        pe->ban_told = 1;
+    }
+}
+
+// Peer p's entry is named by the current step: gradient work it holds or
+// sent, its part in STEP or UPDATE, a request in flight. (A forward it ran
+// may name it too: the backward then goes to whoever takes the entry,
+// which recomputes, as any replica can.)
+static int s_peer_in_step(const router_t *r, int p)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->got_grad || pe->in_step || pe->self_to || pe->inflight > 0 || r->self_peer == p)
+        return 1;
+    for (int i = 0; r->mbs && i < r->G; i++)
+        for (int s = 0; s < r->plan.stages; s++)
+            if (r->mbs[i].grad_peer[s] == p)
+                return 1;
+    return 0;
+}
+
+// An entry for a new peer: that of the peer dead longest whose ban is over
+// and that has no part in this step, once PEERS_KEEP_DEAD entries are
+// dead (a dead peer's entry keeps its ban and its back-off, should it
+// return), else a new one. -ENOMEM.
+static int s_peer_slot(router_t *r)
+{
+    int best = -1, dead = 0;
+    double now = router_secs(r);
+    for (int p = 0; p < r->npeers; p++) {
+        const peer_t *pe = &r->peers[p];
+        if (pe->state != P_DEAD)
+            continue;
+        dead++;
+        if (pe->banned_until <= now && !s_peer_in_step(r, p)
+            && (best < 0 || pe->last_seen < r->peers[best].last_seen))
+            best = p;
+    }
+    if (best >= 0 && dead >= PEERS_KEEP_DEAD) {
+        free(r->peers[best].grad);
+        return best;
+    }
+    if (r->npeers == r->peers_cap) {
+        int cap = r->peers_cap ? 2 * r->peers_cap : 16;
+        peer_t *peers = realloc(r->peers, (size_t) cap * sizeof *peers);
+        if (peers)
+            r->peers = peers;
+        swarm_peer_view_t *views = peers ? realloc(r->views, (size_t) cap * sizeof *views) : NULL;
+        if (views)
+            r->views = views;
+        double *backlog = views ? realloc(r->backlog, (size_t) cap * sizeof *backlog) : NULL;
+        if (backlog)
+            r->backlog = backlog;
+        double *ahead = backlog ? realloc(r->ahead, (size_t) cap * sizeof *ahead) : NULL;
+        if (!ahead)
+            return -ENOMEM;
+        r->ahead = ahead;
+        r->peers_cap = cap;
+    }
+    return r->npeers++;
+}
+
+// A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
+// follows when the swarm is between steps (router_joins).
+void router_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
+{
+    char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0", note[64];
+    if (net_msg_meta_get(hello, "proto", proto, sizeof proto) != 0 || strcmp(proto, "1") != 0) {
+        net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
+        router_sanitize(proto);
+        router_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
+        if (router_loud(r, who->key, note, sizeof note))
+            fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
+                    who->key, proto[0] ? proto : "missing", note);
+        s_ignore(router_emit(r, who, &err));
+        return;
+    }
+    s_ignore(net_msg_meta_get(hello, "name", name, sizeof name));
+    s_ignore(net_msg_meta_get(hello, "device", device, sizeof device));
+    s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
+    int p = router_peer_find(r, who);
+    if (p < 0) {
+        if ((p = s_peer_slot(r)) < 0) {
+            fprintf(stderr, "swarm router: out of memory for the peer table (%d peers); "
+                    "ignoring %s\n", r->npeers, name);
+            return;
+        }
+        r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
+    }
+    peer_t *pe = &r->peers[p];
+    router_sanitize(name);
+    router_sanitize(device);
+    snprintf(pe->name, sizeof pe->name, "%s", name);
+    snprintf(pe->device, sizeof pe->device, "%s", device);
+    double t = strtod(tok, NULL);
+    pe->hello_tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
+    pe->last_seen = r->now_ms;
+    if (pe->state == P_READY || pe->state == P_JOINING)
+        return; // a repeated HELLO: the ASSIGN is on its way
+    if (pe->state == P_DEAD)
+        router_on_dead_peer(r, p, hello);
+    else
+        s_admit(r, p, hello);
+}
+
+// Between steps: hand joining peers their stage's state, from the router's
+// own copy before training starts, else from a ready replica (STATE_GET).
+void router_joins(router_t *r)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        if (pe->state != P_JOINING || pe->inflight > 0)
+            continue;
+        if (!r->started) {
+            s_ignore(s_send_state(r, p, r->params, r->m, r->v));
+            continue;
+        }
+        for (int q = 0; q < r->npeers; q++) {
+            if (r->peers[q].state == P_READY && r->peers[q].stage == pe->stage) {
+                net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
+                net_msg_head(g)->stage = (uint32_t) pe->stage;
+                // the reply is forwarded to the joiner: remember it in mb
+                s_ignore(router_send(r, q, &g, R_STATE_GET, p, pe->stage));
+                pe->inflight++; // held until its state arrives
+                break;
+            }
+        }
+    }
+}
+
+// What stage s's ready replicas say they sustain together (their HEARTBEATs).
+double router_stage_capacity(const router_t *r, int s)
+{
+    double tok = 0.0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_READY && r->peers[p].stage == s)
+            tok += r->peers[p].claim_doubted ? r->peers[p].tok_s : r->peers[p].node_tok_s;
+    return tok;
+}
+
+// The swarm's bound: the least, over stages, of what the stage's replicas
+// sustain together; no schedule can beat it.
+double router_bound(const router_t *r)
+{
+    double low = -1.0;
+    for (int s = 0; s < r->plan.stages; s++) {
+        double t = router_stage_capacity(r, s);
+        low = low < 0 || t < low ? t : low;
+    }
+    return low > 0 ? low : 0.0;
+}

@@ -1,0 +1,363 @@
+/* router_reply.c - what peers send: every reply checked before it is used
+ * (shapes, finiteness, bounds, checksums), replies to requests, floods,
+ * a second connection with a key in use, and the dispatch of a message.
+ */
+#include "router_int.h"
+
+// A STATE reply: for a checkpoint (q->mb < 0) or to forward to a joiner.
+static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
+{
+    int s = q->stage;
+    size_t n = r->stage_n[s], off = r->stage_off[s];
+    if (q->mb >= 0) {
+        peer_t *joiner = &r->peers[q->mb];
+        joiner->inflight--;
+        if (joiner->state != P_JOINING)
+            return 0;
+        if (net_msg_head_const(m)->step != (uint64_t) r->step)
+            return 0; // not the state this step starts from: asked again between steps
+        net_msg_t *fwd = net_msg_dup(m); // its header step: the updates it holds
+        if (!fwd)
+            return -ENOMEM;
+        net_msg_head(fwd)->flags = 0;
+        return router_send(r, q->mb, &fwd, R_STATE, -1, s);
+    }
+    size_t np = node_config_params(&r->hp.cfg);
+    for (int i = 0; i < 3; i++) {
+        if (net_msg_tensor(m, i, r->ck_state + i * np + off, n) != 0) {
+            router_ckpt_part(r, 0);
+            return -EPROTO;
+        }
+    }
+    router_ckpt_part(r, 1);
+    return 0;
+}
+
+// Tensor i of m: n finite values whose RMS is within --tensor-bound times
+// the running RMS of what stage s sent that way (dir 0 forward, 1 backward);
+// the running RMS learns from accepted tensors. 0, or -EPROTO and why.
+static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
+                          char *why, size_t wn)
+{
+    int rc = node_wire_get(m, i, r->scratch, n);
+    if (rc != 0) {
+        // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
+        snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value"
+                                        : "sent a tensor of the wrong shape or type");
+        return -EPROTO;
+    }
+    double sumsq = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(r->scratch[j])) {
+            snprintf(why, wn, "sent a non-finite value (element %zu)", j);
+            return -EPROTO;
+        }
+        sumsq += (double) r->scratch[j] * r->scratch[j];
+    }
+    double rms = sqrt(sumsq / (double) (n ? n : 1));
+    double *run = &r->rms[dir][s];
+    if (r->rms_n[dir][s] >= 8 && r->tensor_bound > 0 && rms > r->tensor_bound * *run) {
+        snprintf(why, wn, "sent a tensor of RMS %.3g, %.0fx the stage's running %.3g", rms,
+                 rms / *run, *run);
+        return -EPROTO;
+    }
+    *run = r->rms_n[dir][s]++ ? 0.95 * *run + 0.05 * rms : rms;
+    return 0;
+}
+
+// The last stage's answer carries a finite, non-negative loss. 0 or -EPROTO.
+static int s_check_loss(const net_msg_t *m, char *why, size_t wn)
+{
+    char text[64];
+    float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
+    if (isfinite(loss) && loss >= 0)
+        return 0;
+    snprintf(why, wn, "sent no finite loss");
+    return -EPROTO;
+}
+
+// Check a reply to request q before anything uses it: the right type, and
+// every tensor of the shape the plan says, finite and of plausible size.
+// 0, or -EPROTO and why.
+// m's meta checksum= is 64 lowercase hex digits (a parameter checksum).
+static int s_has_checksum(const net_msg_t *m)
+{
+    char text[80];
+    return net_msg_meta_get(m, "checksum", text, sizeof text) == 0 && strlen(text) == 64
+           && strspn(text, "0123456789abcdef") == 64;
+}
+
+static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    int S = r->plan.stages, s = q->stage;
+    size_t x_n = router_acts_count(r);
+    char text[128];
+    static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
+                                [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
+                                [R_STATE_GET] = NET_MSG_STATE, [R_STATE] = NET_MSG_RESULT,
+                                [R_ASSIGN] = NET_MSG_RESULT, [R_VERIFY] = NET_MSG_RESULT,
+                                [R_DISCARD] = NET_MSG_RESULT };
+    if (h->type == NET_MSG_ERROR) {
+        if (net_msg_meta_get(m, "reason", text, sizeof text) != 0)
+            snprintf(text, sizeof text, "no reason given");
+        router_sanitize(text);
+        snprintf(why, wn, "refused a request (%s)", text);
+        return -EPROTO;
+    }
+    if (h->type != want[q->kind]) {
+        snprintf(why, wn, "answered with %s", net_msg_type_name(h->type));
+        return -EPROTO;
+    }
+    switch (q->kind) {
+    case R_FWD:
+        if (s == S - 1) {
+            if (s_check_loss(m, why, wn) != 0)
+                return -EPROTO;
+            if (q->redo || S == 1 || r->evaluating)
+                return 0;
+            return s_check_values(r, m, 0, x_n, s, 1, why, wn);
+        }
+        return q->redo ? 0 : s_check_values(r, m, 0, x_n, s, 0, why, wn);
+    case R_BWD:
+        return q->redo || s == 0 ? 0 : s_check_values(r, m, 0, x_n, s, 1, why, wn);
+    case R_VERIFY:
+        return s == S - 1 ? s_check_loss(m, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
+    case R_STEP:
+        if (q->mb == MB_APPLY && !s_has_checksum(m)) {
+            snprintf(why, wn, "sent no parameter checksum after applying its update");
+            return -EPROTO;
+        }
+        if (r->peers[q->peer].norm_only || q->mb == MB_APPLY) {
+            double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
+                                                                            : NAN;
+            if (isfinite(v) && v >= 0)
+                return 0;
+            snprintf(why, wn, "sent no finite gradient norm");
+            return -EPROTO;
+        }
+        // the largest stage's size: a peer may move between stages
+        if (!r->peers[q->peer].grad && !(r->peers[q->peer].grad = malloc(r->max_stage_n * sizeof(float))))
+            abort();
+        int rc = node_wire_get(m, 0, r->peers[q->peer].grad, r->stage_n[s]);
+        if (rc != 0) {
+            snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
+                                            : "sent a gradient of the wrong shape or type");
+            return -EPROTO;
+        }
+        for (size_t j = 0; j < r->stage_n[s]; j++) {
+            if (!isfinite(r->peers[q->peer].grad[j])) {
+                snprintf(why, wn, "sent a non-finite gradient (element %zu)", j);
+                return -EPROTO;
+            }
+        }
+        return 0;
+    case R_UPDATE:
+    case R_STATE:
+        if (!s_has_checksum(m)) {
+            snprintf(why, wn, "sent no parameter checksum");
+            return -EPROTO;
+        }
+        return 0;
+    case R_STATE_GET:
+        for (int i = 0; i < 3; i++) {
+            if (h->ntensors != 3 || h->tensors[i].ndims != 1 || h->tensors[i].dtype != NET_DTYPE_F32
+                || h->tensors[i].dims[0] != r->stage_n[s]) {
+                snprintf(why, wn, "sent a stage state of the wrong shape");
+                return -EPROTO;
+            }
+        }
+        return 0;
+    }
+    return 0;
+}
+
+// A reply: checked first; a peer that answers wrongly fails (banned, and
+// the request's work goes to another replica with the rest of its work).
+static void s_on_reply(router_t *r, int p, const net_msg_t *m)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    req_t *q = router_req_find(r, h->id);
+    if (!q || q->peer != p)
+        return; // stale or not ours: dropped
+    char why[160];
+    if (s_check_reply(r, q, m, why, sizeof why) != 0) {
+        router_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
+        return;
+    }
+    req_t copy = *q;
+    router_req_done(r, q);
+    int rc = 0;
+    switch (copy.kind) {
+    case R_FWD:
+    case R_BWD:
+        rc = router_on_result(r, &copy, m);
+        break;
+    case R_STEP:
+        rc = copy.mb == MB_APPLY ? router_on_applied(r, &copy, m) : router_on_grad(r, &copy, m);
+        break;
+    case R_UPDATE:
+        rc = router_on_updated(r, &copy, m);
+        break;
+    case R_STATE_GET:
+        rc = s_on_state(r, &copy, m);
+        break;
+    case R_VERIFY:
+        router_spot_result(r, &copy, m);
+        break;
+    case R_DISCARD:
+        r->pending--;
+        break;
+    case R_STATE:
+        if (h->step != (uint64_t) r->step || r->phase == PH_GRAD || r->phase == PH_UPDATE
+            || (r->phase == PH_MB && r->peers[p].stage >= 0 && r->stepped[r->peers[p].stage])) {
+            // loaded a state the swarm has moved past, or the step's update
+            // has begun without it: it would be behind; fetch again between
+            // steps
+            break;
+        }
+        r->peers[p].state = P_READY;
+        r->peers[p].moving = 0;
+        s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
+        printf("swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
+               r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
+        fflush(stdout);
+        break;
+    }
+    if (rc != 0)
+        fprintf(stderr, "swarm router: peer %d (%s): %s reply not used: %s\n", r->peers[p].id,
+                r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
+}
+
+// A node sends a HEARTBEAT a second and a HELLO every two while it waits:
+// a peer that sends more than ROUTER_BURST unasked messages in a second
+// floods the router, and fails.
+#define ROUTER_BURST 100
+
+static int s_flooding(router_t *r, int p, const net_head_t *h)
+{
+    peer_t *pe = &r->peers[p];
+    int64_t now = r->now_ms;
+    if (h->flags & NET_FLAG_REPLY)
+        return 0;
+    if (now - pe->burst_from >= 1000) {
+        pe->burst_from = now;
+        pe->burst = 0;
+    }
+    if (++pe->burst <= ROUTER_BURST)
+        return 0;
+    if (pe->state != P_DEAD)
+        router_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
+    return 1; // over the limit: dropped unread
+}
+
+// The speed a node reports is used only for the bound in swarm status; one
+// that claims ten times what the router measures is not believed there.
+static void s_doubt_claim(router_t *r, int p)
+{
+    peer_t *pe = &r->peers[p];
+    int doubt = pe->samples > 0 && pe->node_tok_s > 10.0 * pe->tok_s;
+    if (doubt && !pe->claim_doubted)
+        fprintf(stderr, "swarm router: peer %d (%s) says it sustains %.0f tok/s; the router "
+                "measures %.0f and uses that\n", pe->id, pe->name, pe->node_tok_s, pe->tok_s);
+    pe->claim_doubted = doubt;
+}
+
+// Another connection speaks with peer p's key: a second node with a copy
+// of the key, or the peer's node restarted while the router still holds
+// the old connection. Its HELLOs get an answer once it is clear which:
+// when the old connection has been heard from since the rival's first
+// HELLO, it is live and the rival is refused (both told, in a line each);
+// when it has been silent RIVAL_MS since (a live node says HEARTBEAT every
+// second), it is gone, and the rival takes the peer's place as a node that
+// comes back. Nothing else the rival sends is the peer's: it is dropped.
+#define RIVAL_MS 3000
+
+static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_t *m)
+{
+    peer_t *pe = &r->peers[p];
+    int64_t now = r->now_ms;
+    if (net_msg_head_const(m)->type != NET_MSG_HELLO)
+        return;
+    if (strcmp(pe->rival.conn, who->conn) != 0) {
+        pe->rival = *who;
+        pe->rival_since = now;
+        pe->rival_told = 0;
+        return;
+    }
+    if (pe->last_seen > pe->rival_since) {
+        net_msg_t *e = net_msg_reply(m, NET_MSG_ERROR);
+        router_meta(e, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
+                    "each node needs a key of its own: start this one without --key (swarm picks a "
+               "free one) or with --key NAME of another pair (swarm keygen NAME)\nfatal=1",
+               who->key, pe->id, pe->name);
+        s_ignore(router_emit(r, who, &e));
+        if (pe->rival_told)
+            return;
+        pe->rival_told = 1;
+        fprintf(stderr, "swarm router: refused a second node with the key %.8s... of peer %d (%s), "
+                "which is connected (a copy of its key?)\n", who->key, pe->id, pe->name);
+        net_msg_t *t = net_msg_new(NET_MSG_ERROR);
+        router_meta(t, "reason=another node with this node's key tried to join and was refused; this "
+                    "node goes on (a copy of this key elsewhere needs a key of its own)\nnotice=1");
+        s_ignore(router_emit(r, &pe->who, &t));
+        return;
+    }
+    if (now - pe->rival_since < RIVAL_MS)
+        return;
+    printf("swarm router: peer %d (%s): a new process with its key says HELLO and the old one "
+           "has been silent %.1f s: it takes the peer's place\n", pe->id, pe->name,
+           (now - pe->last_seen) / 1000.0);
+    fflush(stdout);
+    if (pe->state != P_DEAD)
+        router_peer_dead(r, p, "was replaced by a new process with its key");
+    pe->who = *who;
+    memset(&pe->rival, 0, sizeof pe->rival);
+    router_on_hello(r, who, m);
+}
+
+void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    int p = router_peer_find(r, who);
+    char note[64];
+    if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
+        // a dead peer's key on a new connection speaks for it, unless the
+        // old connection (a banned node, alive) is still heard from
+        if (r->peers[p].state != P_DEAD || r->now_ms - r->peers[p].last_seen < RIVAL_MS) {
+            s_on_rival(r, p, who, m);
+            return;
+        }
+        r->peers[p].who = *who;
+    }
+    if (p >= 0)
+        r->peers[p].last_seen = r->now_ms;
+    if (p >= 0 && s_flooding(r, p, h))
+        return;
+    if (h->type == NET_MSG_HELLO) {
+        router_on_hello(r, who, m);
+    } else if (h->type == NET_MSG_STATUS) {
+        router_status_reply(r, who, m);
+    } else if (p < 0) {
+        if (router_loud(r, who->key, note, sizeof note))
+            fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
+                    net_msg_type_name(h->type), who->key, note);
+    } else if (h->type == NET_MSG_HEARTBEAT) {
+        char q[32];
+        if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
+            r->peers[p].queue = atoi(q) >= 0 && atoi(q) < 1000000 ? atoi(q) : 0;
+        if (net_msg_meta_get(m, "tok_s", q, sizeof q) == 0) {
+            double t = strtod(q, NULL);
+            r->peers[p].node_tok_s = isfinite(t) && t >= 0 && t < 1e12 ? t : 0.0;
+            s_doubt_claim(r, p);
+        }
+        if (r->peers[p].state == P_DEAD)
+            router_on_dead_peer(r, p, m);
+        if (net_msg_meta_get(m, "slots", q, sizeof q) == 0)
+            r->peers[p].slots = atoi(q) >= 0 && atoi(q) <= r->G ? atoi(q) : r->G;
+    } else if (h->type == NET_MSG_BYE) {
+        router_peer_dead(r, p, "left (BYE)");
+    } else if (h->flags & NET_FLAG_REPLY) {
+        s_on_reply(r, p, m);
+    }
+}

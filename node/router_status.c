@@ -1,0 +1,142 @@
+/* router_status.c - the STATUS reply: the run, its stages and its peers as
+ * JSON (jansson), always valid, and within the meta a message may carry.
+ * The document is docs/swarm.md "Status".
+ */
+#include "router_int.h"
+
+// v rounded to `decimals` places as a JSON number (an integer for 0
+// places), or null when it is not finite: JSON has no inf or nan.
+static json_t *s_json_num(double v, int decimals)
+{
+    if (!isfinite(v))
+        return json_null();
+    double scale = pow(10.0, decimals), rounded = round(v * scale) / scale;
+    if (!isfinite(rounded))
+        rounded = v; // v * scale overflowed
+    if (decimals == 0 && fabs(rounded) < 9e15)
+        return json_integer((json_int_t) rounded);
+    return json_real(rounded);
+}
+
+// Text as a JSON string: kept as it is when it is valid UTF-8 (jansson
+// escapes quotes and control codes), else as printable ASCII.
+static json_t *s_json_text(const char *text)
+{
+    json_t *s = json_string(text);
+    if (s)
+        return s;
+    char safe[256];
+    snprintf(safe, sizeof safe, "%s", text);
+    router_sanitize(safe);
+    return json_string(safe);
+}
+
+// Stage s's entry of "stages"; NULL out of memory.
+static json_t *s_status_stage(const router_t *r, int s)
+{
+    double tok = 0;
+    int queue = 0;
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state == P_READY && r->peers[p].stage == s) {
+            tok += r->peers[p].tok_s;
+            queue += r->peers[p].queue;
+        }
+    }
+    double flops = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
+    return json_pack("{s:i, s:i, s:o, s:o, s:i, s:o}", "stage", s,
+                     "replicas", router_ready_count(r, s), "tok_s", s_json_num(tok, 1),
+                     "node_tok_s", s_json_num(router_stage_capacity(r, s), 1), "queue", queue,
+                     "flops_per_token", s_json_num(flops, 0));
+}
+
+// A peer's entry of "peers"; NULL out of memory. An expelled peer's ban
+// never ends: "banned_s" null and "expelled" true.
+static json_t *s_status_peer(const peer_t *pe, int64_t now)
+{
+    int dead = pe->state == P_DEAD, expelled = dead && isinf(pe->banned_until);
+    double ban = dead ? pe->banned_until - (double) now / 1000.0 : 0.0;
+    const char *state = pe->state == P_READY ? "ready"
+                      : pe->state == P_JOINING ? (pe->moving ? "moving" : "joining")
+                      : ban > 0 ? "banned" : "dead";
+    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o}",
+                     "id", pe->id, "name", s_json_text(pe->name), "key", pe->who.key,
+                     "device", s_json_text(pe->device), "stage", pe->stage,
+                     "tok_s", s_json_num(pe->tok_s, 1), "node_tok_s", s_json_num(pe->node_tok_s, 1),
+                     "inflight", pe->inflight,
+                     "heartbeat_age_s", s_json_num((double) (now - pe->last_seen) / 1000.0, 1),
+                     "state", state, "failures", pe->failures,
+                     "banned_s", expelled ? json_null() : s_json_num(ban > 0 ? ban : 0.0, 0),
+                     "expelled", expelled, "why", s_json_text(dead ? pe->why : ""));
+}
+
+// The whole document; NULL out of memory.
+static json_t *s_status_doc(const router_t *r)
+{
+    long steps = r->step - r->first;
+    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
+    double eta = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
+    int known = r->step > r->first; // a loss before the first step is not known
+    json_t *doc = json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:[], s:[], s:i}",
+                            "step", (json_int_t) r->step, "iters", (json_int_t) r->hp.iters,
+                            "loss", s_json_num(known ? r->last_loss : NAN, 4),
+                            "loss_avg", s_json_num(known ? r->loss_avg : NAN, 4),
+                            "tok_s", s_json_num(tps, 1), "bound_tok_s", s_json_num(router_bound(r), 1),
+                            "eta_s", s_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
+                            "state", r->done ? "done" : r->started ? "training" : "waiting",
+                            "stages", "peers", "peers_omitted", 0);
+    json_t *stages = json_object_get(doc, "stages"), *peers = json_object_get(doc, "peers");
+    int rc = doc ? 0 : -1;
+    for (int s = 0; rc == 0 && s < r->plan.stages; s++)
+        rc = json_array_append_new(stages, s_status_stage(r, s));
+    int64_t now = r->now_ms;
+    for (int p = 0; rc == 0 && p < r->npeers; p++)
+        rc = json_array_append_new(peers, s_status_peer(&r->peers[p], now));
+    if (rc != 0)
+        json_decref(doc);
+    return rc == 0 ? doc : NULL;
+}
+
+// doc as text of at most NET_META_MAX bytes (free it): when the peer table
+// does not fit, peers are left off the end of "peers" and "peers_omitted"
+// says how many. NULL when not even the table without peers fits, or out
+// of memory.
+static char *s_status_text(json_t *doc, size_t *len)
+{
+    json_t *peers = json_object_get(doc, "peers");
+    size_t all = json_array_size(peers);
+    for (;;) {
+        char *text = json_dumps(doc, JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15));
+        size_t n = json_array_size(peers);
+        *len = text ? strlen(text) : 0;
+        if (!text || *len <= NET_META_MAX)
+            return text;
+        free(text);
+        if (n == 0)
+            return NULL;
+        // leave off about the excess, at the average size of an entry (an
+        // overestimate: the rest of the document counts in it), at least one
+        size_t drop = (*len - NET_META_MAX) / (*len / n + 1) + 1;
+        for (size_t k = 0; k < drop && k < n; k++)
+            json_array_remove(peers, n - 1 - k);
+        json_t *omitted = json_object_get(doc, "peers_omitted");
+        json_integer_set(omitted, (json_int_t) (all - json_array_size(peers)));
+    }
+}
+
+void router_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req)
+{
+    json_t *doc = s_status_doc(r);
+    size_t len = 0;
+    char *text = doc ? s_status_text(doc, &len) : NULL;
+    net_msg_t *m = net_msg_reply(req, text ? NET_MSG_STATUS : NET_MSG_ERROR);
+    int rc = text ? net_msg_set_meta(m, text)
+           : len > NET_META_MAX ? router_meta(m, "reason=the status (%zu bytes without its peers) "
+                                              "exceeds a message's %u bytes", len, NET_META_MAX)
+           : router_meta(m, "reason=out of memory building the status");
+    if (rc != 0)
+        net_msg_destroy(&m);
+    else
+        s_ignore(router_emit(r, who, &m));
+    free(text);
+    json_decref(doc);
+}

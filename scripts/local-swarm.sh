@@ -180,6 +180,7 @@ slowdown_of() {
         END { if (v <= 0 || v > 1) v = 1; printf "%g", 1 / v }'
 }
 node_slow=""  # "pid:slowdown" of every node started
+node_names="" # "pid:nodeI" of every node started
 start_node() {  # I [SLOWDOWN]
     [ -f "$TMP/node$1.key" ] || "$SWARM" keygen "$TMP/node$1" >/dev/null
     slow=${2:-$(slowdown_of "$1")}
@@ -187,10 +188,15 @@ start_node() {  # I [SLOWDOWN]
         --threads 1 --name "node$1" --slowdown "$slow" --exit-when-done >"$TMP/node$1.log" 2>&1 &
     node_pids="$node_pids $!"
     node_slow="$node_slow $!:$slow"
+    node_names="$node_names $!:node$1"
 }
 # slowdown_of_pid PID: the slowdown node PID was started with
 slowdown_of_pid() {
     for e in $node_slow; do [ "${e%%:*}" = "$1" ] && echo "${e#*:}"; done
+}
+# name_of_pid PID: node PID's --name (nodeI), as the router's log names it
+name_of_pid() {
+    for e in $node_names; do [ "${e%%:*}" = "$1" ] && echo "${e#*:}"; done
 }
 i=1
 while [ "$i" -le "$nodes" ]; do
@@ -212,6 +218,7 @@ chaos_pick() {
 chaos_every=${CHAOS_EVERY:-20}
 chaos_event=0
 stopped=
+stopped_at=0 # $ticks when it was stopped
 echo "$me: router $endpoint, $nodes nodes, $stages stages, ${steps:-the router's} steps; logs in $TMP" >&2
 
 # ---- wait for the router (bounded: TIMEOUT s); give up if every node has
@@ -233,24 +240,30 @@ while alive "$router" && [ "$ticks" -gt 0 ]; do
         live=""
         for p in $node_pids; do alive "$p" && live="$live $p"; done
         count=$(echo $live | wc -w)
-        if [ -n "$stopped" ] && [ "$chaos_tick" -eq $((chaos_every * 5 / 2 + 25)) ]; then
-            kill -CONT "$stopped" 2>/dev/null
-            echo "$me: chaos: SIGCONT pid $stopped" >&2
+        # 5 s (25 ticks) after the stop, also when that is past the end of the
+        # period (CHAOS_EVERY under 10); a stopped node that was killed since
+        # is not continued
+        if [ -n "$stopped" ] && [ $((stopped_at - ticks)) -ge 25 ]; then
+            if alive "$stopped"; then
+                kill -CONT "$stopped" 2>/dev/null
+                echo "$me: chaos: SIGCONT pid $stopped ($(name_of_pid "$stopped"))" >&2
+            fi
             stopped=""
         fi
         if [ "$chaos_tick" -eq $((chaos_every * 5 - 1)) ] && [ "$count" -gt 1 ]; then
             chaos_event=$((chaos_event + 1))
             victim=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
             kill -KILL "$victim" 2>/dev/null
-            echo "$me: chaos: SIGKILL pid $victim; starting node$next_node" >&2
+            echo "$me: chaos: SIGKILL pid $victim ($(name_of_pid "$victim")); starting node$next_node" >&2
             start_node "$next_node" "$(slowdown_of_pid "$victim")" # as fast as the one it replaces
             next_node=$((next_node + 1))
         elif [ "$chaos_tick" -eq $((chaos_every * 5 / 2)) ] && [ "$count" -gt 2 ] && [ -z "$stopped" ] \
             && [ "${CHAOS_STALL:-1}" != 0 ]; then
             chaos_event=$((chaos_event + 1))
             stopped=$(echo $live | cut -d' ' -f"$(chaos_pick "$chaos_event" "$count")")
+            stopped_at=$ticks
             kill -STOP "$stopped" 2>/dev/null
-            echo "$me: chaos: SIGSTOP pid $stopped for 5 s" >&2
+            echo "$me: chaos: SIGSTOP pid $stopped ($(name_of_pid "$stopped")) for 5 s" >&2
         fi
     fi
     any=""

@@ -60,23 +60,32 @@ clean_run() {
     [ "$1" -eq 0 ] && grep -q "checksum mismatches 0" "$2"
 }
 
+# What the router logs when a peer leaves the swarm (s_peer_dead's
+# reasons: lost, silent, left, replaced, dropped, banned, expelled, resynced),
+# after "swarm router: peer N (NAME) "
+LIB_DEATH_RE=': dead$|left \(BYE\)$|was replaced by a new process with its key$|: dropped$|banned for [0-9]+ s \(failure [0-9]+\)$|expelled for the run$|it fetches their state again$'
+
 # log_invariants LOG ROLLBACKS FAULTED...: what a router's log shows holds
 # beyond the final losses: no peer but the FAULTED names (the ones the test
-# killed, stopped or made lie) was banned, expelled or refused, and the run
-# rolled back exactly ROLLBACKS times (a rollback nobody caused is a bug a
-# replay hides). Prints each violation; fails if there is one.
+# killed, stopped, removed or made lie) was declared dead, banned, expelled
+# or refused, and the run rolled back exactly ROLLBACKS times (a rollback
+# nobody caused is a bug a replay hides). Prints each violation; fails if
+# there is one.
 log_invariants() {
     inv_log=$1 inv_rb=$2
     shift 2
     inv_bad=0
-    # "swarm router: peer 3 (node2, cpu) ...: banned for 5 s (failure 1)"
-    grep -E "^swarm router: peer [0-9]+ \([^)]*\) .*(banned for [0-9]+ s|expelled for the run)" "$inv_log" \
-        | sed 's/^swarm router: peer [0-9]* (\([^,)]*\).*/\1 &/' >"$TMP/inv_bans.txt"
+    # "swarm router: peer 3 (node2) missed the deadline ...: banned for 5 s (failure 1)",
+    # "... (node2) is not connected: dead", "... of peer 3 (node2), which is connected"
+    { grep -E "^swarm router: peer [0-9]+ \([^,)]*\) " "$inv_log" | grep -E "$LIB_DEATH_RE" \
+        | sed 's/^swarm router: peer [0-9]* (\([^,)]*\)).*/\1 &/'
+      grep -E "^swarm router: refused a second node with the key .* of peer [0-9]+ \([^)]*\)" "$inv_log" \
+        | sed 's/^.* of peer [0-9]* (\([^)]*\)).*/\1 &/'; } >"$TMP/inv_bans.txt"
     while read -r inv_name inv_line; do
         inv_faulted=0
         for inv_f in "$@"; do [ "$inv_name" = "$inv_f" ] && inv_faulted=1; done
         if [ $inv_faulted -eq 0 ]; then
-            echo "invariant: an honest peer was banned: $inv_line"
+            echo "invariant: an honest peer was lost, banned or refused: $inv_line"
             inv_bad=1
         fi
     done <"$TMP/inv_bans.txt"
@@ -87,6 +96,43 @@ log_invariants() {
         inv_bad=1
     fi
     return $inv_bad
+}
+
+# log_emptied LOG: how many times, by the router's log, a peer's leaving
+# (LIB_DEATH_RE) left a stage with no ready replica while the swarm trained:
+# the rollbacks the faults caused, where a test cannot know which stage
+# each of its victims served (chaos). Follows the log's joins, moves,
+# "ready on stage" lines and rollbacks, as the router counts (s_ready_count).
+log_emptied() {
+    LIB_DEATH_RE=$LIB_DEATH_RE awk '
+        function name_of(l) { sub(/^swarm router: peer [0-9]+ \(/, "", l); sub(/[,)].*/, "", l); return l }
+        function clear(n) { for (n in ready) ready[n] = 0; started = 0 }
+        BEGIN { death = ENVIRON["LIB_DEATH_RE"] }
+        / swarm; [0-9]+ stages of / { for (i = 1; i < NF; i++) if ($(i + 1) == "stages") stages = $i + 0 }
+        /^swarm router: every stage has a peer; training from step / { started = 1 }
+        /^swarm router: stage [0-9]+ lost every replica at step / { clear() }
+        /^swarm router: peer [0-9]+ \([^,)]*, .*\) joins stage [0-9]+$/ { ready[name_of($0)] = 0 }
+        /^swarm router: peer [0-9]+ \([^,)]*\) ready on stage [0-9]+, / {
+            n = name_of($0); ready[n] = 1; s = $0; sub(/.* ready on stage /, "", s); stage[n] = s + 0 }
+        /^swarm router: peer [0-9]+ \([^,)]*\) / && $0 ~ death {
+            n = name_of($0)
+            if (!ready[n]) next
+            ready[n] = 0
+            if (!started) next
+            for (s = 0; s < stages; s++) {
+                c = 0
+                for (m in ready) if (ready[m] && stage[m] == s) c++
+                if (c == 0) { emptied++; clear(); break }
+            }
+        }
+        END { print emptied + 0 }' "$1"
+}
+
+# kept_dir OUT: the folder scripts/local-swarm.sh kept (KEEP=1), by its
+# output OUT: its router.log is the whole log, which its stream of it (a
+# tail -f stopped when the router exits) may end short of
+kept_dir() {
+    sed -n 's/^local-swarm\.sh: keys and logs kept in \(.*\)$/\1/p' "$1" | tail -n 1
 }
 
 # tiny_reference ITERS LR [BATCH]: the tiny test model's flags in TINY (on

@@ -117,4 +117,22 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" "$steps"; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
 fi
+# the log: only the node whose key was removed was dropped (the stranger's
+# refusals come before it is a peer: no line), and no rollback: node3 was
+# ready on the dropped node's stage before the removal (else the log's
+# joins and losses tell)
+ready3=$(grep -n -m1 "^swarm router: peer [0-9]* (node3) ready on stage $stage," "$TMP/router.log" | cut -d: -f1)
+drop=$(grep -n -m1 "($victim) was removed from the allow-list: dropped" "$TMP/router.log" | cut -d: -f1)
+if [ -n "$ready3" ] && [ -n "$drop" ] && [ "$ready3" -lt "$drop" ] \
+    && ! grep -q "^swarm router: step [0-9]*: moving peer" "$TMP/router.log"; then
+    rb=0 why="node3 ready on stage $stage before $victim was dropped"
+else
+    rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
+fi
+if log_invariants "$TMP/router.log" "$rb" "$victim"; then
+    ok "the log: only $victim was lost; $rb rollbacks ($why)"
+else
+    bad "the log shows what the losses hide ($why):"
+    grep -E "joins|moving|dead|banned|expelled|refused|dropped|rolling" "$TMP/router.log" | head -20
+fi
 lib_done

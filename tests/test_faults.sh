@@ -43,27 +43,34 @@ wait_step() {
     done
     return 1
 }
+# name_of_stage S K: the name of the K-th node that joined stage S
+name_of_stage() {
+    sed -n "s/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage $1\$/\1/p" "$TMP/router.log" \
+        | sed -n "$2p"
+}
 # pid_of_stage S K: the pid of the K-th node that joined stage S
 pid_of_stage() {
-    name=$(sed -n "s/^swarm router: peer [0-9]* (\(node[0-9]\), .*) joins stage $1\$/\1/p" "$TMP/router.log" \
-        | sed -n "$2p")
-    eval "echo \$pid_$name"
+    eval "echo \$pid_$(name_of_stage "$1" "$2")"
 }
+faulted="" # the names of the nodes killed or stopped
 
 if wait_step 6; then
     victim=$(pid_of_stage 0 1)
+    faulted="$faulted $(name_of_stage 0 1)"
     kill -9 "$victim" && ok "SIGKILLed a stage-0 node (pid $victim) after step 6"
 else
     bad "the swarm never reached step 6"; tail -20 "$TMP/router.log"
 fi
 if wait_step 14; then
     victim=$(pid_of_stage 1 1)
+    faulted="$faulted $(name_of_stage 1 1)"
     kill -9 "$victim" && ok "SIGKILLed a stage-1 node (pid $victim) after step 14"
 else
     bad "the swarm never reached step 14"; tail -20 "$TMP/router.log"
 fi
 if wait_step 20; then
     stopped=$(pid_of_stage 0 2)
+    faulted="$faulted $(name_of_stage 0 2)"
     kill -STOP "$stopped" && ok "SIGSTOPped a stage-0 node (pid $stopped) after step 20, for 8 s"
     sleep 8
     kill -CONT "$stopped"
@@ -88,21 +95,68 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 30; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt"
 fi
+# the log: only the nodes killed or stopped were lost or banned (a stopped
+# one missing its deadline is banned), and no stage lost every replica: the
+# faults took 2 of stage 0's replicas and 1 of stage 1's, so with 3 + 3 (or
+# any split with more on each stage than that) and no moves, none did;
+# otherwise the log's joins, moves and losses tell (log_emptied)
+joins0=$(grep -c "^swarm router: peer [0-9]* (node[0-9], .*) joins stage 0$" "$TMP/router.log")
+joins1=$(grep -c "^swarm router: peer [0-9]* (node[0-9], .*) joins stage 1$" "$TMP/router.log")
+moves=$(grep -c "^swarm router: step [0-9]*: moving peer" "$TMP/router.log")
+if [ "$moves" -eq 0 ] && [ "$joins0" -ge 3 ] && [ "$joins1" -ge 2 ]; then
+    rb=0 why="$joins0 + $joins1 replicas, no moves"
+else
+    rb=$(log_emptied "$TMP/router.log") why="$joins0 + $joins1 joins, $moves moves: by the log, $rb stages emptied"
+fi
+# shellcheck disable=SC2086 # one name a word
+if log_invariants "$TMP/router.log" "$rb" $faulted; then
+    ok "the log: only the faulted (${faulted# }) were lost or banned; $rb rollbacks ($why)"
+else
+    bad "the log shows what the losses hide ($why; faulted:$faulted)"
+    grep -E "joins|moving|dead|banned|expelled|rolling" "$TMP/router.log" | head -20
+fi
 
 # chaos: a node SIGKILLed every 4 s and replaced (the new one joins between
 # steps), another SIGSTOPped for 5 s in between; uneven speeds
 BABY="--iters 150 --micro-batch 2 --eval-every 0 --data $TMP/data.txt --log-every 150" # long enough for 2 kills 4 s apart
 # shellcheck disable=SC2086
 "$SWARM" train $BABY --quiet --loss-log "$TMP/train_baby.txt" >/dev/null 2>&1
+# (KEEP=1: the router's whole log stays, in a folder under $TMP; a stall
+# every 8 s can leave a stage with no replica, and a checkpoint every 10
+# steps bounds what each rollback replays: from step 0, runs here took 90 to
+# 110 s, with 3 to 5 rollbacks, and a slower host makes more of them)
 # shellcheck disable=SC2086
-CHAOS_EVERY=4 timeout 200 sh scripts/local-swarm.sh --build "$BUILD" -n 5 -s 2 --speeds 1,1,0.5,0.5,1 \
-    --chaos 7 $BABY --loss-log "$TMP/chaos.txt" >"$TMP/chaos.log" 2>&1
+CHAOS_EVERY=4 KEEP=1 TMPDIR="$TMP" timeout 200 sh scripts/local-swarm.sh --build "$BUILD" -n 5 -s 2 \
+    --speeds 1,1,0.5,0.5,1 --chaos 7 $BABY --save "$TMP/chaos-ck" --save-every 10 \
+    --loss-log "$TMP/chaos.txt" >"$TMP/chaos.log" 2>&1
 rc=$?
 kills=$(grep -c "chaos: SIGKILL" "$TMP/chaos.log")
+stalls=$(grep -c "chaos: SIGSTOP" "$TMP/chaos.log")
 if [ $rc -eq 0 ] && [ "$kills" -ge 2 ] && losses_match "$TMP/chaos.txt" "$TMP/train_baby.txt" 150; then
-    ok "chaos ($kills kills with replacements, a stall, speeds 1 to 0.5): losses equal swarm train's"
+    ok "chaos ($kills kills with replacements, $stalls stalls of 5 s, speeds 1 to 0.5): losses equal swarm train's"
 else
     bad "chaos: exit $rc, $kills kills"; grep -E "chaos|dead|summary" "$TMP/chaos.log" | head -20
+fi
+# the log: only the nodes chaos killed or stopped were lost or banned, and
+# the swarm rolled back once for each time those losses left a stage with
+# no ready replica (chaos picks its victims among all nodes, so one stage's
+# replicas can all be killed or stopped at once: the log's joins, moves and
+# losses tell when; log_emptied)
+clog="$(kept_dir "$TMP/chaos.log")/router.log"
+cfaulted=$(sed -n -e 's/^local-swarm\.sh: chaos: SIGKILL pid [0-9]* (\(node[0-9]*\)).*/\1/p' \
+    -e 's/^local-swarm\.sh: chaos: SIGSTOP pid [0-9]* (\(node[0-9]*\)).*/\1/p' "$TMP/chaos.log" | sort -u | tr '\n' ' ')
+if [ -s "$clog" ]; then
+    crb=$(log_emptied "$clog")
+    # shellcheck disable=SC2086 # one name a word
+    if log_invariants "$clog" "$crb" $cfaulted; then
+        ok "chaos, the log: only the killed or stopped (${cfaulted% }) were lost or banned; $crb rollbacks, as many as stages they emptied"
+    else
+        bad "chaos: the log shows what the losses hide (killed or stopped: ${cfaulted% })"
+        grep -E "joins|moving|dead|banned|expelled|rolling" "$clog" | head -30
+        grep "chaos:" "$TMP/chaos.log"
+    fi
+else
+    bad "chaos: no router log kept ('$clog')"; tail -5 "$TMP/chaos.log"
 fi
 
 # a crash with a BWD unserved and the STEP behind it: a stage is asked for

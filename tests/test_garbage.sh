@@ -89,6 +89,14 @@ if [ $rc -eq 1 ] && grep -q "^swarm router: stopped" "$TMP/router.log" \
 else
     bad "router exit $rc:"; tail -20 "$TMP/router.log"
 fi
+# the garbage never joins (no valid HELLO): no peer of it, and neither node,
+# may be lost, banned or refused, and nothing rolls back
+if log_invariants "$TMP/router.log" 0; then
+    ok "the log: no peer lost, banned or refused; no rollback"
+else
+    bad "the log shows what the losses hide:"
+    grep -E "joins|moving|dead|banned|expelled|refused a second|rolling" "$TMP/router.log" | head -20
+fi
 
 reports=$(grep -l -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" \
     "$TMP"/router.log "$TMP"/node*.log "$TMP"/garbage.log 2>/dev/null)

@@ -62,6 +62,28 @@ start_node speed "$LIAR" --misbehave speed
 start_node honest2 "$SWARM"
 start_node shuffle "$LIAR" --misbehave shuffle@5
 
+# an expelled peer's ban never ends (banned_s null, expelled true: no inf);
+# swarm status refuses what is not JSON, so both of its forms reading the
+# router mid-run after the two expulsions show that the status is valid
+if wait_grep "$TMP/router.log" "(drift) .*expelled for the run" 150 \
+    && wait_grep "$TMP/router.log" "(shuffle) .*expelled for the run" 60; then
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>&1
+    json_rc=$?
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" >"$TMP/status.txt" 2>&1
+    text_rc=$?
+    if [ $json_rc -eq 0 ] && [ $text_rc -eq 0 ] && ! grep -qE ': -?(inf|nan)' "$TMP/status.json" \
+        && [ "$(grep -o '"banned_s": null, "expelled": true' "$TMP/status.json" | wc -l)" -ge 2 ] \
+        && grep " drift " "$TMP/status.txt" | grep -q "banned for the run" \
+        && grep " shuffle " "$TMP/status.txt" | grep -q "banned for the run"; then
+        ok "swarm status reads the router after two expulsions: $(grep -m1 ' drift ' "$TMP/status.txt" | sed 's/  */ /g')"
+    else
+        bad "swarm status after the expulsions (exit $json_rc with --json, $text_rc without):"
+        cat "$TMP/status.json" "$TMP/status.txt"
+    fi
+else
+    bad "drift and shuffle were not both expelled within 210 s: no status to read"
+fi
+
 wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$TMP/router.log"; }
 wait "$router"
 rc=$?
@@ -90,5 +112,24 @@ else
     bad "router exit $rc:"; tail -10 "$TMP/router.log"
 fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "despite the liars"
+# the log: the liars may be banned, expelled or resynced, the honest nodes
+# never; and no rollback: with --assign even and no moves, honest0 serves
+# stage 0 and honest1 and honest2 stage 1 throughout, so no stage is ever
+# left without a ready replica (else the log's joins and losses tell)
+liars="scale nan drift flood speed shuffle"
+if grep -q "^swarm router: peer [0-9]* (honest0, .*) joins stage 0$" "$TMP/router.log" \
+    && grep -q "^swarm router: peer [0-9]* (honest[12], .*) joins stage 1$" "$TMP/router.log" \
+    && ! grep -q "^swarm router: step [0-9]*: moving peer" "$TMP/router.log"; then
+    rb=0 why="an honest replica on each stage"
+else
+    rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
+fi
+# shellcheck disable=SC2086 # one name a word
+if log_invariants "$TMP/router.log" "$rb" $liars; then
+    ok "the log: no honest node lost, banned or expelled; $rb rollbacks ($why)"
+else
+    bad "the log shows what the losses hide ($why):"
+    grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$TMP/router.log" | head -20
+fi
 
 lib_done

@@ -107,5 +107,22 @@ else
     bad "router exit $rc:"; tail -10 "$TMP/router.log"
 fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "through the move and the ban"
+# the log: only the stalled slow1 lost or banned, and no rollback: when it
+# was banned, slow2 served stage 1 beside it (ready there before the ban,
+# and moved once) and fast stage 0 (else the log's joins and losses tell)
+ready2=$(grep -n -m1 "^swarm router: peer 3 (slow2) ready on stage 1," "$TMP/router.log" | cut -d: -f1)
+ban1=$(grep -n -m1 "^swarm router: peer 2 (slow1) .*: banned for" "$TMP/router.log" | cut -d: -f1)
+if [ -n "$ready2" ] && [ -n "$ban1" ] && [ "$ready2" -lt "$ban1" ] \
+    && [ "$(grep -c "moving peer 3 (slow2, " "$TMP/router.log")" -eq 1 ]; then
+    rb=0 why="slow2 ready on stage 1 before slow1's ban"
+else
+    rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
+fi
+if log_invariants "$TMP/router.log" "$rb" slow1; then
+    ok "the log: only slow1 was lost or banned; $rb rollbacks ($why)"
+else
+    bad "the log shows what the losses hide ($why):"
+    grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$TMP/router.log" | head -20
+fi
 
 lib_done

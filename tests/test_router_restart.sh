@@ -69,5 +69,15 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" $ITERS; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/final.txt" "$TMP/train.txt" | head -45
 fi
+# the logs: the router was killed, no node: neither router lost, banned or
+# refused one, nor rolled back (the resume from step 10 is no rollback)
+for l in router1 router2; do
+    if log_invariants "$TMP/$l.log" 0; then
+        ok "$l's log: no node lost, banned or refused; no rollback"
+    else
+        bad "$l's log shows what the losses hide:"
+        grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$TMP/$l.log" | head -20
+    fi
+done
 
 lib_done

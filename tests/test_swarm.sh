@@ -109,6 +109,19 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 20; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
 fi
+# check_log LOG WHAT: nothing was faulted (the rogue and the garbage never
+# join): no node lost, banned or refused, and no rollback
+check_log() {
+    if [ ! -s "$1" ]; then
+        bad "$2: no router log ('$1')"
+    elif log_invariants "$1" 0; then
+        ok "$2, the log: no node lost, banned or refused; no rollback"
+    else
+        bad "$2: the log shows what the losses hide:"
+        grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$1" | head -20
+    fi
+}
+check_log "$TMP/router.log" "4 nodes x 2 stages"
 # --trace: a line per step and per request; every FWD/BWD sent is done;
 # trace-steps.sh accounts for each peer and stage
 steps=$(awk '$2 == "step"' "$TMP/trace.txt" | wc -l)
@@ -126,8 +139,9 @@ fi
 
 # one replica per stage (gradients stay on the nodes), through the local
 # swarm script: the same losses again
+# (KEEP=1: the router's whole log stays, in a folder under $TMP)
 # shellcheck disable=SC2086
-timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TINY \
+KEEP=1 TMPDIR="$TMP" timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TINY \
     --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
 rc=$?
 # one replica a stage: stage 0 applies its own update (STEP apply=1)
@@ -138,13 +152,14 @@ if clean_run $rc "$TMP/local.log" \
 else
     bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
 fi
+check_log "$(kept_dir "$TMP/local.log")/router.log" "local-swarm.sh, 2 nodes x 2 stages"
 
 # no --micro-batch: the router chooses one and says so in its start-up line
 # (batch 4 of 64-byte windows over 2 stages: 4 micro-batches of 1, the most
 # of 64 tokens or more); the losses are swarm train's with that micro-batch
 CHOICE="--layers 2 --heads 4 --embd 32 --block 64 --batch 4 --warmup 2 --lr 1e-2 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086
-timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 10 $CHOICE \
+KEEP=1 TMPDIR="$TMP" timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 10 $CHOICE \
     --loss-log "$TMP/chosen.txt" >"$TMP/chosen.log" 2>&1
 rc=$?
 line=$(grep -m1 "^swarm router: .* batch 4 in micro-batches of [0-9]* (chosen: .*; --micro-batch sets it)$" \
@@ -161,6 +176,7 @@ else
     bad "the router's own micro-batch (exit $rc): '$line'"; tail -20 "$TMP/chosen.log"
     paste -d' ' "$TMP/chosen.txt" "$TMP/train-chosen.txt" | head
 fi
+check_log "$(kept_dir "$TMP/chosen.log")/router.log" "no --micro-batch"
 
 # a crowd: 300 peers, each with a key of its own, connect at once and say
 # HELLO while the router waits for its nodes (more than the 256 entries its

@@ -49,10 +49,25 @@ TINY="--layers 2 --heads 4 --embd 32 --block 16 --batch 4 --micro-batch 2 --warm
     || bad "swarm train reference run"
 
 # wan WIRE: 10 steps through the emulated links, losses in $TMP/WIRE.txt
+# (KEEP=1: local-swarm.sh keeps the router's whole log, in a folder under $TMP)
 wan() {
     # shellcheck disable=SC2086
-    TIMEOUT=60 timeout 90 sh scripts/wan-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 10 \
+    KEEP=1 TMPDIR="$TMP" TIMEOUT=60 timeout 90 sh scripts/wan-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 10 \
         --delay 20ms --loss 1% $TINY --wire "$1" --loss-log "$TMP/$1.txt" >"$TMP/$1.log" 2>&1
+}
+# check_log OUT WHAT: nothing was faulted (lossy, slow links are no fault):
+# the router's log kept from OUT's run has no node lost, banned or refused,
+# and no rollback
+check_log() {
+    cl_log="$(kept_dir "$1")/router.log"
+    if [ ! -s "$cl_log" ]; then
+        bad "$2: no router log kept ('$cl_log')"
+    elif log_invariants "$cl_log" 0; then
+        ok "$2, the log: no node lost, banned or refused; no rollback"
+    else
+        bad "$2: the log shows what the losses hide:"
+        grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$cl_log" | head -20
+    fi
 }
 
 wan fp32
@@ -64,6 +79,7 @@ else
     bad "wan-swarm.sh fp32 exit $rc:"; tail -20 "$TMP/fp32.log"
     paste -d' ' "$TMP/fp32.txt" "$TMP/train.txt" 2>/dev/null | head
 fi
+check_log "$TMP/fp32.log" "fp32"
 prefix=$(sed -n 's/.*each in namespace \(ws[0-9]*\)nI.*/\1/p' "$TMP/fp32.log" | head -1)
 if [ -n "$prefix" ] && ! ip netns list | grep -q "^$prefix"; then
     ok "wan-swarm.sh removed its namespaces ($prefix*)"
@@ -93,13 +109,14 @@ for w in fp16:1e-3 int8:4e-3; do
         bad "--wire $wire exit $rc: $(cat "$TMP/$wire.diff")"; tail -5 "$TMP/$wire.log"
         paste -d' ' "$TMP/$wire.txt" "$TMP/fp32.txt" | head
     fi
+    check_log "$TMP/$wire.log" "--wire $wire"
 done
 
 # a node joining mid-run over slow links: 2 Mbit/s, so its stage's state
 # takes longer than a step; it must load the state of the step it joins at
 # (the next step waits for it), serve, and keep the losses swarm train's
 # shellcheck disable=SC2086
-ORDERED=1 TIMEOUT=90 timeout 120 sh scripts/wan-swarm.sh --build "$BUILD" -n 3 -s 2 --steps 10 \
+KEEP=1 TMPDIR="$TMP" ORDERED=1 TIMEOUT=90 timeout 120 sh scripts/wan-swarm.sh --build "$BUILD" -n 3 -s 2 --steps 10 \
     --delay 20ms --rate 2mbit --min-nodes 2 $TINY --loss-log "$TMP/join.txt" >"$TMP/join.log" 2>&1
 rc=$?
 started=$(grep -n "training from step" "$TMP/join.log" | head -1 | cut -d: -f1)
@@ -112,5 +129,6 @@ else
     bad "join over slow links (exit $rc):"; grep -E "joins|ready on|refused|banned|mismatch" "$TMP/join.log" | head
     paste -d' ' "$TMP/join.txt" "$TMP/train.txt" 2>/dev/null | head
 fi
+check_log "$TMP/join.log" "join over slow links"
 
 lib_done

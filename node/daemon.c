@@ -708,7 +708,7 @@ static int s_acts_get(daemon_t *d, const net_msg_t *req, int i, float *dst, cons
 {
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
     int rc = s_tensor_check(req, i, KIND_FLOAT, dims, 3, what, err, n);
-    if (rc == 0 && (rc = node_wire_get(req, i, dst, (size_t) dims[0] * dims[1] * dims[2])) != 0)
+    if (rc == 0 && (rc = net_tensor_get(req, i, dst, (size_t) dims[0] * dims[1] * dims[2])) != 0)
         snprintf(err, n, "tensor %d (%s): cannot decode (%s)", i, what, strerror(-rc));
     return rc;
 }
@@ -731,7 +731,7 @@ static int s_grad_get(daemon_t *d, const net_msg_t *req, int i, float *dst, char
     size_t count = node_stage_param_count(d->stage);
     uint32_t dims[1] = { count > UINT32_MAX ? 0 : (uint32_t) count };
     int rc = s_tensor_check(req, i, KIND_FLOAT, dims, 1, "gradient", err, n);
-    if (rc == 0 && (rc = node_wire_get(req, i, dst, count)) != 0)
+    if (rc == 0 && (rc = net_tensor_get(req, i, dst, count)) != 0)
         snprintf(err, n, "tensor %d (gradient): cannot decode (%s)", i, strerror(-rc));
     return rc;
 }
@@ -790,7 +790,7 @@ static int s_acts_add(daemon_t *d, net_msg_t *msg, const float *src, const char 
     uint32_t dims[3] = { (uint32_t) d->as.micro, (uint32_t) d->as.cfg.T, (uint32_t) d->as.cfg.C };
     if (s_lying(d, MIS_NAN) || s_lying(d, MIS_SCALE) || s_lying(d, MIS_SHUFFLE))
         return s_lie_acts(d, msg, src, dims); // as f32, which the router decodes too
-    int pow2 = 0, rc = node_wire_add(msg, d->as.wire, dims, 3, src, &pow2);
+    int pow2 = 0, rc = net_tensor_add(msg, d->as.wire, dims, 3, src, &pow2);
     if (rc != 0)
         snprintf(err, n, "cannot send %s: %s", what,
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
@@ -1129,7 +1129,7 @@ static int s_on_step(daemon_t *d, const net_msg_t *req, net_msg_t **reply, char 
     if (d->norm_only)
         return 0;
     int pow2 = 0;
-    rc = node_wire_add(*reply, d->as.grad_wire, dims, 1, node_stage_grads(d->stage), &pow2);
+    rc = net_tensor_add(*reply, d->as.grad_wire, dims, 1, node_stage_grads(d->stage), &pow2);
     if (rc != 0)
         snprintf(err, n, "cannot send the gradient: %s",
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
@@ -1230,7 +1230,7 @@ static int s_assign_wire(const net_msg_t *msg, const char *key, int *dtype, char
     int rc = net_msg_meta_get(msg, key, text, sizeof text);
     if (rc == -ENOENT)
         return 0;
-    if (rc != 0 || node_wire_parse(key, text, dtype, why, sizeof why) != 0) {
+    if (rc != 0 || net_dtype_parse(key, text, dtype, why, sizeof why) != 0) {
         snprintf(err, n, "meta %s: expected fp32, fp16 or int8", key);
         return -EPROTO;
     }
@@ -1346,7 +1346,7 @@ static void s_on_assign(daemon_t *d, const net_msg_t *msg)
           "micro %d, %zu parameters, step %ld; sends activations as %s, gradients as %s",
           a.stage, a.stages, a.peer, d->plan.first[a.stage], d->plan.first[a.stage + 1] - 1,
           a.cfg.L, a.cfg.C, a.cfg.T, a.cfg.H, a.micro, node_stage_param_count(d->stage), a.step,
-          node_wire_name(a.wire), node_wire_name(a.grad_wire));
+          net_dtype_name(a.wire), net_dtype_name(a.grad_wire));
 }
 
 // ---- dispatch --------------------------------------------------------------

@@ -437,32 +437,4 @@ void node_stage_checksum(node_stage_t *self, char hex[65]);
 // The corpus built into the binary (swarm's own docs and sources).
 const uint8_t *node_corpus(size_t *n);
 
-// ---- float tensors between router and nodes (node/tensors.c) ----
-
-typedef struct net_msg_s net_msg_t;
-
-// A wire format's name ("fp32", "fp16", "int8") as its NET_DTYPE_*; -EINVAL
-// naming --FLAG otherwise.
-__attribute__((warn_unused_result))
-int node_wire_parse(const char *flag, const char *name, int *dtype, char *err, size_t errlen);
-// The name of NET_DTYPE_F32/F16/I8, "?" for anything else.
-const char *node_wire_name(int dtype);
-// Append src (dims) to msg as dtype. An fp16 tensor is first multiplied by
-// 2^k, k chosen so that its largest magnitude lies in [2^14, 2^15), and k is
-// written to *pow2 (0 for other formats and all-zero tensors): the sender
-// puts "pow2_I=k" in the meta for tensor I. Errors of net_msg_add_tensor,
-// -ENOMEM.
-__attribute__((warn_unused_result))
-int node_wire_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, const float *src,
-                  int *pow2);
-// Meta "pow2_I" of msg (0 when absent); -EPROTO when it is not a whole
-// number in -100..100.
-__attribute__((warn_unused_result))
-int node_wire_pow2(const net_msg_t *msg, int i, int *pow2);
-// Decode float tensor i of msg (any of the three formats) into n floats and
-// undo its pow2_I scale. Errors of net_msg_tensor; -EPROTO for a bad scale
-// or a value it would make infinite.
-__attribute__((warn_unused_result))
-int node_wire_get(const net_msg_t *msg, int i, float *dst, size_t n);
-
 #endif

@@ -133,7 +133,7 @@ static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, siz
 {
     long x;
     if (!strcmp(a, "--wire") || !strcmp(a, "--grad-wire"))
-        return node_wire_parse(a + 2, v, !strcmp(a, "--wire") ? &r->wire : &r->grad_wire, err,
+        return net_dtype_parse(a + 2, v, !strcmp(a, "--wire") ? &r->wire : &r->grad_wire, err,
                                n) == 0 ? 1 : -EINVAL;
     if (strcmp(a, "--window") != 0)
         return 0;
@@ -425,8 +425,8 @@ static void s_wire_summary(const router_t *r, long steps)
                                                     : "fixed";
     printf("wire | activations %s: %.3f MB/step in, %.3f out | gradient sums %s: %.3f in, "
            "%.3f out | state: %.3f in, %.3f out | window %s, mean %.1f of %d\n",
-           node_wire_name(r->wire), r->wire_in[W_ACTS] / k, r->wire_out[W_ACTS] / k,
-           node_wire_name(r->grad_wire), r->wire_in[W_GRADS] / k, r->wire_out[W_GRADS] / k,
+           net_dtype_name(r->wire), r->wire_in[W_ACTS] / k, r->wire_out[W_ACTS] / k,
+           net_dtype_name(r->grad_wire), r->wire_in[W_GRADS] / k, r->wire_out[W_GRADS] / k,
            r->wire_in[W_STATE] / k, r->wire_out[W_STATE] / k, window,
            r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window, r->G);
 }

@@ -299,7 +299,7 @@ static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_
     size_t bytes = 0;
     int k = 0, dt = h->ntensors > 0 ? h->tensors[0].dtype : 0;
     if ((dt != NET_DTYPE_F32 && dt != NET_DTYPE_F16 && dt != NET_DTYPE_I8)
-        || node_wire_pow2(m, 0, &k) != 0)
+        || net_tensor_pow2(m, 0, &k) != 0)
         return -EPROTO;
     const void *p = net_msg_raw(m, 0, &bytes);
     if (!p || bytes != net_codec_bytes(dt, router_acts_count(r)))

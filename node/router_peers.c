@@ -122,7 +122,7 @@ int router_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
     const node_config_t *c = &r->hp.cfg;
     int rc = router_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
                          "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
-                    r->hp.micro, pe->id, node_wire_name(r->wire), node_wire_name(r->grad_wire));
+                    r->hp.micro, pe->id, net_dtype_name(r->wire), net_dtype_name(r->grad_wire));
     if (rc == 0 && (rc = router_emit(r, &pe->who, &a)) != 0)
         pe->failed = 1; // not connected: router_reap finds it dead
     net_msg_destroy(&a);

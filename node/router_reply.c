@@ -39,7 +39,7 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
 static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
-    int rc = node_wire_get(m, i, r->scratch, n);
+    int rc = net_tensor_get(m, i, r->scratch, n);
     if (rc != 0) {
         // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
         snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value"
@@ -139,7 +139,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
         // the largest stage's size: a peer may move between stages
         if (!r->peers[q->peer].grad && !(r->peers[q->peer].grad = malloc(r->max_stage_n * sizeof(float))))
             abort();
-        int rc = node_wire_get(m, 0, r->peers[q->peer].grad, r->stage_n[s]);
+        int rc = net_tensor_get(m, 0, r->peers[q->peer].grad, r->stage_n[s]);
         if (rc != 0) {
             snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
                                             : "sent a gradient of the wrong shape or type");

@@ -160,7 +160,7 @@ static int s_update_to(router_t *r, int p, long step, double lr, float scale, in
     net_msg_head(m)->step = (uint64_t) step;
     net_msg_head(m)->stage = (uint32_t) s;
     int pow2 = 0, rc = 0;
-    if ((!norm_only && (rc = node_wire_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s],
+    if ((!norm_only && (rc = net_tensor_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s],
                                            &pow2)) != 0)
         || (rc = router_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
                              r->hp.weight_decay, step + 1, pow2)) != 0) {

@@ -1144,7 +1144,7 @@ static const fuzz_target_t s_fuzz_targets[] = {
 };
 FUZZ_CORPUS_TESTS
 
-// ---- tensors on the wire (node/tensors.c) -----------------------------------
+// ---- tensors on the wire (net/tensors.c) -----------------------------------
 
 // n values spread over [lo, 2 lo) x sign, from a fixed sequence
 static void s_spread(float *x, size_t n, float lo)
@@ -1161,7 +1161,7 @@ static net_msg_t *s_wire_msg(int dtype, const float *src, uint32_t n, int *pow2)
 {
     net_msg_t *m = net_msg_new(NET_MSG_RESULT);
     uint32_t dims[1] = { n };
-    ck_assert_int_eq(node_wire_add(m, dtype, dims, 1, src, pow2), 0);
+    ck_assert_int_eq(net_tensor_add(m, dtype, dims, 1, src, pow2), 0);
     char meta[32];
     snprintf(meta, sizeof meta, "pow2_0=%d", *pow2);
     ck_assert_int_eq(net_msg_set_meta(m, meta), 0);
@@ -1180,7 +1180,7 @@ START_TEST(test_wire_fp16_keeps_gradient_sized_values_to_its_rounding)
         s_spread(x, N, lo);
         int pow2 = 0;
         net_msg_t *m = s_wire_msg(NET_DTYPE_F16, x, N, &pow2);
-        ck_assert_int_eq(node_wire_get(m, 0, y, N), 0);
+        ck_assert_int_eq(net_tensor_get(m, 0, y, N), 0);
         double worst = 0.0;
         for (int i = 0; i < N; i++)
             worst = fmax(worst, fabs((double) y[i] - x[i]) / fabs((double) x[i]));
@@ -1200,7 +1200,7 @@ START_TEST(test_wire_fp32_and_int8_take_no_scale_and_fp32_is_exact)
     int pow2 = 1;
     net_msg_t *m = s_wire_msg(NET_DTYPE_F32, x, 300, &pow2);
     ck_assert_int_eq(pow2, 0);
-    ck_assert_int_eq(node_wire_get(m, 0, y, 300), 0);
+    ck_assert_int_eq(net_tensor_get(m, 0, y, 300), 0);
     ck_assert_int_eq(memcmp(x, y, sizeof x), 0);
     net_msg_destroy(&m);
     m = s_wire_msg(NET_DTYPE_I8, x, 300, &pow2);
@@ -1210,7 +1210,7 @@ START_TEST(test_wire_fp32_and_int8_take_no_scale_and_fp32_is_exact)
     memset(x, 0, sizeof x);
     m = s_wire_msg(NET_DTYPE_F16, x, 300, &pow2);
     ck_assert_int_eq(pow2, 0);
-    ck_assert_int_eq(node_wire_get(m, 0, y, 300), 0);
+    ck_assert_int_eq(net_tensor_get(m, 0, y, 300), 0);
     ck_assert_float_eq(y[17], 0.0f);
     net_msg_destroy(&m);
 }
@@ -1226,7 +1226,7 @@ START_TEST(test_wire_refuses_bad_scales_and_what_they_would_make_infinite)
         net_msg_t *m = net_msg_new(NET_MSG_RESULT);
         ck_assert_int_eq(net_msg_add_tensor(m, NET_DTYPE_F32, dims, 1, x), 0);
         ck_assert_int_eq(net_msg_set_meta(m, metas[i]), 0);
-        ck_assert_msg(node_wire_get(m, 0, y, 4) == -EPROTO, "%s accepted", metas[i]);
+        ck_assert_msg(net_tensor_get(m, 0, y, 4) == -EPROTO, "%s accepted", metas[i]);
         net_msg_destroy(&m);
     }
 }
@@ -1236,12 +1236,12 @@ START_TEST(test_wire_parse_knows_three_formats_and_names_the_flag)
 {
     int dtype = 0;
     char err[128] = "";
-    ck_assert_int_eq(node_wire_parse("wire", "fp16", &dtype, err, sizeof err), 0);
+    ck_assert_int_eq(net_dtype_parse("wire", "fp16", &dtype, err, sizeof err), 0);
     ck_assert_int_eq(dtype, NET_DTYPE_F16);
-    ck_assert_int_eq(node_wire_parse("wire", "int8", &dtype, err, sizeof err), 0);
+    ck_assert_int_eq(net_dtype_parse("wire", "int8", &dtype, err, sizeof err), 0);
     ck_assert_int_eq(dtype, NET_DTYPE_I8);
-    ck_assert_str_eq(node_wire_name(dtype), "int8");
-    ck_assert_int_eq(node_wire_parse("grad-wire", "bf16", &dtype, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(net_dtype_name(dtype), "int8");
+    ck_assert_int_eq(net_dtype_parse("grad-wire", "bf16", &dtype, err, sizeof err), -EINVAL);
     ck_assert_str_eq(err, "--grad-wire bf16: expected fp32, fp16 or int8");
 }
 END_TEST

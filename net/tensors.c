@@ -7,7 +7,6 @@
  * codecs themselves (and their checks) are net's.
  */
 #include "net.h"
-#include "node.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,7 +16,7 @@
 
 #define POW2_MAX 100 // |k| of a 2^k scale: 65504 x 2^100 is still a finite float
 
-int node_wire_parse(const char *flag, const char *name, int *dtype, char *err, size_t errlen)
+int net_dtype_parse(const char *flag, const char *name, int *dtype, char *err, size_t errlen)
 {
     static const struct { const char *name; int dtype; } formats[] = {
         { "fp32", NET_DTYPE_F32 }, { "fp16", NET_DTYPE_F16 }, { "int8", NET_DTYPE_I8 },
@@ -32,7 +31,7 @@ int node_wire_parse(const char *flag, const char *name, int *dtype, char *err, s
     return -EINVAL;
 }
 
-const char *node_wire_name(int dtype)
+const char *net_dtype_name(int dtype)
 {
     return dtype == NET_DTYPE_F16 ? "fp16" : dtype == NET_DTYPE_I8 ? "int8"
          : dtype == NET_DTYPE_F32 ? "fp32" : "?";
@@ -53,7 +52,7 @@ static int s_pow2_for(const float *src, size_t n)
     return k > POW2_MAX ? POW2_MAX : k < -POW2_MAX ? -POW2_MAX : k;
 }
 
-int node_wire_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, const float *src,
+int net_tensor_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, const float *src,
                   int *pow2)
 {
     size_t n = 1;
@@ -72,7 +71,7 @@ int node_wire_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, co
     return rc;
 }
 
-int node_wire_pow2(const net_msg_t *msg, int i, int *pow2)
+int net_tensor_pow2(const net_msg_t *msg, int i, int *pow2)
 {
     char key[16], text[16], *end;
     snprintf(key, sizeof key, "pow2_%d", i);
@@ -87,10 +86,10 @@ int node_wire_pow2(const net_msg_t *msg, int i, int *pow2)
     return 0;
 }
 
-int node_wire_get(const net_msg_t *msg, int i, float *dst, size_t n)
+int net_tensor_get(const net_msg_t *msg, int i, float *dst, size_t n)
 {
     int pow2 = 0;
-    int rc = node_wire_pow2(msg, i, &pow2);
+    int rc = net_tensor_pow2(msg, i, &pow2);
     if (rc == 0)
         rc = net_msg_tensor(msg, i, dst, n);
     if (rc != 0 || pow2 == 0)

@@ -77,7 +77,7 @@ NODE_SRC  := $(filter-out node/main.c,$(wildcard node/*.c))
 
 INC_blas  := -Iblas $(BLAS_CFLAGS)
 INC_net   := -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
-INC_swarm := -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
+INC_swarm := -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS)
 INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS)
 # Kernels may be vectorised harder (no value in them is ever inf or NaN on
 # purpose: inputs from peers are checked before they reach a kernel); the
@@ -93,7 +93,8 @@ NET_OBJ   := $(call obj,$(NET_SRC))
 SWARM_OBJ := $(call obj,$(SWARM_SRC))
 NODE_OBJ  := $(call obj,$(NODE_SRC)) $(BUILD)/obj/corpus.o
 LIBS      := $(BLAS_LIBS) $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -ldl -lpthread
-# what links node/ (the status document and its reader: jansson) links these too
+# what links node/ and swarm/ links these too (the status document: the engine writes
+# it, swarm status reads it, with jansson)
 NODE_LIBS := $(JANSSON_LIBS)
 
 $(BUILD)/obj/blas/%.o: blas/%.c

@@ -1,16 +1,57 @@
-/* router.c - `swarm router`: owns the plan, the data and the step clock.
- * It assigns joining nodes to stages, hands them their stage's state, sends
- * every micro-batch through the stages (a window of them in flight), sums
- * each stage's gradients over its replicas, and has every replica apply the
- * same AdamW update; replicas' checksums are compared after every step.
- * Nothing a peer sends is used before it is checked; peers that fail,
- * stall, lie or die are banned, resynced or expelled and their work is
- * redone elsewhere, so every step averages exactly its micro-batches.
+/* router.c - `swarm router`: the router engine (swarm/, swarm.h) in its
+ * shell. The engine decides everything a swarm does: which node serves
+ * which stage, where each micro-batch goes, what is checked, when the swarm
+ * rolls back. This file gives it what it may not touch itself: the flags
+ * and the model (the plan, the initial weights or a checkpoint, the
+ * learning-rate schedule and the clip), the CurveZMQ socket, the clock,
+ * the files (loss log, checkpoints on a thread of their own, the plot, the
+ * trace) and the terminal.
  *
  * The protocol and its failure handling are docs/swarm.md; the threat
  * model is SECURITY.md. The router does no compute of its own.
  */
-#include "router_int.h"
+#include "node.h"
+#include "net.h"
+#include "swarm.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(SWARM_MAX_STAGES == NODE_MAX_LAYERS, "a plan's stages fit the engine's tables");
+
+typedef struct {
+    node_train_opts_t o;     // model and training flags
+    node_hparams_t hp;       // the same, resolved
+    node_plan_t plan;        // stages
+    swarm_engine_config_t c; // what the engine is made with (the flags and the plan)
+    swarm_engine_t *engine;  // the router's logic
+    swarm_data_t *data;      // training bytes (the engine reads them)
+    const char *listen;      // bind endpoint
+    const char *key_name;    // router key pair NAME
+    const char *allow_path;  // allow-list file, NULL = open
+    net_key_t *key;          // router key
+    net_allow_t *allow;      // allow-list
+    net_server_t *srv;       // ROUTER
+    const char *trace_path;  // --trace FILE
+    FILE *trace;             // a line per request sent and done, per step ended
+    node_curve_t logs;       // --loss-log and DIR/loss.csv
+    float *curve;            // [iters + 1] losses for the plot
+    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
+    pthread_t ck_writer;     // writes the last checkpoint to --save DIR
+    int ck_writing;          // ck_writer runs: the engine's params/m/v are not to change
+    long ck_step;            // the step it writes
+    const float *ck_params, *ck_m, *ck_v; // the engine's state it writes
+    double t_start;          // s (net_clock_ms) at the start of the run
+} router_t;
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
@@ -21,6 +62,136 @@ static void s_on_signal(int sig)
         s_hup = 1;
     else
         s_stop = 1;
+}
+
+static double s_secs(void)
+{
+    return (double) net_clock_ms() / 1000.0;
+}
+
+// ---- what the engine does, done here (swarm_engine_io_t) --------------------
+
+static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
+{
+    router_t *r = ctx;
+    return net_server_send(r->srv, to, m);
+}
+
+static void s_io_log(void *ctx, int to_stderr, const char *line)
+{
+    (void) ctx;
+    fputs(line, to_stderr ? stderr : stdout);
+    if (!to_stderr)
+        fflush(stdout); // the tests read it as it comes
+}
+
+static void s_io_trace(void *ctx, const char *line)
+{
+    router_t *r = ctx;
+    fputs(line, r->trace);
+}
+
+static double s_io_lr_at(void *ctx, long step)
+{
+    const router_t *r = ctx;
+    return node_lr_at(step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+}
+
+static float s_io_clip_scale(void *ctx, double norm)
+{
+    const router_t *r = ctx;
+    return node_clip_scale(norm, (float) r->hp.grad_clip);
+}
+
+static int s_tty(void)
+{
+    return isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN");
+}
+
+// A step ended: the loss log, the plot's curve, the progress line.
+static void s_io_stepped(void *ctx, const swarm_engine_step_t *st)
+{
+    router_t *r = ctx;
+    node_curve_add(&r->logs, st->step, st->loss, st->lr);
+    if (r->curve && st->step < r->hp.iters)
+        r->curve[st->step] = st->loss;
+    long done = st->step + 1;
+    if (s_tty())
+        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
+    else if (done % r->o.log_every == 0 || done == st->iters)
+        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s\n",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
+}
+
+static void s_io_evaluated(void *ctx, long step, double train, double val)
+{
+    router_t *r = ctx;
+    swarm_engine_summary_t sum;
+    swarm_engine_summary(r->engine, &sum);
+    if (s_tty())
+        fprintf(stderr, "\r\033[K");
+    printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n", step, train, val,
+           s_secs() - r->t_start, sum.tok_s);
+    fflush(stdout);
+    node_evals_add(&r->evals, step, train, val);
+}
+
+static void s_ckpt_write(router_t *r)
+{
+    char err[512];
+    node_ckpt_meta_t meta = {
+        .cfg = r->hp.cfg, .step = r->ck_step, .seed = r->hp.seed, .iters = r->hp.iters,
+        .warmup = r->hp.warmup, .batch = r->hp.batch, .lr = r->hp.lr, .min_lr = r->hp.min_lr,
+        .weight_decay = r->hp.weight_decay, .grad_clip = r->hp.grad_clip,
+    };
+    if (node_ckpt_save(r->o.save, &meta, r->ck_params, r->ck_m, r->ck_v, err, sizeof err) != 0)
+        fprintf(stderr, "swarm router: checkpoint not written: %s\n", err);
+    else
+        printf("swarm router: checkpoint of step %ld in %s\n", r->ck_step, r->o.save);
+    fflush(stdout);
+}
+
+static void *s_ckpt_thread(void *arg)
+{
+    s_ckpt_write(arg);
+    return NULL;
+}
+
+// The engine's checkpoint of `step` is whole: write it to --save DIR on a
+// thread of its own (an atomic write with its fsyncs takes 30-50 ms, a
+// stall of every stage if the router waited); signals stay with the main
+// thread. Synchronously if no thread.
+static void s_io_checkpoint(void *ctx, long step, const float *params, const float *m,
+                            const float *v)
+{
+    router_t *r = ctx;
+    r->ck_step = step;
+    r->ck_params = params;
+    r->ck_m = m;
+    r->ck_v = v;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r->ck_writing = pthread_create(&r->ck_writer, NULL, s_ckpt_thread, r) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!r->ck_writing)
+        s_ckpt_write(r);
+}
+
+static void s_io_checkpoint_wait(void *ctx)
+{
+    router_t *r = ctx;
+    if (r->ck_writing)
+        pthread_join(r->ck_writer, NULL);
+    r->ck_writing = 0;
+}
+
+// ---- the loop ---------------------------------------------------------------
+
+static int s_allowed(void *ctx, const char *key)
+{
+    return net_allow_contains(ctx, key);
 }
 
 // SIGHUP: re-read --allow FILE. A peer whose key left it is told so and
@@ -42,50 +213,41 @@ static void s_allow_reload(router_t *r)
     printf("swarm router: allow-list %s reloaded: %zu keys\n", r->allow_path,
            net_allow_size(r->allow));
     fflush(stdout);
-    for (int p = 0; p < r->npeers; p++) {
-        if (r->peers[p].state == P_DEAD || net_allow_contains(r->allow, r->peers[p].who.key))
-            continue;
-        net_msg_t *bye = net_msg_new(NET_MSG_ERROR);
-        router_meta(bye, "reason=this node's key was removed from the swarm's allow-list\nfatal=1");
-        s_ignore(router_emit(r, &r->peers[p].who, &bye));
-        router_peer_dead(r, p, "was removed from the allow-list: dropped");
-    }
+    swarm_engine_drop_unless(r->engine, net_clock_ms(), s_allowed, r->allow);
 }
 
+// Messages, lost connections and time to the engine until the run is over
+// (or a signal stops it).
 static int s_loop(router_t *r)
 {
     char err[512];
-    while (!s_stop && !(r->done && r->phase == PH_WAIT && !r->want_eval && !r->want_ckpt)) {
+    while (!s_stop && !swarm_engine_finished(r->engine)) {
         net_peer_t who;
         net_msg_t *m = NULL;
         int rc = net_server_recv(r->srv, net_clock_ms() + 50, &who, &m, err, sizeof err);
-        r->now_ms = net_clock_ms(); // what follows happens at this time
+        int64_t now = net_clock_ms(); // what follows happens at this time
         if (rc == 0) {
-            r->bytes_in += router_payload(m);
-            router_wire_count(m, r->wire_in);
-            router_on_message(r, &who, m);
+            swarm_engine_message(r->engine, now, &who, m);
             net_msg_destroy(&m);
         } else if (rc == -EPROTO) {
-            char note[64];
-            if (router_loud(r, who.key, note, sizeof note))
-                fprintf(stderr, "swarm router: bad message from %.8s...: %s%s\n", who.key, err, note);
+            swarm_engine_bad_message(r->engine, now, who.key, err);
         } else if (rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN) {
             fprintf(stderr, "swarm router: receive failed: %s\n", strerror(-rc));
             return rc;
         }
         if (s_hup)
             s_allow_reload(r);
-        router_reap(r);
-        // advance through every phase that is ready now, not on the next message
-        int before;
-        do {
-            before = r->phase;
-            router_turn(r);
-        } while (r->phase != before && !(r->done && r->phase == PH_WAIT && !r->want_eval
-                                          && !r->want_ckpt));
+        net_peer_t dead[16];
+        size_t n = 0;
+        net_server_reap(r->srv, now, dead, 16, &n);
+        for (size_t k = 0; k < n; k++)
+            swarm_engine_gone(r->engine, now, &dead[k]);
+        swarm_engine_tick(r->engine, now);
     }
     return s_stop ? -EINTR : 0;
 }
+
+// ---- set-up -----------------------------------------------------------------
 
 static void s_help(FILE *out)
 {
@@ -133,19 +295,21 @@ static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, siz
 {
     long x;
     if (!strcmp(a, "--wire") || !strcmp(a, "--grad-wire"))
-        return net_dtype_parse(a + 2, v, !strcmp(a, "--wire") ? &r->wire : &r->grad_wire, err,
+        return net_dtype_parse(a + 2, v, !strcmp(a, "--wire") ? &r->c.wire : &r->c.grad_wire, err,
                                n) == 0 ? 1 : -EINVAL;
     if (strcmp(a, "--window") != 0)
         return 0;
-    r->window_mode = !strcmp(v, "all") ? WIN_ALL : !strcmp(v, "auto") ? WIN_AUTO : WIN_FIXED;
-    if (r->window_mode != WIN_FIXED)
+    r->c.window_mode = !strcmp(v, "all")    ? SWARM_WINDOW_ALL
+                     : !strcmp(v, "auto") ? SWARM_WINDOW_AUTO
+                                          : SWARM_WINDOW_FIXED;
+    if (r->c.window_mode != SWARM_WINDOW_FIXED)
         return 1;
     if (node_parse_long("window", v, 1, 1L << 20, &x, err, n) != 0) {
         snprintf(err, n, "--window %s: expected all, auto or a whole number of micro-batches >= 1",
                  v);
         return -EINVAL;
     }
-    r->window = (int) x;
+    r->c.window = (int) x;
     return 1;
 }
 
@@ -154,11 +318,11 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
 {
     int out = 1, rc;
     r->listen = "tcp://*:7070";
-    r->rebalance_every = 5.0;
-    r->tensor_bound = 100.0;
-    r->verify = 0.05;
-    r->wire = r->grad_wire = NET_DTYPE_F32;
-    r->window_mode = WIN_ALL;
+    r->c.rebalance_every = 5.0;
+    r->c.tensor_bound = 100.0;
+    r->c.verify = 0.05;
+    r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
+    r->c.window_mode = SWARM_WINDOW_ALL;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
@@ -186,7 +350,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
             long x;
             if (node_parse_long(a + 2, v, 0, 1000000, &x, err, n) != 0)
                 return -EINVAL;
-            r->min_nodes = (int) x;
+            r->c.min_nodes = (int) x;
         } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
             char *end;
             double x = strtod(v, &end);
@@ -194,11 +358,11 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 snprintf(err, n, "%s %s: expected a number 0..86400 (0 = never)", a, v);
                 return -EINVAL;
             }
-            *(!strcmp(a, "--tensor-bound") ? &r->tensor_bound : &r->rebalance_every) = x;
+            *(!strcmp(a, "--tensor-bound") ? &r->c.tensor_bound : &r->c.rebalance_every) = x;
         } else if (!strcmp(a, "--verify")) {
             char *end;
-            r->verify = strtod(v, &end);
-            if (*v == '\0' || *end || !(r->verify >= 0 && r->verify <= 1)) {
+            r->c.verify = strtod(v, &end);
+            if (*v == '\0' || *end || !(r->c.verify >= 0 && r->c.verify <= 1)) {
                 snprintf(err, n, "--verify %s: expected a fraction 0..1 of forwards to check", v);
                 return -EINVAL;
             }
@@ -207,7 +371,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 snprintf(err, n, "--assign %s: expected speed or even", v);
                 return -EINVAL;
             }
-            r->assign_even = !strcmp(v, "even");
+            r->c.assign_even = !strcmp(v, "even");
         } else if (!strcmp(a, "--open")) {
             r->allow_path = NULL;
             continue;
@@ -274,6 +438,23 @@ static int s_micro_choose(int batch, int T, int S)
     return best;
 }
 
+// The rest of the start-up line when the router chose the micro-batch
+// (s_micro_choose): why, and what the pipeline's fill and drain cost.
+static void s_micro_why(const router_t *r, double idle)
+{
+    int S = r->plan.stages, G = r->hp.batch / r->hp.micro;
+    if (S == 1)
+        printf(" (chosen: the whole batch, as swarm train: one stage has no pipeline to fill; "
+               "--micro-batch sets it)\n");
+    else if (idle <= MICRO_IDLE)
+        printf(" (chosen: %d a step over %d stages keeps the pipeline's fill and drain to ~%.0f%% "
+               "of a step; --micro-batch sets it)\n", G, S, 100.0 * idle);
+    else
+        printf(" (chosen: %d a step over %d stages, the most of %d tokens or more; the pipeline's "
+               "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that; "
+               "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
+}
+
 static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
 {
     int rc = s_router_flags(r, &argc, argv, err, n);
@@ -296,15 +477,12 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
         r->data = swarm_data_wrap(bytes, len, "(built-in corpus)");
     }
     if (rc == 0)
-        rc = node_train_weights(&r->o, &r->params, &r->m, &r->v, &r->step, err, n);
+        rc = node_train_weights(&r->o, &r->c.params, &r->c.m, &r->c.v, &r->c.step, err, n);
     if (rc != 0)
         return rc;
-    r->first = r->step;
-    r->ckpt_step = r->step;
     r->hp = node_train_hparams(&r->o);
     if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
         r->hp.micro = s_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
-    r->want_eval = r->o.eval_every > 0 && r->step == 0;
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
         snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
         return -EINVAL;
@@ -317,54 +495,31 @@ static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
     return rc;
 }
 
-// Parameters per stage, and the state arrays every stage's slice lives in.
-static int s_layout(router_t *r, char *err, size_t n)
+// The engine's config from the model, the plan and the flags: it knows
+// stages as parameter counts and costs, and the run as numbers.
+static void s_config(router_t *r)
 {
-    size_t total = node_config_params(&r->hp.cfg);
-    for (int s = 0; s < r->plan.stages; s++)
-        node_plan_stage_range(&r->hp.cfg, &r->plan, s, &r->stage_off[s], &r->stage_n[s]);
-    for (int s = 0; s < r->plan.stages; s++)
-        r->max_stage_n = r->stage_n[s] > r->max_stage_n ? r->stage_n[s] : r->max_stage_n;
-    if (!r->m)
-        r->m = calloc(total, sizeof(float));
-    if (!r->v)
-        r->v = calloc(total, sizeof(float));
-    r->grad_sum = calloc(total, sizeof(float));
-    r->G = r->hp.batch / r->hp.micro;
-    r->mbs = calloc((size_t) r->G, sizeof(mb_t));
-    r->curve = calloc((size_t) r->hp.iters + 1, sizeof(float));
-    if (!r->m || !r->v || !r->grad_sum || !r->mbs || !r->curve) {
-        snprintf(err, n, "out of memory for the model's state (%zu parameters)", total);
-        return -ENOMEM;
+    swarm_engine_config_t *c = &r->c;
+    const node_config_t *m = &r->hp.cfg;
+    c->shape = (swarm_shape_t) { .V = m->V, .T = m->T, .C = m->C, .L = m->L, .H = m->H };
+    c->stages = r->plan.stages;
+    for (int s = 0; s < c->stages; s++) {
+        node_plan_stage_range(m, &r->plan, s, &c->stage_off[s], &c->stage_n[s]);
+        c->stage_cost[s] = node_plan_stage_cost(m, &r->plan, s);
     }
-    for (int i = 0; i < r->G; i++)
-        router_mb_clear(r, &r->mbs[i]);
-    if (r->window <= 0 || r->window > r->G)
-        r->window = r->G; // and with --window auto, until the peers are measured
-    r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
-    if (!(r->scratch = malloc(router_acts_count(r) * sizeof(float)))) {
-        snprintf(err, n, "out of memory for a (%d, %d, %d) activation", r->hp.micro, r->hp.cfg.T,
-                 r->hp.cfg.C);
-        return -ENOMEM;
-    }
-    return 0;
-}
-
-// The rest of the start-up line when the router chose the micro-batch
-// (s_micro_choose): why, and what the pipeline's fill and drain cost.
-static void s_micro_why(const router_t *r, double idle)
-{
-    int S = r->plan.stages;
-    if (S == 1)
-        printf(" (chosen: the whole batch, as swarm train: one stage has no pipeline to fill; "
-               "--micro-batch sets it)\n");
-    else if (idle <= MICRO_IDLE)
-        printf(" (chosen: %d a step over %d stages keeps the pipeline's fill and drain to ~%.0f%% "
-               "of a step; --micro-batch sets it)\n", r->G, S, 100.0 * idle);
-    else
-        printf(" (chosen: %d a step over %d stages, the most of %d tokens or more; the pipeline's "
-               "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that; "
-               "--micro-batch sets it)\n", r->G, S, MICRO_MIN_TOKENS, 100.0 * idle);
+    c->nparams = node_config_params(m);
+    c->batch = r->hp.batch;
+    c->micro = r->hp.micro;
+    c->iters = r->hp.iters;
+    c->steps = r->o.steps;
+    c->seed = r->hp.seed;
+    c->eval_every = r->o.eval_every;
+    c->eval_iters = r->hp.eval_iters;
+    c->save = r->o.save != NULL;
+    c->save_every = r->o.save_every;
+    c->weight_decay = r->hp.weight_decay;
+    c->grad_clip = r->hp.grad_clip;
+    c->data = r->data;
 }
 
 static int s_listen(router_t *r, char *err, size_t n)
@@ -397,8 +552,8 @@ static int s_listen(router_t *r, char *err, size_t n)
     printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
-    int S = r->plan.stages;
-    double idle = s_fill_idle(r->G, S);
+    int S = r->plan.stages, G = r->hp.batch / r->hp.micro;
+    double idle = s_fill_idle(G, S);
     if (r->o.micro == 0)
         s_micro_why(r, idle);
     else
@@ -407,66 +562,81 @@ static int s_listen(router_t *r, char *err, size_t n)
         printf("swarm router: %d micro-batch%s a step over %d stages: filling and draining the "
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
-               r->G, r->G == 1 ? "" : "es", S, 100.0 * idle);
+               G, G == 1 ? "" : "es", S, 100.0 * idle);
     if (r->o.resume)
-        printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->step);
+        printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);
     node_join_print(stdout, ep, net_key_public(r->key));
     fflush(stdout);
     return 0;
 }
 
-// Bytes on the wire per step by what they carry and in which format, and
-// the window.
-static void s_wire_summary(const router_t *r, long steps)
+// The engine, with this shell doing what it decides.
+static int s_engine(router_t *r, char *err, size_t n)
 {
-    double k = steps > 0 ? 1e6 * steps : 1e6;
-    const char *window = r->window_mode == WIN_ALL    ? "all"
-                       : r->window_mode == WIN_AUTO ? "auto"
-                                                    : "fixed";
-    printf("wire | activations %s: %.3f MB/step in, %.3f out | gradient sums %s: %.3f in, "
-           "%.3f out | state: %.3f in, %.3f out | window %s, mean %.1f of %d\n",
-           net_dtype_name(r->wire), r->wire_in[W_ACTS] / k, r->wire_out[W_ACTS] / k,
-           net_dtype_name(r->grad_wire), r->wire_in[W_GRADS] / k, r->wire_out[W_GRADS] / k,
-           r->wire_in[W_STATE] / k, r->wire_out[W_STATE] / k, window,
-           r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window, r->G);
+    swarm_engine_io_t io = {
+        .ctx = r, .send = s_io_send, .log = s_io_log, .trace = r->trace ? s_io_trace : NULL,
+        .lr_at = s_io_lr_at, .clip_scale = s_io_clip_scale, .stepped = s_io_stepped,
+        .evaluated = s_io_evaluated, .checkpoint = s_io_checkpoint,
+        .checkpoint_wait = s_io_checkpoint_wait,
+    };
+    r->curve = calloc((size_t) r->hp.iters + 1, sizeof(float));
+    if (!r->curve) {
+        snprintf(err, n, "out of memory for the loss curve (%ld steps)", r->hp.iters);
+        return -ENOMEM;
+    }
+    int rc = swarm_engine_new(&r->c, &io, net_clock_ms(), &r->engine, err, n);
+    if (rc == 0)
+        r->c.params = r->c.m = r->c.v = NULL; // the engine's now
+    return rc;
 }
 
-// The loss curve of this run and its evaluations as an SVG plot in DIR/loss.svg.
-static void s_plot(router_t *r)
+static void s_wire_summary(const router_t *r, const swarm_engine_summary_t *sum)
 {
-    if (r->o.save && r->curve && r->step > r->first)
-        node_plot_save(r->o.save, "swarm router", r->curve, r->first, r->step, &r->evals, 0);
+    long steps = sum->step - sum->first;
+    double k = steps > 0 ? 1e6 * steps : 1e6;
+    const char *window = r->c.window_mode == SWARM_WINDOW_ALL    ? "all"
+                       : r->c.window_mode == SWARM_WINDOW_AUTO ? "auto"
+                                                             : "fixed";
+    printf("wire | activations %s: %.3f MB/step in, %.3f out | gradient sums %s: %.3f in, "
+           "%.3f out | state: %.3f in, %.3f out | window %s, mean %.1f of %d\n",
+           net_dtype_name(r->c.wire), sum->wire_in[0] / k, sum->wire_out[0] / k,
+           net_dtype_name(r->c.grad_wire), sum->wire_in[1] / k, sum->wire_out[1] / k,
+           sum->wire_in[2] / k, sum->wire_out[2] / k, window, sum->window_mean,
+           sum->micro_batches);
+}
+
+// The run's last lines: what it did, what it cost, what went over the wire.
+static void s_summary(router_t *r)
+{
+    swarm_engine_summary_t sum;
+    swarm_engine_summary(r->engine, &sum);
+    long steps = sum.step - sum.first;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
+           "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs() - r->t_start,
+           sum.train_time, sum.tok_s, sum.ready, sum.checksum_mismatches, sum.resyncs,
+           sum.expelled);
+    printf("checks | forwards verified %d, undecided %d | steps started over %d\n", sum.spot_checks,
+           sum.spot_undecided, sum.restarts);
+    printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
+           ru.ru_maxrss / 1024.0, steps ? sum.bytes_in / 1e6 / steps : 0.0,
+           steps ? sum.bytes_out / 1e6 / steps : 0.0);
+    s_wire_summary(r, &sum);
+    if (r->o.save && r->curve && sum.step > sum.first)
+        node_plot_save(r->o.save, "swarm router", r->curve, sum.first, sum.step, &r->evals, 0);
 }
 
 static void s_teardown(router_t *r)
 {
-    // tell the nodes the run is over
-    for (int p = 0; r->srv && p < r->npeers; p++) {
-        if (r->peers[p].state == P_DEAD)
-            continue;
-        net_msg_t *bye = net_msg_new(NET_MSG_BYE);
-        router_meta(bye, "done=%d\nstep=%ld\nsteps=%ld", r->done, r->step, (long) r->hp.iters);
-        s_ignore(router_emit(r, &r->peers[p].who, &bye));
-    }
-    for (int p = 0; p < r->npeers; p++)
-        free(r->peers[p].grad);
-    free(r->peers);
-    for (int k = 0; k < (r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK; k++)
-        free(r->req_blocks[k]);
-    free(r->req_blocks);
-    free(r->req_free);
-    free(r->views);
-    free(r->backlog);
-    free(r->ahead);
-    for (int i = 0; r->mbs && i < r->G; i++)
-        router_mb_clear(r, &r->mbs[i]);
-    free(r->mbs);
-    free(r->params);
-    free(r->ck_state);
-    free(r->m);
-    free(r->v);
-    free(r->grad_sum);
-    free(r->scratch);
+    if (r->engine && r->srv)
+        swarm_engine_bye(r->engine); // tell the nodes the run is over
+    s_io_checkpoint_wait(r);
+    swarm_engine_destroy(&r->engine);
+    free(r->c.params);
+    free(r->c.m);
+    free(r->c.v);
     free(r->curve);
     node_evals_free(&r->evals);
     node_curve_close(&r->logs);
@@ -484,20 +654,21 @@ int cmd_router(int argc, char **argv)
     char err[1024] = "";
     if (!r)
         abort();
-    r->self_peer = -1;
-    r->now_ms = net_clock_ms();
     int rc = s_setup(r, argc, argv, err, sizeof err);
     if (rc == 1) {
         s_help(stdout);
+        s_teardown(r);
         free(r);
         return 0;
     }
-    if (rc == 0)
-        rc = s_layout(r, err, sizeof err);
-    if (rc == 0)
+    if (rc == 0) {
+        s_config(r);
         rc = node_curve_open(&r->o, &r->logs, err, sizeof err);
+    }
     if (rc == 0)
         rc = s_listen(r, err, sizeof err);
+    if (rc == 0)
+        rc = s_engine(r, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "swarm router: %s\n", err);
         s_teardown(r);
@@ -508,28 +679,12 @@ int cmd_router(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
-    r->now_ms = net_clock_ms();
-    r->t_start = router_secs(r);
+    r->t_start = s_secs();
     rc = s_loop(r);
-    router_ckpt_wait(r);
-    r->now_ms = net_clock_ms();
+    s_io_checkpoint_wait(r);
     if (isatty(STDERR_FILENO))
         fprintf(stderr, "\n");
-    long steps = r->step - r->first;
-    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-    printf("summary | iters %ld | wall %.2f s (train %.2f s) | tok/s %.0f | peers %d | "
-           "checksum mismatches %d (resynced %d, expelled %d)\n", steps, router_secs(r) - r->t_start,
-           r->train_time, tps, router_ready_count(r, -1), r->checksum_mismatches, r->resyncs, r->expelled);
-    printf("checks | forwards verified %d, undecided %d | steps started over %d\n", r->spot_checks,
-           r->spot_undecided, r->restarts);
-    printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
-           ru.ru_maxrss / 1024.0, steps ? r->bytes_in / 1e6 / steps : 0.0,
-           steps ? r->bytes_out / 1e6 / steps : 0.0);
-    s_wire_summary(r, steps);
-    s_plot(r);
+    s_summary(r);
     s_teardown(r);
     free(r);
     if (rc == -EINTR)

@@ -1,12 +1,17 @@
-/* swarm.h - the swarm module: training data and its batch order (and, as the
- * swarm grows, the router, its policy and status).
+/* swarm.h - the swarm module: training data and its batch order, the
+ * policy, and the router engine that runs a swarm's training.
  *
  * The data order is a pure function of (seed, step, window), so any process
  * can draw any micro-batch of any step, and a replay sees the same bytes.
- * Nothing here knows the model's parameters or touches a socket.
+ * The engine does no I/O and reads no clock: messages and time come in as
+ * arguments, and what it sends, logs and writes leaves through the
+ * callbacks its caller gives it (swarm_engine_io_t). It knows stages as
+ * parameter counts and costs, not the model.
  */
 #ifndef SWARM_SWARM_H
 #define SWARM_SWARM_H
+
+#include "net.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -159,5 +164,115 @@ typedef struct {
 // work is unknown (nothing measured yet: every micro-batch of the step).
 // With in->all: G within the caches (--window all).
 int swarm_policy_window(const swarm_window_in_t *in);
+
+// ---- the router engine (swarm/engine*.c; docs/swarm.md) ----
+
+#define SWARM_MAX_STAGES 256
+enum { SWARM_WINDOW_FIXED = 0, SWARM_WINDOW_AUTO, SWARM_WINDOW_ALL }; // --window W, auto, all
+
+typedef struct swarm_engine_s swarm_engine_t;
+
+typedef struct {
+    int V, T, C, L, H;       // vocabulary, block (tokens), channels, layers, heads
+} swarm_shape_t;
+
+typedef struct {
+    swarm_shape_t shape;     // what ASSIGN tells the nodes, and the tensors' dims
+    int stages;              // S, 1..SWARM_MAX_STAGES
+    size_t stage_n[SWARM_MAX_STAGES];    // parameters of each stage
+    size_t stage_off[SWARM_MAX_STAGES];  // its offset in the model's parameters
+    double stage_cost[SWARM_MAX_STAGES]; // forward FLOPs a token through it
+    size_t nparams;          // the model's parameters
+    float *params, *m, *v;   // [nparams] the state the run starts from (the engine takes
+                             // them; m and v may be NULL: zeros)
+    long step;               // the step that state is of
+    int batch, micro;        // windows a step; windows a micro-batch (divides batch)
+    long iters;              // steps of the schedule
+    long steps;              // steps to run now, 0 = to iters
+    uint64_t seed;           // the data order
+    int eval_every;          // steps between evaluations (and at the end), 0 never
+    int eval_iters;          // batches an evaluation averages per split
+    int save;                // take checkpoints (io.checkpoint writes them)
+    int save_every;          // every this many steps, 0 only at the end
+    double weight_decay;     // AdamW's, sent with each update
+    double grad_clip;        // the global norm's bound
+    const swarm_data_t *data; // training bytes (the caller keeps them)
+    int min_nodes;           // ready nodes needed before training starts
+    double rebalance_every;  // s between rebalancing checks, 0 never
+    int window;              // micro-batches in flight with SWARM_WINDOW_FIXED
+    int window_mode;         // SWARM_WINDOW_*
+    int assign_even;         // joiners fill stages by count, speeds unheard
+    double verify;           // fraction of training forwards re-run on a second replica
+    double tensor_bound;     // a reply's RMS above this times the running RMS fails
+    int wire, grad_wire;     // NET_DTYPE_* of activations; of gradient sums
+} swarm_engine_config_t;
+
+// A step ended: what the caller logs and plots.
+typedef struct {
+    long step;               // the step that ended (0-based: step + 1 are done)
+    long iters;              // steps of the schedule
+    float loss;              // the step's mean loss
+    double lr;               // its learning rate
+    double tok_s;            // training tokens a second since the run started
+    double eta_s;            // s to iters at that rate
+    int ready;               // ready peers
+} swarm_engine_step_t;
+
+// What the engine does to the world, each through its caller. Time is
+// the caller's monotonic clock in ms, given with every call in.
+typedef struct {
+    void *ctx;               // passed to each
+    int (*send)(void *ctx, const net_peer_t *to, net_msg_t **m); // takes *m; 0 or -errno
+    void (*log)(void *ctx, int to_stderr, const char *line);     // a line, newline included
+    void (*trace)(void *ctx, const char *line);  // a --trace line (newline included); NULL none
+    double (*lr_at)(void *ctx, long step);       // the learning rate of step
+    float (*clip_scale)(void *ctx, double norm); // the factor the global norm's clip gives
+    void (*stepped)(void *ctx, const swarm_engine_step_t *step);
+    void (*evaluated)(void *ctx, long step, double train, double val);
+    // a checkpoint of `step` is whole: write it (params, m, v stay as they
+    // are until checkpoint_wait returns, which the engine calls first)
+    void (*checkpoint)(void *ctx, long step, const float *params, const float *m, const float *v);
+    void (*checkpoint_wait)(void *ctx);
+} swarm_engine_io_t;
+
+// What a run did, for its summary lines.
+typedef struct {
+    long first, step, iters; // the step it started at, the step it is at, of the schedule
+    int done;                // the schedule (or --steps) is finished
+    double train_time;       // s in steps
+    double tok_s;            // training tokens a second over them
+    int ready;               // ready peers now
+    int checksum_mismatches, resyncs, expelled, rollbacks;
+    int spot_checks, spot_undecided, restarts;
+    uint64_t bytes_in, bytes_out;      // tensor bytes received, sent
+    uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
+    double window_mean;      // micro-batches in flight, on average over the steps
+    int micro_batches;       // G, a step's
+} swarm_engine_summary_t;
+
+// A new engine for config c, its effects through io, at now_ms. 0, or
+// -ENOMEM / -EINVAL with a reason in err. It takes c->params, m and v.
+__attribute__((warn_unused_result))
+int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io, int64_t now_ms,
+                     swarm_engine_t **out, char *err, size_t errlen);
+void swarm_engine_destroy(swarm_engine_t **self_p);
+// A message from a peer's connection (checked by net, not yet by the engine).
+void swarm_engine_message(swarm_engine_t *self, int64_t now_ms, const net_peer_t *who,
+                          net_msg_t *m);
+// Bytes from the connection of key that are no message (net's reason).
+void swarm_engine_bad_message(swarm_engine_t *self, int64_t now_ms, const char *key,
+                              const char *why);
+// The transport says the connection of who is gone.
+void swarm_engine_gone(swarm_engine_t *self, int64_t now_ms, const net_peer_t *who);
+// Peers whose key allowed() no longer accepts are told and dropped.
+void swarm_engine_drop_unless(swarm_engine_t *self, int64_t now_ms,
+                              int (*allowed)(void *ctx, const char *key), void *ctx);
+// Time passes: deadlines, probes, and every phase that is ready now.
+void swarm_engine_tick(swarm_engine_t *self, int64_t now_ms);
+// The run is over (and nothing it owes is still to come).
+int swarm_engine_finished(const swarm_engine_t *self);
+// Tell every live peer that the run ends (BYE: done, step, steps).
+void swarm_engine_bye(swarm_engine_t *self);
+void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *out);
 
 #endif

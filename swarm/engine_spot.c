@@ -1,12 +1,12 @@
-/* router_spot.c - spot verification: a fraction of training FWDs run
+/* engine_spot.c - spot verification: a fraction of training FWDs run
  * again on a second replica, a third to decide, and the liar expelled and
- * the step started over. What every reply is checked against: router_reply.c.
+ * the step started over. What every reply is checked against: engine_reply.c.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // A fraction (--verify) of training FWDs is run again on a second replica of
 // the stage while the micro-batch goes on with the first result; the step's
-// update waits until every check of the step is settled (router_spots_open).
+// update waits until every check of the step is settled (engine_spots_open).
 // Two results agree when the outputs are within 1e-3 relative L2 (at the
 // last stage, run forward-only, the losses within 1e-4). When they
 // disagree, a third replica decides; the one it contradicts is expelled,
@@ -16,7 +16,7 @@
 
 // Whether FWD of micro-batch i at stage s of this step is verified: a fixed
 // draw from (seed, step, i, s), so that a replay checks the same ones.
-static int s_spot_sampled(const router_t *r, int i, int s)
+static int s_spot_sampled(const swarm_engine_t *r, int i, int s)
 {
     if (r->verify <= 0.0 || r->evaluating)
         return 0;
@@ -32,20 +32,20 @@ static int s_spot_sampled(const router_t *r, int i, int s)
 
 // The FWD of micro-batch i at stage s again, to peer p: at the last stage
 // forward-only (eval=1: nothing accumulates).
-static int s_spot_send(router_t *r, int i, int s, int p)
+static int s_spot_send(swarm_engine_t *r, int i, int s, int p)
 {
-    net_msg_t *m = router_fwd_msg(r, i, s);
-    if (m && s == r->plan.stages - 1 && net_msg_set_meta(m, "eval=1\n") != 0)
+    net_msg_t *m = engine_fwd_msg(r, i, s);
+    if (m && s == r->stages - 1 && net_msg_set_meta(m, "eval=1\n") != 0)
         net_msg_destroy(&m);
     if (!m)
         return -ENOMEM;
-    return router_send(r, p, &m, R_VERIFY, i, s);
+    return engine_send(r, p, &m, R_VERIFY, i, s);
 }
 
 // The open check of micro-batch q->mb at stage q->stage, or NULL.
-static spot_t *s_spot_of(const router_t *r, const req_t *q)
+static spot_t *s_spot_of(const swarm_engine_t *r, const req_t *q)
 {
-    if (q->mb < 0 || q->mb >= r->G || q->stage < 0 || q->stage >= r->plan.stages)
+    if (q->mb < 0 || q->mb >= r->G || q->stage < 0 || q->stage >= r->stages)
         return NULL;
     spot_t *c = r->mbs[q->mb].spot ? &r->mbs[q->mb].spot[q->stage] : NULL;
     return c && c->n > 0 ? c : NULL;
@@ -62,11 +62,11 @@ static void s_spot_release(spot_t *c)
 }
 
 // Checks of this step not settled yet: the update waits for them.
-int router_spots_open(const router_t *r)
+int engine_spots_open(const swarm_engine_t *r)
 {
     int n = 0;
     for (int i = 0; r->mbs && i < r->G; i++)
-        for (int s = 0; r->mbs[i].spot && s < r->plan.stages; s++)
+        for (int s = 0; r->mbs[i].spot && s < r->stages; s++)
             n += r->mbs[i].spot[s].n > 0;
     return n;
 }
@@ -76,30 +76,30 @@ int router_spots_open(const router_t *r)
 // another replica for it; the micro-batch goes on meanwhile. A result that
 // comes again (the FWD re-sent after its peer died) while the check is
 // open is not checked twice.
-void router_spot_begin(router_t *r, const req_t *q, float loss)
+void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss)
 {
     mb_t *b = &r->mbs[q->mb];
     if (!s_spot_sampled(r, q->mb, q->stage) || s_spot_of(r, q))
         return;
-    int other = router_pick_but(r, q->stage, -1, 1.0 / 3.0, &q->peer, 1);
-    if (other < 0 || (!b->spot && !(b->spot = calloc((size_t) r->plan.stages, sizeof *b->spot))))
+    int other = engine_pick_but(r, q->stage, -1, 1.0 / 3.0, &q->peer, 1);
+    if (other < 0 || (!b->spot && !(b->spot = calloc((size_t) r->stages, sizeof *b->spot))))
         return;
     spot_t *c = &b->spot[q->stage];
     c->n = 1;
     c->peer[0] = q->peer;
     c->loss[0] = loss;
-    if (q->stage < r->plan.stages - 1)
-        c->out[0] = router_dup_bytes(r->scratch, router_acts_count(r) * sizeof(float));
+    if (q->stage < r->stages - 1)
+        c->out[0] = engine_dup_bytes(r->scratch, engine_acts_count(r) * sizeof(float));
     if (s_spot_send(r, q->mb, q->stage, other) != 0)
         s_spot_release(c);
 }
 
-static int s_spot_same(const router_t *r, const spot_t *c, int x, int y)
+static int s_spot_same(const swarm_engine_t *r, const spot_t *c, int x, int y)
 {
     if (!c->out[x] || !c->out[y])
         return fabsf(c->loss[x] - c->loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(c->loss[y]));
     double d = 0.0, n = 0.0;
-    for (size_t j = 0; j < router_acts_count(r); j++) {
+    for (size_t j = 0; j < engine_acts_count(r); j++) {
         double e = (double) c->out[x][j] - c->out[y][j];
         d += e * e;
         n += (double) c->out[y][j] * c->out[y][j];
@@ -109,22 +109,22 @@ static int s_spot_same(const router_t *r, const spot_t *c, int x, int y)
 
 // Start the current step over: every replica drops what it accumulated
 // (STEP discard=1) and every micro-batch runs again from the start.
-static void s_step_restart(router_t *r, const char *why)
+static void s_step_restart(swarm_engine_t *r, const char *why)
 {
-    fprintf(stderr, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
+    engine_warn(r, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
     for (int i = 0; i < r->req_slots; i++) {
-        req_t *q = router_req_at(r, i);
+        req_t *q = engine_req_at(r, i);
         if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY))
-            router_req_done(r, q); // their answers are stale now (not the last step's)
+            engine_req_done(r, q); // their answers are stale now (not the last step's)
     }
     for (int i = 0; i < r->G; i++)
-        router_mb_clear(r, &r->mbs[i]);
+        engine_mb_clear(r, &r->mbs[i]);
     r->pending = r->redo_pending = 0;
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY)
             continue;
-        net_msg_t *m = router_step_msg(r, r->peers[p].stage, "discard=1\n");
-        if (m && router_send(r, p, &m, R_DISCARD, -1, r->peers[p].stage) == 0)
+        net_msg_t *m = engine_step_msg(r, r->peers[p].stage, "discard=1\n");
+        if (m && engine_send(r, p, &m, R_DISCARD, -1, r->peers[p].stage) == 0)
             r->pending++;
     }
     r->restarts++;
@@ -132,7 +132,7 @@ static void s_step_restart(router_t *r, const char *why)
 }
 
 // A verifying replica's answer (checked; outputs decoded in scratch).
-void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
+void engine_spot_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
     spot_t *c = s_spot_of(r, q);
     char text[64];
@@ -141,7 +141,7 @@ void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
     int k = c->n++, s = q->stage;
     c->peer[k] = q->peer;
     c->loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
-    c->out[k] = c->out[0] ? router_dup_bytes(r->scratch, router_acts_count(r) * sizeof(float)) : NULL;
+    c->out[k] = c->out[0] ? engine_dup_bytes(r->scratch, engine_acts_count(r) * sizeof(float)) : NULL;
     const peer_t *a = &r->peers[c->peer[0]], *v = &r->peers[q->peer];
     if (k == 1 && s_spot_same(r, c, 0, 1)) {
         r->spot_checks++;
@@ -150,10 +150,10 @@ void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
     }
     if (k == 1) {
         int not[2] = { c->peer[0], q->peer };
-        int third = router_pick_but(r, s, -1, 1.0 / 3.0, not, 2);
-        fprintf(stderr, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
-                "micro-batch %d%s\n", r->step, s, a->id, a->name, v->id, v->name, q->mb,
-                third >= 0 ? "; asking a third replica" : "; no third replica to decide");
+        int third = engine_pick_but(r, s, -1, 1.0 / 3.0, not, 2);
+        engine_warn(r, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
+                    "micro-batch %d%s\n", r->step, s, a->id, a->name, v->id, v->name, q->mb,
+                    third >= 0 ? "; asking a third replica" : "; no third replica to decide");
         if (third < 0 || s_spot_send(r, q->mb, s, third) != 0) {
             r->spot_undecided++;
             s_spot_release(c);
@@ -170,13 +170,13 @@ void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m)
     }
     char why[96];
     snprintf(why, sizeof why, "returned a stage %d forward that two replicas contradict", s);
-    router_peer_expel(r, liar, why);
+    engine_peer_expel(r, liar, why);
     if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsion
         s_step_restart(r, "a peer whose outputs it used was caught lying");
 }
 
 // A verifying replica is gone before it answered: go on without it.
-void router_spot_lost(router_t *r, const req_t *q)
+void engine_spot_lost(swarm_engine_t *r, const req_t *q)
 {
     spot_t *c = s_spot_of(r, q);
     if (c) {

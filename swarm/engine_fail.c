@@ -1,24 +1,24 @@
-/* router_fail.c - peers that fail: bans with a growing back-off,
+/* engine_fail.c - peers that fail: bans with a growing back-off,
  * expulsion, deaths and the work they held redone, rollback when a stage
  * lost every replica, refills and rebalancing moves, and the deadlines
  * that find stalled and silent peers.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // A peer caught returning wrong results: expelled for the run.
 // Peer p failed: it is dead and refused for `seconds` (INFINITY: for the
 // run); the log says `line`, swarm status `why`. Its work is redone.
-static void s_peer_ban(router_t *r, int p, double seconds, const char *why, const char *line)
+static void s_peer_ban(swarm_engine_t *r, int p, double seconds, const char *why, const char *line)
 {
     peer_t *pe = &r->peers[p];
     pe->failures++;
-    pe->banned_until = router_secs(r) + seconds;
+    pe->banned_until = engine_secs(r) + seconds;
     pe->ban_told = 0;
-    router_peer_dead(r, p, line);
+    engine_peer_dead(r, p, line);
     snprintf(pe->why, sizeof pe->why, "%s", why);
 }
 
-void router_peer_expel(router_t *r, int p, const char *why)
+void engine_peer_expel(swarm_engine_t *r, int p, const char *why)
 {
     if (r->peers[p].state == P_DEAD)
         return;
@@ -34,46 +34,45 @@ void router_peer_expel(router_t *r, int p, const char *why)
 // its stage before the step closes. If it died while the gradients were
 // being gathered, the gathering starts over once the re-runs are in (the
 // survivors' sums then include them).
-static void s_redo_lost(router_t *r, int p)
+static void s_redo_lost(swarm_engine_t *r, int p)
 {
     if (r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD) || r->peers[p].got_grad)
         return;
     int redone = 0;
     for (int i = 0; i < r->G; i++) {
-        for (int s = 0; s < r->plan.stages; s++) {
+        for (int s = 0; s < r->stages; s++) {
             if (r->mbs[i].grad_peer[s] != p)
                 continue;
             r->mbs[i].grad_peer[s] = -1;
-            r->mbs[i].redo_wanted[s] = 1; // sent by router_retry this turn
+            r->mbs[i].redo_wanted[s] = 1; // sent by engine_retry this turn
             r->redo_pending++;
             redone++;
         }
     }
     if (redone > 0 || r->peers[p].in_step) // the sums must include the re-runs
-        router_step_unask(r);
-    fprintf(stderr, "swarm router: step %ld: %d micro-batch parts it held are run again on "
-            "other replicas\n", r->step, redone);
+        engine_step_unask(r);
+    engine_warn(r, "swarm router: step %ld: %d micro-batch parts it held are run again on "
+                "other replicas\n", r->step, redone);
 }
 
 // Move ready peer p to stage `to` (cost[]: the stages' work per token, to
 // carry its measured speed over); the router log says why. 0 or -errno.
-static int s_move(router_t *r, int p, int to, const double *cost, const char *why)
+static int s_move(swarm_engine_t *r, int p, int to, const double *cost, const char *why)
 {
     peer_t *pe = &r->peers[p];
-    printf("swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d %s\n", r->step,
-           pe->id, pe->name, pe->tok_s, pe->stage, why);
-    fflush(stdout);
+    engine_say(r, "swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d %s\n", r->step,
+               pe->id, pe->name, pe->tok_s, pe->stage, why);
     double from_cost = cost[pe->stage];
-    int rc = router_send_assign(r, p, to, NULL);
+    int rc = engine_send_assign(r, p, to, NULL);
     if (rc != 0) {
-        fprintf(stderr, "swarm router: peer %d (%s): cannot be reached (%s): not moved\n", pe->id,
-                pe->name, strerror(-rc));
+        engine_warn(r, "swarm router: peer %d (%s): cannot be reached (%s): not moved\n", pe->id,
+                    pe->name, strerror(-rc));
         return rc;
     }
     pe->tok_s *= from_cost / cost[to];
-    router_speed_restart(pe, r->now_ms); // its next speed sample is of the new stage
+    engine_speed_restart(pe, r->now_ms); // its next speed sample is of the new stage
     pe->moving = 1;
-    pe->moved_at = router_secs(r);
+    pe->moved_at = engine_secs(r);
     return 0;
 }
 
@@ -83,23 +82,23 @@ static int s_move(router_t *r, int p, int to, const double *cost, const char *wh
 // when no stage has two. A peer that cannot be reached is passed over (the
 // next turn finds it dead). Every stage reloads the checkpoint anyway, so
 // the move costs nothing a new node would not.
-static int s_refill(router_t *r, int s)
+static int s_refill(swarm_engine_t *r, int s)
 {
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
             return -1; // a newcomer is already on its way
     swarm_peer_view_t *views = r->views; // s_move picks nothing
-    double cost[NODE_MAX_LAYERS];
-    for (int k = 0; k < r->plan.stages; k++)
-        cost[k] = node_plan_stage_cost(&r->hp.cfg, &r->plan, k);
+    double cost[SWARM_MAX_STAGES];
+    for (int k = 0; k < r->stages; k++)
+        cost[k] = r->stage_cost[k];
     for (int tries = 0; tries < r->npeers; tries++) {
-        router_views_as(r, views, 0);
-        int p = swarm_policy_refill(views, r->npeers, r->plan.stages, cost, s);
+        engine_views_as(r, views, 0);
+        int p = swarm_policy_refill(views, r->npeers, r->stages, cost, s);
         if (p < 0)
             return -1;
         char why[128];
         snprintf(why, sizeof why, "(%d replicas) to stage %d, which lost every replica",
-                 router_ready_count(r, r->peers[p].stage), s);
+                 engine_ready_count(r, r->peers[p].stage), s);
         if (s_move(r, p, s, cost, why) == 0)
             return p;
     }
@@ -108,12 +107,12 @@ static int s_refill(router_t *r, int s)
 
 // After a rollback, every stage with no replica takes a spare one (also a
 // stage emptied while the swarm reloads); say: log those left waiting.
-void router_refill_all(router_t *r, int say)
+void engine_refill_all(swarm_engine_t *r, int say)
 {
-    for (int k = 0; k < r->plan.stages; k++)
-        if (router_ready_count(r, k) == 0 && s_refill(r, k) < 0 && say)
-            fprintf(stderr, "swarm router: stage %d: no other stage has a replica to spare; "
-                    "waiting for a node to serve it\n", k);
+    for (int k = 0; k < r->stages; k++)
+        if (engine_ready_count(r, k) == 0 && s_refill(r, k) < 0 && say)
+            engine_warn(r, "swarm router: stage %d: no other stage has a replica to spare; "
+                        "waiting for a node to serve it\n", k);
 }
 
 // Every replica of stage s is gone, and its state with them: the whole
@@ -121,21 +120,21 @@ void router_refill_all(router_t *r, int say)
 // node reloads its stage from it, stage s takes a spare replica of another
 // stage or waits for a node, and the run replays. The curve after it
 // equals an uninterrupted run's.
-static void s_rollback(router_t *r, int s)
+static void s_rollback(swarm_engine_t *r, int s)
 {
-    fprintf(stderr, "swarm router: stage %d lost every replica at step %ld: rolling back to "
-            "step %ld%s\n", s, r->step, r->ckpt_step,
-            r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
-    router_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
+    engine_warn(r, "swarm router: stage %d lost every replica at step %ld: rolling back to "
+                "step %ld%s\n", s, r->step, r->ckpt_step,
+                r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
+    engine_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
     for (int i = 0; i < r->req_slots; i++)
-        if (router_req_at(r, i)->id)
-            router_req_done(r, router_req_at(r, i)); // (router_req_done frees the slot: the loop goes on)
+        if (engine_req_at(r, i)->id)
+            engine_req_done(r, engine_req_at(r, i)); // (engine_req_done frees the slot: the loop goes on)
     for (int i = 0; i < r->G; i++)
-        router_mb_clear(r, &r->mbs[i]);
+        engine_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++) {
         r->peers[p].inflight = r->peers[p].working = 0;
         if (r->peers[p].state == P_READY)
-            r->peers[p].state = P_JOINING; // reloads the checkpoint (router_joins)
+            r->peers[p].state = P_JOINING; // reloads the checkpoint (engine_joins)
     }
     r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
     r->self_peer = -1;
@@ -150,42 +149,42 @@ static void s_rollback(router_t *r, int s)
 
 // A dead peer: its FWD/BWD requests go to another replica, the gradients it
 // held are rebuilt elsewhere, and it no longer counts for STEP/UPDATE.
-void router_peer_dead(router_t *r, int p, const char *why)
+void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
 {
     if (r->peers[p].state == P_DEAD)
         return;
-    fprintf(stderr, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
+    engine_warn(r, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
     snprintf(r->peers[p].why, sizeof r->peers[p].why, "%s", why);
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
     r->peers[p].state = P_DEAD;
     for (int i = 0; i < r->req_slots; i++) {
-        req_t q = *router_req_at(r, i);
+        req_t q = *engine_req_at(r, i);
         if (q.id == 0 || q.peer != p)
             continue;
-        router_req_done(r, router_req_at(r, i));
+        engine_req_done(r, engine_req_at(r, i));
         if (q.redo) {
             r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
         } else if ((q.kind == R_FWD || q.kind == R_BWD) && q.mb >= 0)
-            s_ignore(router_next(r, q.mb, q.kind, q.stage));
+            s_ignore(engine_next(r, q.mb, q.kind, q.stage));
         else if (q.kind == R_UPDATE && q.mb == 1) {
             if (--r->update_pending == 0)
-                router_consensus(r, r->update_step);
+                engine_consensus(r, r->update_step);
         } else if (q.kind == R_STEP && q.mb == MB_APPLY)
             r->self_peer = -1; // its stage had no other replica: the swarm rolls back
         else if (q.kind == R_STEP || q.kind == R_UPDATE || q.kind == R_DISCARD)
             r->pending--;
         else if (q.kind == R_VERIFY)
-            router_spot_lost(r, &q);
+            engine_spot_lost(r, &q);
         else if (q.kind == R_STATE_GET && q.mb < 0)
-            router_ckpt_part(r, 0); // the checkpoint of this step is skipped
+            engine_ckpt_part(r, 0); // the checkpoint of this step is skipped
         else if (q.kind == R_STATE_GET)
             r->peers[q.mb].inflight--; // the joiner asks again between steps
     }
     if (was_ready)
         s_redo_lost(r, p);
-    for (int s = 0; s < r->plan.stages; s++) {
-        if (r->started && router_ready_count(r, s) == 0) {
+    for (int s = 0; s < r->stages; s++) {
+        if (r->started && engine_ready_count(r, s) == 0) {
             s_rollback(r, s);
             break;
         }
@@ -195,7 +194,7 @@ void router_peer_dead(router_t *r, int p, const char *why)
 // A peer that failed a request (missed its deadline, refused it, answered
 // it wrongly) is dead and banned: 5 s the first time, twice as long each
 // time after, up to 10 minutes. Its work is redone elsewhere.
-void router_peer_fail(router_t *r, int p, const char *fmt, ...)
+void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 {
     peer_t *pe = &r->peers[p];
     if (pe->state == P_DEAD)
@@ -213,7 +212,7 @@ void router_peer_fail(router_t *r, int p, const char *fmt, ...)
 
 // A request's deadline: 20 times what the peer's measured speed says it
 // should take, and never under 5 s (a loaded machine is not a dead one).
-static int64_t s_deadline_ms(const router_t *r, int p)
+static int64_t s_deadline_ms(const swarm_engine_t *r, int p)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
     double expect = 1000.0 * tokens / (r->peers[p].tok_s > 1.0 ? r->peers[p].tok_s : 1.0);
@@ -221,13 +220,13 @@ static int64_t s_deadline_ms(const router_t *r, int p)
 }
 
 // A joiner's state on its way (the STATE_GET to a replica, the STATE to
-// the joiner) holds the next step (router_join_held): 30 s, and a second more
+// the joiner) holds the next step (engine_join_held): 30 s, and a second more
 // for each MB of the stage's state (parameters and both moments), so that
 // a joiner that does not answer or a link that cannot carry the state
 // stalls the swarm that long at most. It is then failed (banned).
-static int64_t s_state_deadline_ms(const router_t *r, int stage)
+static int64_t s_state_deadline_ms(const swarm_engine_t *r, int stage)
 {
-    double mb = stage >= 0 && stage < r->plan.stages ? 3.0 * 4.0 * r->stage_n[stage] / 1e6 : 0.0;
+    double mb = stage >= 0 && stage < r->stages ? 3.0 * 4.0 * r->stage_n[stage] / 1e6 : 0.0;
     return 30000 + (int64_t) (1000.0 * mb);
 }
 
@@ -235,7 +234,7 @@ static int64_t s_state_deadline_ms(const router_t *r, int stage)
 // state is of the step about to start, and a joiner whose state arrived a
 // step later would be an update behind (over slow links a stage's state
 // takes longer than a step). Joins cost the swarm that transfer once.
-int router_join_held(const router_t *r)
+int engine_join_held(const swarm_engine_t *r)
 {
     if (!r->started)
         return 0;
@@ -256,7 +255,7 @@ int router_join_held(const router_t *r)
 #define PROBE_MS 200
 #define PROBE_FRESH_MS 2000
 
-static void s_probe(router_t *r, int64_t now)
+static void s_probe(swarm_engine_t *r, int64_t now)
 {
     for (int p = 0; p < r->npeers; p++) {
         peer_t *pe = &r->peers[p];
@@ -265,49 +264,42 @@ static void s_probe(router_t *r, int64_t now)
             continue;
         pe->probed = now;
         net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
-        if (m && router_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
-            fprintf(stderr, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
+        if (m && engine_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
+            engine_warn(r, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
             pe->failed = 1;
         }
     }
 }
 
-void router_reap(router_t *r)
+void engine_reap(swarm_engine_t *r)
 {
-    net_peer_t dead[16];
-    size_t n = 0;
     int64_t now = r->now_ms;
     s_probe(r, now);
     for (int i = 0; i < r->req_slots; i++) {
-        const req_t *q = router_req_at(r, i);
+        const req_t *q = engine_req_at(r, i);
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
         if (!q->id || (q->kind == R_STATE_GET && q->mb < 0)) // checkpoints hold nothing up
             continue;
         if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
                   : now - q->sent > s_deadline_ms(r, q->peer))
-            router_peer_fail(r, q->peer, "missed the deadline of a %s request",
+            engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
                         : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
                         : q->kind == R_STATE ? "STATE" : "STATE_GET");
     }
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].failed && r->peers[p].state != P_DEAD)
-            router_peer_dead(r, p, "is not connected: dead");
-    net_server_reap(r->srv, r->now_ms, dead, 16, &n);
-    for (size_t k = 0; k < n; k++) {
-        int p = router_peer_find(r, &dead[k]);
-        if (p >= 0)
-            router_peer_dead(r, p, "is silent: dead");
-    }
+            engine_peer_dead(r, p, "is not connected: dead");
+
 }
 
-int router_all_stages_ready(const router_t *r)
+int engine_all_stages_ready(const swarm_engine_t *r)
 {
-    for (int s = 0; s < r->plan.stages; s++)
-        if (router_ready_count(r, s) == 0)
+    for (int s = 0; s < r->stages; s++)
+        if (engine_ready_count(r, s) == 0)
             return 0;
     // --min-nodes gates the start only: later the swarm trains on what it has
-    return r->started || r->rollbacks > 0 || router_ready_count(r, -1) >= r->min_nodes;
+    return r->started || r->rollbacks > 0 || engine_ready_count(r, -1) >= r->min_nodes;
 }
 
 // Rebalancing judges each peer by its speed over the whole span since the
@@ -316,12 +308,12 @@ int router_all_stages_ready(const router_t *r)
 // host that swings by a third from one second to the next, and a move
 // chosen on such a swing can leave the stage it takes from the new, worse
 // bottleneck.
-static void s_views_checked(router_t *r, swarm_peer_view_t *views)
+static void s_views_checked(swarm_engine_t *r, swarm_peer_view_t *views)
 {
     int64_t now = r->now_ms;
     for (int q = 0; q < r->npeers; q++) {
         peer_t *pe = &r->peers[q];
-        double busy = router_busy_s(pe, now) - pe->check_busy;
+        double busy = engine_busy_s(pe, now) - pe->check_busy;
         if (views[q].ready && busy >= 1.0)
             views[q].tok_s = (pe->work - pe->check_work) / busy;
         pe->check_busy += busy;
@@ -333,10 +325,10 @@ static void s_views_checked(router_t *r, swarm_peer_view_t *views)
 // strongest stage to the weakest when the bottleneck gains 10% and the
 // check before found the same move (measured speeds swing by a tenth from
 // one check to the next); it gets the new stage's state from a live
-// replica (router_joins) before the next step.
-void router_rebalance(router_t *r)
+// replica (engine_joins) before the next step.
+void engine_rebalance(swarm_engine_t *r)
 {
-    double now = router_secs(r);
+    double now = engine_secs(r);
     if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
         return;
     r->last_rebalance = now;
@@ -344,12 +336,12 @@ void router_rebalance(router_t *r)
         if (r->peers[q].state == P_READY && r->peers[q].samples < 1)
             return; // judge speeds once every ready peer has been measured
     swarm_peer_view_t *views = r->views; // s_move picks nothing
-    double cost[NODE_MAX_LAYERS];
-    router_views_as(r, views, 0);
+    double cost[SWARM_MAX_STAGES];
+    engine_views_as(r, views, 0);
     s_views_checked(r, views);
-    for (int s = 0; s < r->plan.stages; s++)
-        cost[s] = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
-    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->plan.stages, cost, now, 0.1,
+    for (int s = 0; s < r->stages; s++)
+        cost[s] = r->stage_cost[s];
+    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->stages, cost, now, 0.1,
                                             6.0 * r->rebalance_every, &to);
     int seen = p >= 0 && r->rebalance_id == r->peers[p].id && r->rebalance_to == to;
     r->rebalance_id = p >= 0 && !seen ? r->peers[p].id : 0;
@@ -357,7 +349,7 @@ void router_rebalance(router_t *r)
     if (!seen)
         return;
     peer_t *pe = &r->peers[p];
-    double before[NODE_MAX_LAYERS] = {0};
+    double before[SWARM_MAX_STAGES] = {0};
     for (int q = 0; q < r->npeers; q++)
         if (views[q].ready)
             before[views[q].stage] += views[q].tok_s;

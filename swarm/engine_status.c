@@ -1,8 +1,8 @@
-/* router_status.c - the STATUS reply: the run, its stages and its peers as
+/* engine_status.c - the STATUS reply: the run, its stages and its peers as
  * JSON (jansson), always valid, and within the meta a message may carry.
  * The document is docs/swarm.md "Status".
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // v rounded to `decimals` places as a JSON number (an integer for 0
 // places), or null when it is not finite: JSON has no inf or nan.
@@ -27,12 +27,12 @@ static json_t *s_json_text(const char *text)
         return s;
     char safe[256];
     snprintf(safe, sizeof safe, "%s", text);
-    router_sanitize(safe);
+    engine_sanitize(safe);
     return json_string(safe);
 }
 
 // Stage s's entry of "stages"; NULL out of memory.
-static json_t *s_status_stage(const router_t *r, int s)
+static json_t *s_status_stage(const swarm_engine_t *r, int s)
 {
     double tok = 0;
     int queue = 0;
@@ -42,10 +42,10 @@ static json_t *s_status_stage(const router_t *r, int s)
             queue += r->peers[p].queue;
         }
     }
-    double flops = node_plan_stage_cost(&r->hp.cfg, &r->plan, s);
+    double flops = r->stage_cost[s];
     return json_pack("{s:i, s:i, s:o, s:o, s:i, s:o}", "stage", s,
-                     "replicas", router_ready_count(r, s), "tok_s", s_json_num(tok, 1),
-                     "node_tok_s", s_json_num(router_stage_capacity(r, s), 1), "queue", queue,
+                     "replicas", engine_ready_count(r, s), "tok_s", s_json_num(tok, 1),
+                     "node_tok_s", s_json_num(engine_stage_capacity(r, s), 1), "queue", queue,
                      "flops_per_token", s_json_num(flops, 0));
 }
 
@@ -70,7 +70,7 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
 }
 
 // The whole document; NULL out of memory.
-static json_t *s_status_doc(const router_t *r)
+static json_t *s_status_doc(const swarm_engine_t *r)
 {
     long steps = r->step - r->first;
     double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
@@ -80,13 +80,13 @@ static json_t *s_status_doc(const router_t *r)
                             "step", (json_int_t) r->step, "iters", (json_int_t) r->hp.iters,
                             "loss", s_json_num(known ? r->last_loss : NAN, 4),
                             "loss_avg", s_json_num(known ? r->loss_avg : NAN, 4),
-                            "tok_s", s_json_num(tps, 1), "bound_tok_s", s_json_num(router_bound(r), 1),
+                            "tok_s", s_json_num(tps, 1), "bound_tok_s", s_json_num(engine_bound(r), 1),
                             "eta_s", s_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
                             "state", r->done ? "done" : r->started ? "training" : "waiting",
                             "stages", "peers", "peers_omitted", 0);
     json_t *stages = json_object_get(doc, "stages"), *peers = json_object_get(doc, "peers");
     int rc = doc ? 0 : -1;
-    for (int s = 0; rc == 0 && s < r->plan.stages; s++)
+    for (int s = 0; rc == 0 && s < r->stages; s++)
         rc = json_array_append_new(stages, s_status_stage(r, s));
     int64_t now = r->now_ms;
     for (int p = 0; rc == 0 && p < r->npeers; p++)
@@ -123,20 +123,20 @@ static char *s_status_text(json_t *doc, size_t *len)
     }
 }
 
-void router_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req)
+void engine_status_reply(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *req)
 {
     json_t *doc = s_status_doc(r);
     size_t len = 0;
     char *text = doc ? s_status_text(doc, &len) : NULL;
     net_msg_t *m = net_msg_reply(req, text ? NET_MSG_STATUS : NET_MSG_ERROR);
     int rc = text ? net_msg_set_meta(m, text)
-           : len > NET_META_MAX ? router_meta(m, "reason=the status (%zu bytes without its peers) "
+           : len > NET_META_MAX ? engine_meta(m, "reason=the status (%zu bytes without its peers) "
                                               "exceeds a message's %u bytes", len, NET_META_MAX)
-           : router_meta(m, "reason=out of memory building the status");
+           : engine_meta(m, "reason=out of memory building the status");
     if (rc != 0)
         net_msg_destroy(&m);
     else
-        s_ignore(router_emit(r, who, &m));
+        s_ignore(engine_emit(r, who, &m));
     free(text);
     json_decref(doc);
 }

@@ -1,8 +1,8 @@
-/* router_mb.c - micro-batches through the stages: the window in flight,
+/* engine_mb.c - micro-batches through the stages: the window in flight,
  * each FWD and BWD to the replica the policy picks, work a dead peer held
- * redone, results in. The step's gradients: router_step.c.
+ * redone, results in. The step's gradients: engine_step.c.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // A FWD/BWD reply's meta held= (s at the node) and busy= (s of compute):
 // the rest of its time dt was the network's round trip.
@@ -23,12 +23,12 @@ static void s_peer_timing(peer_t *pe, int bwd, const net_msg_t *m, double dt)
 }
 
 // What swarm_policy_window needs, from the ready peers' measurements.
-static void s_window_in(const router_t *r, swarm_window_in_t *in)
+static void s_window_in(const swarm_engine_t *r, swarm_window_in_t *in)
 {
-    int S = r->plan.stages, unknown_slots[NODE_MAX_LAYERS] = {0};
+    int S = r->stages, unknown_slots[SWARM_MAX_STAGES] = {0};
     *in = (swarm_window_in_t) { .stages = S, .micro_batches = r->G };
-    double work[NODE_MAX_LAYERS] = {0}, rate[NODE_MAX_LAYERS] = {0};
-    int measured[NODE_MAX_LAYERS] = {0};
+    double work[SWARM_MAX_STAGES] = {0}, rate[SWARM_MAX_STAGES] = {0};
+    int measured[SWARM_MAX_STAGES] = {0};
     for (int p = 0; p < r->npeers; p++) {
         const peer_t *pe = &r->peers[p];
         int s = pe->stage;
@@ -57,7 +57,7 @@ static void s_window_in(const router_t *r, swarm_window_in_t *in)
 
 // At the start of a step, with --window auto: the window for the swarm as
 // it is now; said when it changes by a quarter or more.
-void router_window_update(router_t *r)
+void engine_window_update(swarm_engine_t *r)
 {
     if (r->window_mode != WIN_FIXED) {
         swarm_window_in_t in;
@@ -65,10 +65,9 @@ void router_window_update(router_t *r)
         in.all = r->window_mode == WIN_ALL;
         r->window = swarm_policy_window(&in);
         if (!r->window_shown || 4 * abs(r->window - r->window_shown) >= r->window_shown) {
-            printf("swarm router: step %ld: window %d of %d micro-batches (round trip %.0f ms%s)\n",
-                   r->step, r->window, r->G, 1000.0 * in.rtt,
-                   in.work[0] > 0 ? "" : ", stages not measured yet");
-            fflush(stdout);
+            engine_say(r, "swarm router: step %ld: window %d of %d micro-batches (round trip %.0f ms%s)\n",
+                       r->step, r->window, r->G, 1000.0 * in.rtt,
+                       in.work[0] > 0 ? "" : ", stages not measured yet");
             r->window_shown = r->window;
         }
     }
@@ -76,31 +75,31 @@ void router_window_update(router_t *r)
     r->window_n++;
 }
 
-void router_mb_clear(router_t *r, mb_t *b)
+void engine_mb_clear(swarm_engine_t *r, mb_t *b)
 {
-    for (int s = 0; s <= r->plan.stages; s++) {
+    for (int s = 0; s <= r->stages; s++) {
         free(b->in[s]);
         b->in[s] = NULL;
     }
     free(b->targets);
-    for (int s = 0; s < r->plan.stages; s++) {
+    for (int s = 0; s < r->stages; s++) {
         free(b->dy[s]);
         b->dy[s] = NULL;
     }
-    for (int s = 0; b->spot && s < r->plan.stages; s++)
+    for (int s = 0; b->spot && s < r->stages; s++)
         for (int k = 0; k < 3; k++)
             free(b->spot[s].out[k]);
     free(b->spot);
     *b = (mb_t) { .stage = -1 };
-    for (int s = 0; s < r->plan.stages; s++)
+    for (int s = 0; s < r->stages; s++)
         b->grad_peer[s] = -1;
 }
 
 // The FWD message of micro-batch i at stage s.
-net_msg_t *router_fwd_msg(router_t *r, int i, int s)
+net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
-    int S = r->plan.stages, T = r->hp.cfg.T, micro = r->hp.micro;
+    int S = r->stages, T = r->hp.cfg.T, micro = r->hp.micro;
     net_msg_t *m = net_msg_new(NET_MSG_FWD);
     net_head_t *h = net_msg_head(m);
     h->step = (uint64_t) r->step;
@@ -109,7 +108,7 @@ net_msg_t *router_fwd_msg(router_t *r, int i, int s)
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
     char meta[256] = "";
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : router_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+                    : engine_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0 && s == S - 1) {
         rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
         if (r->evaluating)
@@ -119,14 +118,14 @@ net_msg_t *router_fwd_msg(router_t *r, int i, int s)
                      1.0f / (float) ((double) r->hp.batch * T));
     }
     if (rc == 0 && meta[0])
-        rc = router_meta(m, "%s", meta);
+        rc = engine_meta(m, "%s", meta);
     if (rc != 0)
         net_msg_destroy(&m);
     return m;
 }
 
 // The BWD message of micro-batch i at stage s (< S-1): its input and dy.
-static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
+static net_msg_t *s_bwd_msg(swarm_engine_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
     int T = r->hp.cfg.T, micro = r->hp.micro;
@@ -138,11 +137,11 @@ static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
     char meta[128] = "";
     int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : router_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+                    : engine_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0)
-        rc = router_acts_add(r, m, b->dy[s], b->dy_dtype[s], b->dy_pow2[s], meta, sizeof meta);
+        rc = engine_acts_add(r, m, b->dy[s], b->dy_dtype[s], b->dy_pow2[s], meta, sizeof meta);
     if (rc == 0 && meta[0])
-        rc = router_meta(m, "%s", meta);
+        rc = engine_meta(m, "%s", meta);
     if (rc != 0)
         net_msg_destroy(&m);
     return m;
@@ -152,10 +151,10 @@ static net_msg_t *s_bwd_msg(router_t *r, int i, int s)
 // micro-batch's training work: 1/3 a forward alone; a forward and the
 // backward it brings, or a backward recomputed away from its activations,
 // 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
-int router_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot)
+int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot)
 {
     swarm_peer_view_t *views = r->views;
-    router_views(r, views);
+    engine_views(r, views);
     for (int k = 0; k < nnot; k++)
         if (not[k] >= 0)
             views[not[k]].ready = 0;
@@ -163,13 +162,13 @@ int router_pick_but(router_t *r, int s, int prefer, double work, const int *not,
     return p < 0 ? -EAGAIN : p;
 }
 
-static int s_pick(router_t *r, int s, int prefer, double work)
+static int s_pick(swarm_engine_t *r, int s, int prefer, double work)
 {
-    return router_pick_but(r, s, prefer, work, NULL, 0);
+    return engine_pick_but(r, s, prefer, work, NULL, 0);
 }
 
 // Forwards of this step not yet sent to stage s.
-static int s_forwards_left(const router_t *r, int s)
+static int s_forwards_left(const swarm_engine_t *r, int s)
 {
     int n = 0;
     for (int i = 0; i < r->G; i++)
@@ -179,25 +178,25 @@ static int s_forwards_left(const router_t *r, int s)
 
 // The replica of stage s for a training forward, `left` forwards of the
 // step still to go there (swarm_policy_pick_fit). -EAGAIN when none can.
-static int s_pick_fit(router_t *r, int s, int left)
+static int s_pick_fit(swarm_engine_t *r, int s, int left)
 {
     swarm_peer_view_t *views = r->views;
-    router_views(r, views);
+    engine_views(r, views);
     int p = swarm_policy_pick_fit(views, r->npeers, s, r->hp.micro * r->hp.cfg.T, left);
     return p < 0 ? -EAGAIN : p;
 }
 
 // FWD of micro-batch i at stage s to the best ready peer.
-int router_fwd(router_t *r, int i, int s)
+int engine_fwd(swarm_engine_t *r, int i, int s)
 {
     // a training forward brings its backward (the last stage runs both)
     int p = r->evaluating ? s_pick(r, s, -1, 1.0 / 3.0) : s_pick_fit(r, s, s_forwards_left(r, s));
-    net_msg_t *m = p >= 0 ? router_fwd_msg(r, i, s) : NULL;
+    net_msg_t *m = p >= 0 ? engine_fwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
     r->mbs[i].stage = s;
     r->mbs[i].fwd_peer[s] = p;
-    return router_send(r, p, &m, R_FWD, i, s);
+    return engine_send(r, p, &m, R_FWD, i, s);
 }
 
 // BWD of micro-batch i at stage s (< S-1), to its forward's peer, which
@@ -205,7 +204,7 @@ int router_fwd(router_t *r, int i, int s)
 // step, a replica that would be through everything it holds sooner, even
 // recomputing the forward, takes it instead: a slow replica's backwards
 // do not hold up the end of the step.
-static int s_bwd(router_t *r, int i, int s)
+static int s_bwd(swarm_engine_t *r, int i, int s)
 {
     int holder = r->mbs[i].fwd_peer[s];
     int p = holder >= 0 && holder < r->npeers && r->peers[holder].state == P_READY
@@ -218,22 +217,22 @@ static int s_bwd(router_t *r, int i, int s)
         return p < 0 ? p : -ENOMEM;
     r->mbs[i].stage = s;
     r->mbs[i].backward = 1;
-    return router_send(r, p, &m, R_BWD, i, s);
+    return engine_send(r, p, &m, R_BWD, i, s);
 }
 
 // Re-run the gradient-accumulating work of micro-batch i at stage s (a
 // dead peer held it) on another replica; its outputs are not needed.
-static int s_redo(router_t *r, int i, int s)
+static int s_redo(swarm_engine_t *r, int i, int s)
 {
-    int last = s == r->plan.stages - 1;
+    int last = s == r->stages - 1;
     int p = s_pick(r, s, -1, 1.0);
-    net_msg_t *m = p < 0 ? NULL : last ? router_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
+    net_msg_t *m = p < 0 ? NULL : last ? engine_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
     if (!m)
         return p < 0 ? p : -ENOMEM;
     r->mbs[i].grad_peer[s] = -1;
-    int rc = router_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
+    int rc = engine_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
     if (rc == 0) {
-        router_req_find(r, r->last_id)->redo = 1;
+        engine_req_find(r, r->last_id)->redo = 1;
         r->redo_pending++;
     }
     return rc;
@@ -241,29 +240,29 @@ static int s_redo(router_t *r, int i, int s)
 
 // Send the next request of micro-batch i, or remember it for the next turn
 // when no peer of the stage can take it now (never lose a micro-batch).
-int router_next(router_t *r, int i, int kind, int s)
+int engine_next(swarm_engine_t *r, int i, int kind, int s)
 {
-    int rc = kind == R_FWD ? router_fwd(r, i, s) : s_bwd(r, i, s);
+    int rc = kind == R_FWD ? engine_fwd(r, i, s) : s_bwd(r, i, s);
     r->mbs[i].retry_kind = rc == 0 ? 0 : kind;
     r->mbs[i].retry_stage = s;
     return 0;
 }
 
 // Retry what could not be sent: chain requests and lost work to re-run.
-void router_retry(router_t *r)
+void engine_retry(swarm_engine_t *r)
 {
     // a stage that held a forward back (swarm_policy_pick_fit) holds the
     // others too until something changes: not asked again this turn
-    int held[NODE_MAX_LAYERS] = {0};
+    int held[SWARM_MAX_STAGES] = {0};
     for (int i = 0; i < r->G; i++) {
         mb_t *b = &r->mbs[i];
-        int at = b->retry_stage, fwd = b->retry_kind == R_FWD && at >= 0 && at < NODE_MAX_LAYERS;
+        int at = b->retry_stage, fwd = b->retry_kind == R_FWD && at >= 0 && at < SWARM_MAX_STAGES;
         if (b->retry_kind && !(fwd && held[at])) {
-            s_ignore(router_next(r, i, b->retry_kind, at));
+            s_ignore(engine_next(r, i, b->retry_kind, at));
             if (fwd && b->retry_kind)
                 held[at] = 1;
         }
-        for (int s = 0; s < r->plan.stages; s++) {
+        for (int s = 0; s < r->stages; s++) {
             if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
                 b->redo_wanted[s] = 0;
                 r->redo_pending--; // counted when it was wanted
@@ -273,7 +272,7 @@ void router_retry(router_t *r)
 }
 
 // Start micro-batch i of the current step.
-int router_mb_start(router_t *r, int i)
+int engine_mb_start(swarm_engine_t *r, int i)
 {
     mb_t *b = &r->mbs[i];
     int T = r->hp.cfg.T, micro = r->hp.micro;
@@ -283,16 +282,16 @@ int router_mb_start(router_t *r, int i)
         abort();
     swarm_data_train_batch(r->data, r->hp.seed, r->step, r->hp.batch, i * micro, micro, T,
                            b->in[0], b->targets);
-    int rc = router_fwd(r, i, 0);
+    int rc = engine_fwd(r, i, 0);
     if (rc != 0)
-        router_mb_clear(r, b);
+        engine_mb_clear(r, b);
     return rc;
 }
 
 // Keep tensor 0 of a FWD/BWD reply, activations or their gradient in any
 // float format, as its wire bytes in *dst (replacing what was there) with
 // its format and scale; the next stage decodes it. -EPROTO when it is not.
-static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_t *dtype,
+static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, void **dst, uint8_t *dtype,
                        int8_t *pow2)
 {
     const net_head_t *h = net_msg_head_const(m);
@@ -302,10 +301,10 @@ static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_
         || net_tensor_pow2(m, 0, &k) != 0)
         return -EPROTO;
     const void *p = net_msg_raw(m, 0, &bytes);
-    if (!p || bytes != net_codec_bytes(dt, router_acts_count(r)))
+    if (!p || bytes != net_codec_bytes(dt, engine_acts_count(r)))
         return -EPROTO;
     free(*dst);
-    *dst = router_dup_bytes(p, bytes);
+    *dst = engine_dup_bytes(p, bytes);
     *dtype = (uint8_t) dt;
     *pow2 = (int8_t) k;
     return 0;
@@ -316,14 +315,14 @@ static int s_acts_keep(const router_t *r, const net_msg_t *m, void **dst, uint8_
 // work, its backward two thirds; the last stage does both at once). It is
 // sampled every half second of busy time into an average, so a peer that
 // queues requests is not mistaken for a slow one.
-static void s_work_done(router_t *r, const req_t *q)
+static void s_work_done(swarm_engine_t *r, const req_t *q)
 {
     peer_t *pe = &r->peers[q->peer];
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    int last = q->stage == r->plan.stages - 1;
+    int last = q->stage == r->stages - 1;
     pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
               : last && !r->evaluating ? tokens : tokens / 3.0;
-    double busy = router_busy_s(pe, r->now_ms);
+    double busy = engine_busy_s(pe, r->now_ms);
     if (busy - pe->rate_busy < 0.2)
         return;
     double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
@@ -334,9 +333,9 @@ static void s_work_done(router_t *r, const req_t *q)
 }
 
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
-int router_on_result(router_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
-    int S = r->plan.stages, s = q->stage;
+    int S = r->stages, s = q->stage;
     s_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
                   (double) (r->now_ms - q->sent) / 1000.0);
@@ -353,8 +352,8 @@ int router_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     if (q->kind == R_FWD && s < S - 1) {
         if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
             return -EPROTO;
-        router_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
-        return router_next(r, q->mb, R_FWD, s + 1);
+        engine_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
+        return engine_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
         char loss[64];
@@ -363,14 +362,14 @@ int router_on_result(router_t *r, const req_t *q, const net_msg_t *m)
         b->loss = strtof(loss, NULL);
         if (!isfinite(b->loss))
             return -EPROTO;
-        router_spot_begin(r, q, b->loss);
+        engine_spot_begin(r, q, b->loss);
         if (S == 1 || r->evaluating) {
             b->stage = S;
             return 0;
         }
         if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
             return -EPROTO;
-        return router_next(r, q->mb, R_BWD, S - 2);
+        return engine_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
         b->stage = S; // through
@@ -378,5 +377,5 @@ int router_on_result(router_t *r, const req_t *q, const net_msg_t *m)
     }
     if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)
         return -EPROTO;
-    return router_next(r, q->mb, R_BWD, s - 1);
+    return engine_next(r, q->mb, R_BWD, s - 1);
 }

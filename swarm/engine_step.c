@@ -1,9 +1,9 @@
-/* router_step.c - the end of a step's work: STEP to each stage once its
+/* engine_step.c - the end of a step's work: STEP to each stage once its
  * work is sent, the replicas' gradients summed in peer order, the global
  * clip, UPDATE (or a stage's only replica applying its own), and the
  * replicas' checksums compared.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // Latency hiding across steps: the next step may start right behind this
 // step's UPDATEs, before the replicas confirm them (a node serves UPDATE
@@ -11,7 +11,7 @@
 // saves a round trip a step. The checksums are compared when the
 // confirmations are in (R_UPDATE requests with mb = 1). Not on the run's
 // last step: the run would end before them.
-static int s_update_pipelined(const router_t *r)
+static int s_update_pipelined(const swarm_engine_t *r)
 {
     long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
                                                                       : r->hp.iters;
@@ -20,43 +20,43 @@ static int s_update_pipelined(const router_t *r)
 
 // A STEP of this step to stage s with meta (or none); NULL if it cannot be
 // made.
-net_msg_t *router_step_msg(router_t *r, int s, const char *meta)
+net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta)
 {
     net_msg_t *m = net_msg_new(NET_MSG_STEP);
     net_msg_head(m)->step = (uint64_t) r->step;
     net_msg_head(m)->stage = (uint32_t) s;
-    if (meta && router_meta(m, "%s", meta) != 0)
+    if (meta && engine_meta(m, "%s", meta) != 0)
         net_msg_destroy(&m);
     return m;
 }
 
-void router_step_begin(router_t *r)
+void engine_step_begin(swarm_engine_t *r)
 {
     for (int i = 0; i < r->G; i++)
-        router_mb_clear(r, &r->mbs[i]);
+        engine_mb_clear(r, &r->mbs[i]);
     for (int p = 0; p < r->npeers; p++)
         r->peers[p].got_grad = r->peers[p].in_step = 0; // nobody's gradient of this step is in yet
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
     r->phase = PH_MB;
-    r->step_t0 = router_secs(r);
-    router_window_update(r);
+    r->step_t0 = engine_secs(r);
+    engine_window_update(r);
 }
 
 // Every micro-batch's loss is in: each is through or in its backward.
-static int s_losses_in(const router_t *r)
+static int s_losses_in(const swarm_engine_t *r)
 {
     for (int i = 0; i < r->G; i++)
-        if (r->mbs[i].stage != r->plan.stages && !r->mbs[i].backward)
+        if (r->mbs[i].stage != r->stages && !r->mbs[i].backward)
             return 0;
     return 1;
 }
 
 // Every micro-batch's gradient work at stage s has been sent this step:
 // its BWD (the last stage: its FWD, which runs the backward too).
-static int s_stage_sent(const router_t *r, int s)
+static int s_stage_sent(const swarm_engine_t *r, int s)
 {
-    int S = r->plan.stages;
+    int S = r->stages;
     for (int i = 0; i < r->G; i++) {
         const mb_t *b = &r->mbs[i];
         if (b->stage == S)
@@ -72,18 +72,18 @@ static int s_stage_sent(const router_t *r, int s)
 
 // STEP to every ready replica of stage s: send your gradient (a stage's
 // only replica keeps it and sends its norm).
-static void s_step_ask(router_t *r, int s)
+static void s_step_ask(swarm_engine_t *r, int s)
 {
     r->stepped[s] = 1;
-    int only = router_ready_count(r, s) == 1;
+    int only = engine_ready_count(r, s) == 1;
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY || r->peers[p].stage != s)
             continue;
         r->peers[p].in_step = 0;
         r->peers[p].got_grad = 0;
         r->peers[p].norm_only = only;
-        net_msg_t *m = router_step_msg(r, s, only ? "norm_only=1\n" : NULL);
-        if (m && router_send(r, p, &m, R_STEP, -1, s) == 0) {
+        net_msg_t *m = engine_step_msg(r, s, only ? "norm_only=1\n" : NULL);
+        if (m && engine_send(r, p, &m, R_STEP, -1, s) == 0) {
             r->peers[p].in_step = 1;
             r->pending++;
         }
@@ -92,12 +92,12 @@ static void s_step_ask(router_t *r, int s)
 
 // Every STEP of this step is void (a dead peer's work is being redone, and
 // the survivors' sums must include it): they are asked again.
-void router_step_unask(router_t *r)
+void engine_step_unask(swarm_engine_t *r)
 {
     for (int k = 0; k < r->req_slots; k++) {
-        req_t *q = router_req_at(r, k);
+        req_t *q = engine_req_at(r, k);
         if (q->id && q->kind == R_STEP && q->mb != MB_APPLY)
-            router_req_done(r, q); // their answers are stale now (not the last step's)
+            engine_req_done(r, q); // their answers are stale now (not the last step's)
     }
     for (int q = 0; q < r->npeers; q++)
         if (r->peers[q].state != P_DEAD)
@@ -109,7 +109,7 @@ void router_step_unask(router_t *r)
 }
 
 // A GRAD (checked, and decoded into peer_grad by s_check_reply).
-int router_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_grad(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
     char text[64];
     if (r->peers[q->peer].norm_only && net_msg_meta_get(m, "sumsq", text, sizeof text) == 0)
@@ -122,10 +122,10 @@ int router_on_grad(router_t *r, const req_t *q, const net_msg_t *m)
 // Sum each stage's gradients over its replicas whose GRAD is in, in peer
 // order, into grad_sum; the sum of squares of everything that came in (the
 // stages' sums and the norms of stages with one replica).
-static double s_grad_reduce(router_t *r)
+static double s_grad_reduce(swarm_engine_t *r)
 {
     double sumsq = 0.0;
-    int summed[NODE_MAX_LAYERS] = {0};
+    int summed[SWARM_MAX_STAGES] = {0};
     for (int p = 0; p < r->npeers; p++) {
         if (!r->peers[p].got_grad)
             continue;
@@ -141,7 +141,7 @@ static double s_grad_reduce(router_t *r)
             dst[j] += r->peers[p].grad[j];
     }
     // the stages whose gradients came here
-    for (int s = 0; s < r->plan.stages; s++)
+    for (int s = 0; s < r->stages; s++)
         for (size_t j = 0; summed[s] && j < r->stage_n[s]; j++)
             sumsq += (double) r->grad_sum[r->stage_off[s] + j] * r->grad_sum[r->stage_off[s] + j];
     return sumsq;
@@ -151,7 +151,7 @@ static double s_grad_reduce(router_t *r)
 // stage has one replica, which kept its own) and the optimizer's scalars.
 // A pipelined UPDATE (the next step does not wait for it) is counted in
 // update_pending, any other in pending. 0 or -errno.
-static int s_update_to(router_t *r, int p, long step, double lr, float scale, int norm_only,
+static int s_update_to(swarm_engine_t *r, int p, long step, double lr, float scale, int norm_only,
                        int pipelined)
 {
     int s = r->peers[p].stage;
@@ -162,12 +162,12 @@ static int s_update_to(router_t *r, int p, long step, double lr, float scale, in
     int pow2 = 0, rc = 0;
     if ((!norm_only && (rc = net_tensor_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s],
                                            &pow2)) != 0)
-        || (rc = router_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
+        || (rc = engine_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
                              r->hp.weight_decay, step + 1, pow2)) != 0) {
         net_msg_destroy(&m);
         return rc;
     }
-    if ((rc = router_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s)) == 0) {
+    if ((rc = engine_send(r, p, &m, R_UPDATE, pipelined ? 1 : -1, s)) == 0) {
         if (pipelined)
             r->update_pending++;
         else
@@ -186,9 +186,9 @@ static int s_update_kind(const peer_t *pe, int self)
 // UPDATE of `step` to each ready peer with an s_update_kind, stage by
 // stage: the next step's first forward reaches stage 0 first, then stage
 // 1, and waits at each replica behind its UPDATE.
-static void s_update_all(router_t *r, int self, long step, double lr, float scale, int pipelined)
+static void s_update_all(swarm_engine_t *r, int self, long step, double lr, float scale, int pipelined)
 {
-    for (int s = 0; s < r->plan.stages; s++) {
+    for (int s = 0; s < r->stages; s++) {
         for (int p = 0; p < r->npeers; p++) {
             int to = s_update_kind(&r->peers[p], self);
             if (to && r->peers[p].stage == s && r->peers[p].state == P_READY)
@@ -207,9 +207,9 @@ static int s_voter(const peer_t *pe, int s)
     return pe->updated && pe->state == P_READY && pe->stage == s; // the dead do not vote
 }
 
-void router_consensus(router_t *r, long step)
+void engine_consensus(swarm_engine_t *r, long step)
 {
-    for (int s = 0; s < r->plan.stages; s++) {
+    for (int s = 0; s < r->stages; s++) {
         int best = -1, best_votes = 0;
         for (int p = 0; p < r->npeers; p++) {
             if (!s_voter(&r->peers[p], s))
@@ -230,7 +230,7 @@ void router_consensus(router_t *r, long step)
             r->checksum_mismatches++;
             pe->updated = 0;
             if (++pe->divergences >= 2) {
-                router_peer_expel(r, p, "diverged from its replicas a second time");
+                engine_peer_expel(r, p, "diverged from its replicas a second time");
                 continue;
             }
             r->resyncs++;
@@ -240,19 +240,19 @@ void router_consensus(router_t *r, long step)
                      r->peers[best].checksum);
             // the next step may have begun (pipelined updates): what it did
             // there is redone by the others, as for a peer that died
-            router_peer_dead(r, p, why);
-            pe->state = P_JOINING; // router_joins asks a replica that agrees
+            engine_peer_dead(r, p, why);
+            pe->state = P_JOINING; // engine_joins asks a replica that agrees
         }
     }
 }
 
 // All gradients are in: sum each stage's over its replicas in peer order,
 // clip by the global norm, and send every replica its stage's sum.
-void router_step_update(router_t *r)
+void engine_step_update(swarm_engine_t *r)
 {
     double sumsq = s_grad_reduce(r);
-    double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
-    float scale = node_clip_scale(sqrt(sumsq), (float) r->hp.grad_clip);
+    double lr = r->io.lr_at(r->io.ctx, r->step);
+    float scale = r->io.clip_scale(r->io.ctx, sqrt(sumsq));
     r->pending = 0;
     int pipelined = s_update_pipelined(r);
     for (int p = 0; p < r->npeers; p++)
@@ -261,7 +261,7 @@ void router_step_update(router_t *r)
     r->phase = PH_UPDATE;
     if (pipelined) {
         r->update_step = r->step;
-        router_step_end(r); // the next step starts now, behind the UPDATEs
+        engine_step_end(r); // the next step starts now, behind the UPDATEs
     }
 }
 
@@ -269,7 +269,7 @@ void router_step_update(router_t *r)
 // other stage's gradients are in: that replica is sent the others' sum of
 // squares with its STEP and applies the update itself (STEP apply=1), and
 // the next step starts at once, behind it. The other stages get their
-// UPDATE when its norm comes back (router_on_applied), before any work of the
+// UPDATE when its norm comes back (engine_on_applied), before any work of the
 // next step reaches them: that work starts at this replica, and reaches
 // stage 1 only in reply to a FWD queued behind the STEP. Any other stage
 // finishing last (its work redone after a replica died) takes the
@@ -279,11 +279,11 @@ void router_step_update(router_t *r)
 // 1 when stage s (all its work sent, every forward through) should finish
 // the step so, -1 when it should wait for the others' sums still coming,
 // 0 when it takes the ordinary STEP.
-static int s_apply_here(const router_t *r, int s)
+static int s_apply_here(const swarm_engine_t *r, int s)
 {
-    if (s != 0 || router_ready_count(r, s) != 1 || !s_update_pipelined(r))
+    if (s != 0 || engine_ready_count(r, s) != 1 || !s_update_pipelined(r))
         return 0;
-    for (int k = 0; k < r->plan.stages; k++)
+    for (int k = 0; k < r->stages; k++)
         if (k != s && !r->stepped[k])
             return 0;
     // nothing is due between this step and the next: a checkpoint or an
@@ -292,7 +292,7 @@ static int s_apply_here(const router_t *r, int s)
     long next = r->step + 1;
     if ((r->o.save && r->o.save_every > 0 && next % r->o.save_every == 0)
         || (r->o.eval_every > 0 && (next % r->o.eval_every == 0 || next == r->hp.iters))
-        || (r->rebalance_every > 0 && router_secs(r) - r->last_rebalance >= r->rebalance_every))
+        || (r->rebalance_every > 0 && engine_secs(r) - r->last_rebalance >= r->rebalance_every))
         return 0;
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_JOINING)
@@ -300,23 +300,22 @@ static int s_apply_here(const router_t *r, int s)
     return r->pending == 0 ? 1 : -1;
 }
 
-static void s_step_apply_ask(router_t *r, int s)
+static void s_step_apply_ask(swarm_engine_t *r, int s)
 {
     int p = 0;
     while (r->peers[p].state != P_READY || r->peers[p].stage != s)
         p++; // s_apply_here: there is one
     double others = s_grad_reduce(r); // stage s's is not in: the others'
-    double lr = node_lr_at(r->step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+    double lr = r->io.lr_at(r->io.ctx, r->step);
     char meta[256];
     snprintf(meta, sizeof meta, "norm_only=1\napply=1\nothers=%a\nclip=%a\nlr=%a\nwd=%a\nt=%ld\n",
              others, r->hp.grad_clip, lr, r->hp.weight_decay, r->step + 1);
-    net_msg_t *m = router_step_msg(r, s, meta);
-    if (!m || router_send(r, p, &m, R_STEP, MB_APPLY, s) != 0)
+    net_msg_t *m = engine_step_msg(r, s, meta);
+    if (!m || engine_send(r, p, &m, R_STEP, MB_APPLY, s) != 0)
         return; // it is gone: the stage is empty, and the swarm rolls back
     if (!r->self_told) {
-        printf("swarm router: step %ld: stage %d's only replica applies its own update at the end "
-               "of each step it finishes last (one round trip less)\n", r->step, s);
-        fflush(stdout);
+        engine_say(r, "swarm router: step %ld: stage %d's only replica applies its own update at the end "
+                   "of each step it finishes last (one round trip less)\n", r->step, s);
         r->self_told = 1;
     }
     for (int q = 0; q < r->npeers; q++) {
@@ -328,7 +327,7 @@ static void s_step_apply_ask(router_t *r, int s)
     // step: their replies are only counted (its stage has no other replica
     // to redo them on; if it dies, the swarm rolls back)
     for (int i = 0; i < r->req_slots; i++) {
-        req_t *q = router_req_at(r, i);
+        req_t *q = engine_req_at(r, i);
         if (q->id && (q->kind == R_FWD || q->kind == R_BWD))
             q->mb = -1;
     }
@@ -339,15 +338,15 @@ static void s_step_apply_ask(router_t *r, int s)
     r->self_others = others;
     r->self_lr = lr;
     r->pending = 0;
-    router_step_end(r); // the next step's work queues behind this STEP
+    engine_step_end(r); // the next step's work queues behind this STEP
 }
 
 // Keep `window` micro-batches in flight; ask each stage for its gradients
 // once its work is all sent; when all are through, sum them (PH_GRAD).
-void router_step_micro(router_t *r)
+void engine_step_micro(swarm_engine_t *r)
 {
-    router_retry(r);
-    int flying = 0, done = 0, S = r->plan.stages;
+    engine_retry(r);
+    int flying = 0, done = 0, S = r->stages;
     for (int i = 0; i < r->G; i++) {
         if (r->mbs[i].stage == S)
             done++;
@@ -356,7 +355,7 @@ void router_step_micro(router_t *r)
     }
     for (int i = 0; i < r->G && flying < r->window; i++) {
         if (r->mbs[i].stage == -1 && !r->mbs[i].in[0]) {
-            if (router_mb_start(r, i) != 0)
+            if (engine_mb_start(r, i) != 0)
                 return; // no ready peer right now; try again on the next turn
             flying++;
         }
@@ -369,7 +368,7 @@ void router_step_micro(router_t *r)
     for (int s = 0; s < S; s++) {
         if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s)) {
             int here = s_losses_in(r) ? s_apply_here(r, s) : 0;
-            if (here > 0 && router_spots_open(r) > 0)
+            if (here > 0 && engine_spots_open(r) > 0)
                 continue; // that STEP applies the update: after the checks
             if (here > 0) {
                 s_step_apply_ask(r, s);
@@ -387,7 +386,7 @@ void router_step_micro(router_t *r)
 
 // The reply to STEP apply=1: that replica has updated; the others get
 // their UPDATE with the clip factor formed from the same two numbers.
-int router_on_applied(router_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_applied(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
     char text[64];
     peer_t *pe = &r->peers[q->peer];
@@ -395,18 +394,18 @@ int router_on_applied(router_t *r, const req_t *q, const net_msg_t *m)
     double sumsq = strtod(text, NULL);
     s_ignore(net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum));
     pe->updated = pe->state == P_READY;
-    float scale = node_clip_scale(sqrt(r->self_others + sumsq), (float) r->hp.grad_clip);
+    float scale = r->io.clip_scale(r->io.ctx, sqrt(r->self_others + sumsq));
     r->self_peer = -1;
     r->update_step = r->self_step;
     s_update_all(r, 1, r->self_step, r->self_lr, scale, 1);
     for (int p = 0; p < r->npeers; p++)
         r->peers[p].self_to = 0;
     if (r->update_pending == 0)
-        router_consensus(r, r->update_step);
+        engine_consensus(r, r->update_step);
     return 0;
 }
 
-int router_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_updated(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
     peer_t *pe = &r->peers[q->peer];
     if (net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum) != 0
@@ -416,7 +415,7 @@ int router_on_updated(router_t *r, const req_t *q, const net_msg_t *m)
     if (q->mb != 1) {
         r->pending--;
     } else if (--r->update_pending == 0) {
-        router_consensus(r, r->update_step);
+        engine_consensus(r, r->update_step);
     }
     return 0;
 }

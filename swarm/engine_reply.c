@@ -1,11 +1,11 @@
-/* router_reply.c - what peers send: every reply checked before it is used
+/* engine_reply.c - what peers send: every reply checked before it is used
  * (shapes, finiteness, bounds, checksums), replies to requests, floods,
  * a second connection with a key in use, and the dispatch of a message.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // A STATE reply: for a checkpoint (q->mb < 0) or to forward to a joiner.
-static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
+static int s_on_state(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
 {
     int s = q->stage;
     size_t n = r->stage_n[s], off = r->stage_off[s];
@@ -20,23 +20,23 @@ static int s_on_state(router_t *r, const req_t *q, const net_msg_t *m)
         if (!fwd)
             return -ENOMEM;
         net_msg_head(fwd)->flags = 0;
-        return router_send(r, q->mb, &fwd, R_STATE, -1, s);
+        return engine_send(r, q->mb, &fwd, R_STATE, -1, s);
     }
-    size_t np = node_config_params(&r->hp.cfg);
+    size_t np = r->nparams;
     for (int i = 0; i < 3; i++) {
         if (net_msg_tensor(m, i, r->ck_state + i * np + off, n) != 0) {
-            router_ckpt_part(r, 0);
+            engine_ckpt_part(r, 0);
             return -EPROTO;
         }
     }
-    router_ckpt_part(r, 1);
+    engine_ckpt_part(r, 1);
     return 0;
 }
 
 // Tensor i of m: n finite values whose RMS is within --tensor-bound times
 // the running RMS of what stage s sent that way (dir 0 forward, 1 backward);
 // the running RMS learns from accepted tensors. 0, or -EPROTO and why.
-static int s_check_values(router_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
+static int s_check_values(swarm_engine_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
     int rc = net_tensor_get(m, i, r->scratch, n);
@@ -87,11 +87,11 @@ static int s_has_checksum(const net_msg_t *m)
            && strspn(text, "0123456789abcdef") == 64;
 }
 
-static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
+static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
 {
     const net_head_t *h = net_msg_head_const(m);
-    int S = r->plan.stages, s = q->stage;
-    size_t x_n = router_acts_count(r);
+    int S = r->stages, s = q->stage;
+    size_t x_n = engine_acts_count(r);
     char text[128];
     static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
                                 [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
@@ -101,7 +101,7 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
     if (h->type == NET_MSG_ERROR) {
         if (net_msg_meta_get(m, "reason", text, sizeof text) != 0)
             snprintf(text, sizeof text, "no reason given");
-        router_sanitize(text);
+        engine_sanitize(text);
         snprintf(why, wn, "refused a request (%s)", text);
         return -EPROTO;
     }
@@ -174,36 +174,36 @@ static int s_check_reply(router_t *r, const req_t *q, const net_msg_t *m, char *
 
 // A reply: checked first; a peer that answers wrongly fails (banned, and
 // the request's work goes to another replica with the rest of its work).
-static void s_on_reply(router_t *r, int p, const net_msg_t *m)
+static void s_on_reply(swarm_engine_t *r, int p, const net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
-    req_t *q = router_req_find(r, h->id);
+    req_t *q = engine_req_find(r, h->id);
     if (!q || q->peer != p)
         return; // stale or not ours: dropped
     char why[160];
     if (s_check_reply(r, q, m, why, sizeof why) != 0) {
-        router_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
+        engine_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
         return;
     }
     req_t copy = *q;
-    router_req_done(r, q);
+    engine_req_done(r, q);
     int rc = 0;
     switch (copy.kind) {
     case R_FWD:
     case R_BWD:
-        rc = router_on_result(r, &copy, m);
+        rc = engine_on_result(r, &copy, m);
         break;
     case R_STEP:
-        rc = copy.mb == MB_APPLY ? router_on_applied(r, &copy, m) : router_on_grad(r, &copy, m);
+        rc = copy.mb == MB_APPLY ? engine_on_applied(r, &copy, m) : engine_on_grad(r, &copy, m);
         break;
     case R_UPDATE:
-        rc = router_on_updated(r, &copy, m);
+        rc = engine_on_updated(r, &copy, m);
         break;
     case R_STATE_GET:
         rc = s_on_state(r, &copy, m);
         break;
     case R_VERIFY:
-        router_spot_result(r, &copy, m);
+        engine_spot_result(r, &copy, m);
         break;
     case R_DISCARD:
         r->pending--;
@@ -219,14 +219,13 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
         r->peers[p].state = P_READY;
         r->peers[p].moving = 0;
         s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
-        printf("swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
-               r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
-        fflush(stdout);
+        engine_say(r, "swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
+                   r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
         break;
     }
     if (rc != 0)
-        fprintf(stderr, "swarm router: peer %d (%s): %s reply not used: %s\n", r->peers[p].id,
-                r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
+        engine_warn(r, "swarm router: peer %d (%s): %s reply not used: %s\n", r->peers[p].id,
+                    r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
 }
 
 // A node sends a HEARTBEAT a second and a HELLO every two while it waits:
@@ -234,7 +233,7 @@ static void s_on_reply(router_t *r, int p, const net_msg_t *m)
 // floods the router, and fails.
 #define ROUTER_BURST 100
 
-static int s_flooding(router_t *r, int p, const net_head_t *h)
+static int s_flooding(swarm_engine_t *r, int p, const net_head_t *h)
 {
     peer_t *pe = &r->peers[p];
     int64_t now = r->now_ms;
@@ -247,19 +246,19 @@ static int s_flooding(router_t *r, int p, const net_head_t *h)
     if (++pe->burst <= ROUTER_BURST)
         return 0;
     if (pe->state != P_DEAD)
-        router_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
+        engine_peer_fail(r, p, "flooded the router (more than %d messages in a second)", ROUTER_BURST);
     return 1; // over the limit: dropped unread
 }
 
 // The speed a node reports is used only for the bound in swarm status; one
 // that claims ten times what the router measures is not believed there.
-static void s_doubt_claim(router_t *r, int p)
+static void s_doubt_claim(swarm_engine_t *r, int p)
 {
     peer_t *pe = &r->peers[p];
     int doubt = pe->samples > 0 && pe->node_tok_s > 10.0 * pe->tok_s;
     if (doubt && !pe->claim_doubted)
-        fprintf(stderr, "swarm router: peer %d (%s) says it sustains %.0f tok/s; the router "
-                "measures %.0f and uses that\n", pe->id, pe->name, pe->node_tok_s, pe->tok_s);
+        engine_warn(r, "swarm router: peer %d (%s) says it sustains %.0f tok/s; the router "
+                    "measures %.0f and uses that\n", pe->id, pe->name, pe->node_tok_s, pe->tok_s);
     pe->claim_doubted = doubt;
 }
 
@@ -273,7 +272,7 @@ static void s_doubt_claim(router_t *r, int p)
 // comes back. Nothing else the rival sends is the peer's: it is dropped.
 #define RIVAL_MS 3000
 
-static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_t *m)
+static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const net_msg_t *m)
 {
     peer_t *pe = &r->peers[p];
     int64_t now = r->now_ms;
@@ -287,39 +286,38 @@ static void s_on_rival(router_t *r, int p, const net_peer_t *who, const net_msg_
     }
     if (pe->last_seen > pe->rival_since) {
         net_msg_t *e = net_msg_reply(m, NET_MSG_ERROR);
-        router_meta(e, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
+        engine_meta(e, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
                     "each node needs a key of its own: start this one without --key (swarm picks a "
                "free one) or with --key NAME of another pair (swarm keygen NAME)\nfatal=1",
                who->key, pe->id, pe->name);
-        s_ignore(router_emit(r, who, &e));
+        s_ignore(engine_emit(r, who, &e));
         if (pe->rival_told)
             return;
         pe->rival_told = 1;
-        fprintf(stderr, "swarm router: refused a second node with the key %.8s... of peer %d (%s), "
-                "which is connected (a copy of its key?)\n", who->key, pe->id, pe->name);
+        engine_warn(r, "swarm router: refused a second node with the key %.8s... of peer %d (%s), "
+                    "which is connected (a copy of its key?)\n", who->key, pe->id, pe->name);
         net_msg_t *t = net_msg_new(NET_MSG_ERROR);
-        router_meta(t, "reason=another node with this node's key tried to join and was refused; this "
+        engine_meta(t, "reason=another node with this node's key tried to join and was refused; this "
                     "node goes on (a copy of this key elsewhere needs a key of its own)\nnotice=1");
-        s_ignore(router_emit(r, &pe->who, &t));
+        s_ignore(engine_emit(r, &pe->who, &t));
         return;
     }
     if (now - pe->rival_since < RIVAL_MS)
         return;
-    printf("swarm router: peer %d (%s): a new process with its key says HELLO and the old one "
-           "has been silent %.1f s: it takes the peer's place\n", pe->id, pe->name,
-           (now - pe->last_seen) / 1000.0);
-    fflush(stdout);
+    engine_say(r, "swarm router: peer %d (%s): a new process with its key says HELLO and the old one "
+               "has been silent %.1f s: it takes the peer's place\n", pe->id, pe->name,
+               (now - pe->last_seen) / 1000.0);
     if (pe->state != P_DEAD)
-        router_peer_dead(r, p, "was replaced by a new process with its key");
+        engine_peer_dead(r, p, "was replaced by a new process with its key");
     pe->who = *who;
     memset(&pe->rival, 0, sizeof pe->rival);
-    router_on_hello(r, who, m);
+    engine_on_hello(r, who, m);
 }
 
-void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
+void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
-    int p = router_peer_find(r, who);
+    int p = engine_peer_find(r, who);
     char note[64];
     if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
         // a dead peer's key on a new connection speaks for it, unless the
@@ -335,13 +333,13 @@ void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
     if (p >= 0 && s_flooding(r, p, h))
         return;
     if (h->type == NET_MSG_HELLO) {
-        router_on_hello(r, who, m);
+        engine_on_hello(r, who, m);
     } else if (h->type == NET_MSG_STATUS) {
-        router_status_reply(r, who, m);
+        engine_status_reply(r, who, m);
     } else if (p < 0) {
-        if (router_loud(r, who->key, note, sizeof note))
-            fprintf(stderr, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
-                    net_msg_type_name(h->type), who->key, note);
+        if (engine_loud(r, who->key, note, sizeof note))
+            engine_warn(r, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
+                        net_msg_type_name(h->type), who->key, note);
     } else if (h->type == NET_MSG_HEARTBEAT) {
         char q[32];
         if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
@@ -352,11 +350,11 @@ void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m)
             s_doubt_claim(r, p);
         }
         if (r->peers[p].state == P_DEAD)
-            router_on_dead_peer(r, p, m);
+            engine_on_dead_peer(r, p, m);
         if (net_msg_meta_get(m, "slots", q, sizeof q) == 0)
             r->peers[p].slots = atoi(q) >= 0 && atoi(q) <= r->G ? atoi(q) : r->G;
     } else if (h->type == NET_MSG_BYE) {
-        router_peer_dead(r, p, "left (BYE)");
+        engine_peer_dead(r, p, "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
         s_on_reply(r, p, m);
     }

@@ -1,51 +1,78 @@
-/* router_reqs.c - the router's requests: the table of those in flight (a
+/* engine_reqs.c - the router's requests: the table of those in flight (a
  * request is found by the slot in its id), sending one, its trace line,
  * and what its tensors carry on the wire. Time and every send come from
- * here (s_loop sets the time; router_emit is the one way out).
+ * here (s_loop sets the time; engine_emit is the one way out).
  */
-#include "router_int.h"
+#include "engine_int.h"
 
 // 1 when a line about peer `key` may be logged now (swarm_loglimit_pass).
-int router_loud(router_t *r, const char *key, char *note, size_t cap)
+int engine_loud(swarm_engine_t *r, const char *key, char *note, size_t cap)
 {
     return swarm_loglimit_pass(&r->loglimit, key, r->now_ms, note, cap);
 }
 
 // Now, in seconds: the router reads no clock but s_loop's (time is an
 // argument of what it does, as it will be in the simulator).
-double router_secs(const router_t *r)
+double engine_secs(const swarm_engine_t *r)
 {
     return (double) r->now_ms / 1000.0;
 }
 
 // Every message the router sends leaves here: to the connection `to`
 // (takes *m). 0 or -errno.
-int router_emit(router_t *r, const net_peer_t *to, net_msg_t **m)
+int engine_emit(swarm_engine_t *r, const net_peer_t *to, net_msg_t **m)
 {
-    return net_server_send(r->srv, to, m);
+    return r->io.send(r->io.ctx, to, m);
+}
+
+// A line of the log, through the caller: stdout (say) or stderr (warn).
+static void s_log(const swarm_engine_t *r, int to_stderr, const char *fmt, va_list ap)
+{
+    char line[1024];
+    vsnprintf(line, sizeof line, fmt, ap);
+    r->io.log(r->io.ctx, to_stderr, line);
+}
+
+void engine_say(const swarm_engine_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_log(r, 0, fmt, ap);
+    va_end(ap);
+}
+
+void engine_warn(const swarm_engine_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_log(r, 1, fmt, ap);
+    va_end(ap);
 }
 
 // --trace: "MS EVENT STEP KIND MB STAGE PEER", EVENT send (a request went
 // out), done (answered, or given up: its peer died, the step restarted) or
 // step (STEP ended; the rest are "-"); MS is the monotonic clock in ms.
 // What scripts/trace-steps.sh reads.
-void router_trace(const router_t *r, const char *event, int kind, int mb, int stage, int peer)
+void engine_trace(const swarm_engine_t *r, const char *event, int kind, int mb, int stage, int peer)
 {
     static const char *const names[] = { "?", "FWD", "BWD", "STEP", "UPDATE", "STATE_GET",
                                          "STATE", "ASSIGN", "VERIFY", "DISCARD" };
-    if (!r->trace)
+    char line[160];
+    if (!r->io.trace)
         return;
     if (peer < 0)
-        fprintf(r->trace, "%lld %s %ld - - - -\n", (long long) r->now_ms, event, r->step);
+        snprintf(line, sizeof line, "%lld %s %ld - - - -\n", (long long) r->now_ms, event, r->step);
     else
-        fprintf(r->trace, "%lld %s %ld %s %d %d %d\n", (long long) r->now_ms, event, r->step,
-                kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage, r->peers[peer].id);
+        snprintf(line, sizeof line, "%lld %s %ld %s %d %d %d\n", (long long) r->now_ms, event,
+                 r->step, kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage,
+                 r->peers[peer].id);
+    r->io.trace(r->io.ctx, line);
 }
 
 // Slot k of the request table (k < req_slots). Loops over the requests
 // in flight run over the slots up to the high-water mark: the most
 // requests ever in flight at once, not a fixed table.
-req_t *router_req_at(const router_t *r, int k)
+req_t *engine_req_at(const swarm_engine_t *r, int k)
 {
     return &r->req_blocks[k / REQ_BLOCK][k % REQ_BLOCK];
 }
@@ -53,24 +80,24 @@ req_t *router_req_at(const router_t *r, int k)
 // Training work of a request of `kind` at `stage`, in thirds of a
 // micro-batch's forward and backward: a forward 1, a backward 2, the last
 // stage's fused pair 3 (an evaluation's forward 1), control 0.
-static int s_req_thirds(const router_t *r, int kind, int stage)
+static int s_req_thirds(const swarm_engine_t *r, int kind, int stage)
 {
     if (kind == R_BWD)
         return 2;
     if (kind == R_VERIFY)
         return 1;
     if (kind == R_FWD)
-        return stage == r->plan.stages - 1 && !r->evaluating ? 3 : 1;
+        return stage == r->stages - 1 && !r->evaluating ? 3 : 1;
     return 0;
 }
 
 // A free slot for a new request (a freed one, else the next, in a new block
 // when the last is full); NULL when out of memory or slots.
-static req_t *s_req_slot(router_t *r, int *slot)
+static req_t *s_req_slot(swarm_engine_t *r, int *slot)
 {
     if (r->req_nfree > 0) {
         *slot = r->req_free[--r->req_nfree];
-        return router_req_at(r, *slot);
+        return engine_req_at(r, *slot);
     }
     if (r->req_slots == 1 << REQ_SLOT_BITS)
         return NULL;
@@ -88,10 +115,10 @@ static req_t *s_req_slot(router_t *r, int *slot)
             return NULL;
     }
     *slot = r->req_slots++;
-    return router_req_at(r, *slot);
+    return engine_req_at(r, *slot);
 }
 
-static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
+static req_t *s_req_new(swarm_engine_t *r, int kind, int peer, int mb, int stage)
 {
     int slot;
     req_t *q = s_req_slot(r, &slot);
@@ -99,7 +126,7 @@ static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
         return NULL;
     uint64_t id = r->last_id = (++r->next_id << REQ_SLOT_BITS) | (uint64_t) slot;
     *q = (req_t) { id, kind, peer, mb, stage, r->now_ms, 0, s_req_thirds(r, kind, stage) };
-    router_trace(r, "send", kind, mb, stage, peer);
+    engine_trace(r, "send", kind, mb, stage, peer);
     peer_t *pe = &r->peers[peer];
     pe->inflight++;
     pe->held_thirds += q->thirds;
@@ -112,19 +139,19 @@ static req_t *s_req_new(router_t *r, int kind, int peer, int mb, int stage)
 }
 
 // The request a reply names, by the slot in its id: O(1).
-req_t *router_req_find(router_t *r, uint64_t id)
+req_t *engine_req_find(swarm_engine_t *r, uint64_t id)
 {
     uint64_t slot = id & ((1u << REQ_SLOT_BITS) - 1);
     if (id == 0 || slot >= (uint64_t) r->req_slots)
         return NULL;
-    req_t *q = router_req_at(r, (int) slot);
+    req_t *q = engine_req_at(r, (int) slot);
     return q->id == id ? q : NULL;
 }
 
-void router_req_done(router_t *r, req_t *q)
+void engine_req_done(swarm_engine_t *r, req_t *q)
 {
     peer_t *pe = &r->peers[q->peer];
-    router_trace(r, "done", q->kind, q->mb, q->stage, q->peer);
+    engine_trace(r, "done", q->kind, q->mb, q->stage, q->peer);
     if (pe->inflight > 0)
         pe->inflight--;
     pe->held_thirds -= q->thirds;
@@ -138,21 +165,21 @@ void router_req_done(router_t *r, req_t *q)
 }
 
 // Seconds peer p has had FWD/BWD work in flight, in all.
-double router_busy_s(const peer_t *pe, int64_t now)
+double engine_busy_s(const peer_t *pe, int64_t now)
 {
     return pe->busy_s + (pe->working > 0 ? (double) (now - pe->busy_from) / 1000.0 : 0.0);
 }
 
 // Peer pe's speed is measured afresh from now (it joined, or moved stage).
-void router_speed_restart(peer_t *pe, int64_t now)
+void engine_speed_restart(peer_t *pe, int64_t now)
 {
-    pe->rate_busy = pe->check_busy = router_busy_s(pe, now);
+    pe->rate_busy = pe->check_busy = engine_busy_s(pe, now);
     pe->rate_work = pe->check_work = pe->work;
     pe->samples = 0;
 }
 
 // Tensor bytes a message carries on the wire.
-uint64_t router_payload(const net_msg_t *m)
+uint64_t engine_payload(const net_msg_t *m)
 {
     const net_head_t *h = net_msg_head_const(m);
     uint64_t n = 0;
@@ -162,63 +189,63 @@ uint64_t router_payload(const net_msg_t *m)
 }
 
 // Count m's tensor bytes into by[] by what they carry.
-void router_wire_count(const net_msg_t *m, uint64_t by[3])
+void engine_wire_count(const net_msg_t *m, uint64_t by[3])
 {
     int type = net_msg_head_const(m)->type;
     by[type == NET_MSG_GRAD || type == NET_MSG_UPDATE ? W_GRADS
-       : type == NET_MSG_STATE ? W_STATE : W_ACTS] += router_payload(m);
+       : type == NET_MSG_STATE ? W_STATE : W_ACTS] += engine_payload(m);
 }
 
 // Floats in one activation tensor (micro, T, C).
-size_t router_acts_count(const router_t *r)
+size_t engine_acts_count(const swarm_engine_t *r)
 {
     return (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C;
 }
 
 // Append activations kept as wire bytes (dtype, 2^pow2 scale) to m as
 // tensor i: the pow2 goes into meta (*meta, appended).
-int router_acts_add(const router_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
+int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
                     char *meta, size_t cap)
 {
     uint32_t dims[3] = { (uint32_t) r->hp.micro, (uint32_t) r->hp.cfg.T, (uint32_t) r->hp.cfg.C };
     int i = net_msg_head_const(m)->ntensors;
     if (pow2 != 0)
         snprintf(meta + strlen(meta), cap - strlen(meta), "pow2_%d=%d\n", i, pow2);
-    return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, router_acts_count(r)));
+    return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, engine_acts_count(r)));
 }
 
 // Send m to peer p as request kind; 0 or -errno (logged).
-int router_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
+int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
 {
     req_t *q = s_req_new(r, kind, p, mb, stage);
     if (!q) {
         net_msg_destroy(m);
-        fprintf(stderr, "swarm router: out of memory for the request table (%d requests)\n",
-                r->req_slots - r->req_nfree);
+        engine_warn(r, "swarm router: out of memory for the request table (%d requests)\n",
+                    r->req_slots - r->req_nfree);
         return -ENOSPC;
     }
     net_msg_head(*m)->id = q->id;
-    r->bytes_out += router_payload(*m);
-    router_wire_count(*m, r->wire_out);
-    int rc = router_emit(r, &r->peers[p].who, m);
+    r->bytes_out += engine_payload(*m);
+    engine_wire_count(*m, r->wire_out);
+    int rc = engine_emit(r, &r->peers[p].who, m);
     if (rc != 0) {
         // not connected (or its queue is full): dead for this run; the next
-        // turn hands its work to others (router_reap), not in the middle of this one
+        // turn hands its work to others (engine_reap), not in the middle of this one
         if (!r->peers[p].failed)
-            fprintf(stderr, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
-                    r->peers[p].name, strerror(-rc));
+            engine_warn(r, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
+                        r->peers[p].name, strerror(-rc));
         r->peers[p].failed = 1;
-        router_req_done(r, q);
-    } else if ((kind == R_BWD || (kind == R_FWD && stage == r->plan.stages - 1 && !r->evaluating))
-               && stage >= 0 && stage < r->plan.stages && r->stepped[stage]) {
+        engine_req_done(r, q);
+    } else if ((kind == R_BWD || (kind == R_FWD && stage == r->stages - 1 && !r->evaluating))
+               && stage >= 0 && stage < r->stages && r->stepped[stage]) {
         // gradient work for a stage already asked for its gradients (a dead
         // peer's request sent again): its replicas' answers would miss it
-        router_step_unask(r);
+        engine_step_unask(r);
     }
     return rc;
 }
 
-int router_meta(net_msg_t *m, const char *fmt, ...)
+int engine_meta(net_msg_t *m, const char *fmt, ...)
 {
     char text[1024];
     va_list ap;
@@ -228,7 +255,7 @@ int router_meta(net_msg_t *m, const char *fmt, ...)
     return net_msg_set_meta(m, text);
 }
 
-void *router_dup_bytes(const void *src, size_t n)
+void *engine_dup_bytes(const void *src, size_t n)
 {
     void *p = malloc(n ? n : 1);
     if (!p)

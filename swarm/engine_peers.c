@@ -1,10 +1,10 @@
-/* router_peers.c - the peer table: HELLO, admission to a stage, the
+/* engine_peers.c - the peer table: HELLO, admission to a stage, the
  * entries of the dead and their reuse, the views the policy sees, and
- * joiners getting their stage's state. Deaths and bans: router_fail.c.
+ * joiners getting their stage's state. Deaths and bans: engine_fail.c.
  */
-#include "router_int.h"
+#include "engine_int.h"
 
-int router_peer_find(router_t *r, const net_peer_t *who)
+int engine_peer_find(swarm_engine_t *r, const net_peer_t *who)
 {
     for (int i = 0; i < r->npeers; i++)
         if (!strcmp(r->peers[i].who.key, who->key))
@@ -18,7 +18,7 @@ int router_peer_find(router_t *r, const net_peer_t *who)
 // send it there, where the activations are). ahead[]: the seconds of
 // compute its requests in flight take, as it reports them (the router's
 // own speed of a peer counts the time on its link too).
-static void s_backlog(const router_t *r, double *backlog, double *ahead)
+static void s_backlog(const swarm_engine_t *r, double *backlog, double *ahead)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
     for (int p = 0; p < r->npeers; p++) {
@@ -28,7 +28,7 @@ static void s_backlog(const router_t *r, double *backlog, double *ahead)
     }
     if (r->evaluating || !r->mbs)
         return;
-    int S = r->plan.stages;
+    int S = r->stages;
     for (int i = 0; i < r->G; i++) {
         const mb_t *b = &r->mbs[i];
         // stages whose forward ran (or runs) and whose backward is not sent:
@@ -45,9 +45,9 @@ static void s_backlog(const router_t *r, double *backlog, double *ahead)
 // fastest measured peer of its stage, so that it gets work and is measured
 // (otherwise a first guess below the others' could starve it for the whole
 // run); rebalancing sees the speeds as measured.
-void router_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
+void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[NODE_MAX_LAYERS] = {0}, *backlog = r->backlog, *ahead = r->ahead;
+    double fastest[SWARM_MAX_STAGES] = {0}, *backlog = r->backlog, *ahead = r->ahead;
     s_backlog(r, backlog, ahead);
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
@@ -68,12 +68,12 @@ void router_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic)
     }
 }
 
-void router_views(const router_t *r, swarm_peer_view_t *v)
+void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v)
 {
-    router_views_as(r, v, 1);
+    engine_views_as(r, v, 1);
 }
 
-int router_ready_count(const router_t *r, int stage)
+int engine_ready_count(const swarm_engine_t *r, int stage)
 {
     int n = 0;
     for (int i = 0; i < r->npeers; i++)
@@ -83,7 +83,7 @@ int router_ready_count(const router_t *r, int stage)
 }
 
 // Send a stage's state (params, m, v of the stage) to peer p.
-static int s_send_state(router_t *r, int p, const float *params, const float *m, const float *v)
+static int s_send_state(swarm_engine_t *r, int p, const float *params, const float *m, const float *v)
 {
     int s = r->peers[p].stage;
     uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
@@ -100,11 +100,11 @@ static int s_send_state(router_t *r, int p, const float *params, const float *m,
             return rc;
         }
     }
-    return router_send(r, p, &msg, R_STATE, -1, s);
+    return engine_send(r, p, &msg, R_STATE, -1, s);
 }
 
 // Text from a peer goes into logs and JSON: printable ASCII only, no quotes.
-void router_sanitize(char *text)
+void engine_sanitize(char *text)
 {
     for (char *c = text; *c; c++)
         if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
@@ -112,26 +112,25 @@ void router_sanitize(char *text)
 }
 
 // Assign peer p to `stage` (as the answer to req, or unasked when NULL);
-// its state follows between steps (router_joins). 0 or -errno.
-int router_send_assign(router_t *r, int p, int stage, const net_msg_t *req)
+// its state follows between steps (engine_joins). 0 or -errno.
+int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
 {
     peer_t *pe = &r->peers[p];
     net_msg_t *a = req ? net_msg_reply(req, NET_MSG_ASSIGN) : net_msg_new(NET_MSG_ASSIGN);
     net_msg_head(a)->stage = (uint32_t) stage;
     net_msg_head(a)->step = (uint64_t) r->step;
-    const node_config_t *c = &r->hp.cfg;
-    int rc = router_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
-                         "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->plan.stages, stage,
+    const swarm_shape_t *c = &r->hp.cfg;
+    int rc = engine_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
+                         "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->stages, stage,
                     r->hp.micro, pe->id, net_dtype_name(r->wire), net_dtype_name(r->grad_wire));
-    if (rc == 0 && (rc = router_emit(r, &pe->who, &a)) != 0)
-        pe->failed = 1; // not connected: router_reap finds it dead
+    if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0)
+        pe->failed = 1; // not connected: engine_reap finds it dead
     net_msg_destroy(&a);
     if (rc != 0)
         return rc;
     pe->stage = stage;
     pe->state = P_JOINING;
-    printf("swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
-    fflush(stdout);
+    engine_say(r, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
     return 0;
 }
 
@@ -145,9 +144,9 @@ static int s_cmp_double(const void *a, const void *b)
 // see s_work_done): what it measured at start, scaled by how the measured
 // peers' speeds compare with what they measured at start (the median, so
 // that one peer's false claim does not skew it).
-static double s_hello_speed(const router_t *r, double hello)
+static double s_hello_speed(const swarm_engine_t *r, double hello)
 {
-    double *ratio = r->backlog; // scratch (router_views_as does not run meanwhile)
+    double *ratio = r->backlog; // scratch (engine_views_as does not run meanwhile)
     int n = 0;
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *pe = &r->peers[i];
@@ -162,38 +161,37 @@ static double s_hello_speed(const router_t *r, double hello)
 
 // Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
 // dead one coming back once its ban is over.
-static void s_admit(router_t *r, int p, const net_msg_t *req)
+static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
 {
     peer_t *pe = &r->peers[p];
     pe->failed = 0;
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
-    router_speed_restart(pe, r->now_ms);
+    engine_speed_restart(pe, r->now_ms);
     swarm_peer_view_t *views = r->views;
-    router_views(r, views);
-    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->plan.stages)
-                               : swarm_policy_assign(views, r->npeers, r->plan.stages);
-    s_ignore(router_send_assign(r, p, stage, req));
+    engine_views(r, views);
+    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages)
+                               : swarm_policy_assign(views, r->npeers, r->stages);
+    s_ignore(engine_send_assign(r, p, stage, req));
 }
 
 // A peer the router declared dead talks again (HELLO or HEARTBEAT): once
 // its ban is over it joins again, with fresh state; until then it is told
 // once why it waits.
-void router_on_dead_peer(router_t *r, int p, const net_msg_t *m)
+void engine_on_dead_peer(swarm_engine_t *r, int p, const net_msg_t *m)
 {
     peer_t *pe = &r->peers[p];
-    double now = router_secs(r);
+    double now = engine_secs(r);
     if (now >= pe->banned_until) {
-        printf("swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
-               pe->name, pe->why);
-        fflush(stdout);
+        engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
+                   pe->name, pe->why);
         s_admit(r, p, net_msg_head_const(m)->type == NET_MSG_HELLO ? m : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *e = net_msg_new(NET_MSG_ERROR);
         int rc = isinf(pe->banned_until)
-                 ? router_meta(e, "reason=expelled for the run: it %s", pe->why)
-                 : router_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
+                 ? engine_meta(e, "reason=expelled for the run: it %s", pe->why)
+                 : engine_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
         if (rc == 0)
-            s_ignore(router_emit(r, &pe->who, &e));
+            s_ignore(engine_emit(r, &pe->who, &e));
         net_msg_destroy(&e);
         pe->ban_told = 1;
     }
@@ -203,13 +201,13 @@ void router_on_dead_peer(router_t *r, int p, const net_msg_t *m)
 // sent, its part in STEP or UPDATE, a request in flight. (A forward it ran
 // may name it too: the backward then goes to whoever takes the entry,
 // which recomputes, as any replica can.)
-static int s_peer_in_step(const router_t *r, int p)
+static int s_peer_in_step(const swarm_engine_t *r, int p)
 {
     const peer_t *pe = &r->peers[p];
     if (pe->got_grad || pe->in_step || pe->self_to || pe->inflight > 0 || r->self_peer == p)
         return 1;
     for (int i = 0; r->mbs && i < r->G; i++)
-        for (int s = 0; s < r->plan.stages; s++)
+        for (int s = 0; s < r->stages; s++)
             if (r->mbs[i].grad_peer[s] == p)
                 return 1;
     return 0;
@@ -219,10 +217,10 @@ static int s_peer_in_step(const router_t *r, int p)
 // and that has no part in this step, once PEERS_KEEP_DEAD entries are
 // dead (a dead peer's entry keeps its ban and its back-off, should it
 // return), else a new one. -ENOMEM.
-static int s_peer_slot(router_t *r)
+static int s_peer_slot(swarm_engine_t *r)
 {
     int best = -1, dead = 0;
-    double now = router_secs(r);
+    double now = engine_secs(r);
     for (int p = 0; p < r->npeers; p++) {
         const peer_t *pe = &r->peers[p];
         if (pe->state != P_DEAD)
@@ -257,35 +255,35 @@ static int s_peer_slot(router_t *r)
 }
 
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
-// follows when the swarm is between steps (router_joins).
-void router_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
+// follows when the swarm is between steps (engine_joins).
+void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *hello)
 {
     char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0", note[64];
     if (net_msg_meta_get(hello, "proto", proto, sizeof proto) != 0 || strcmp(proto, "1") != 0) {
         net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
-        router_sanitize(proto);
-        router_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
-        if (router_loud(r, who->key, note, sizeof note))
-            fprintf(stderr, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
-                    who->key, proto[0] ? proto : "missing", note);
-        s_ignore(router_emit(r, who, &err));
+        engine_sanitize(proto);
+        engine_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
+        if (engine_loud(r, who->key, note, sizeof note))
+            engine_warn(r, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
+                        who->key, proto[0] ? proto : "missing", note);
+        s_ignore(engine_emit(r, who, &err));
         return;
     }
     s_ignore(net_msg_meta_get(hello, "name", name, sizeof name));
     s_ignore(net_msg_meta_get(hello, "device", device, sizeof device));
     s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
-    int p = router_peer_find(r, who);
+    int p = engine_peer_find(r, who);
     if (p < 0) {
         if ((p = s_peer_slot(r)) < 0) {
-            fprintf(stderr, "swarm router: out of memory for the peer table (%d peers); "
-                    "ignoring %s\n", r->npeers, name);
+            engine_warn(r, "swarm router: out of memory for the peer table (%d peers); "
+                        "ignoring %s\n", r->npeers, name);
             return;
         }
         r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
     }
     peer_t *pe = &r->peers[p];
-    router_sanitize(name);
-    router_sanitize(device);
+    engine_sanitize(name);
+    engine_sanitize(device);
     snprintf(pe->name, sizeof pe->name, "%s", name);
     snprintf(pe->device, sizeof pe->device, "%s", device);
     double t = strtod(tok, NULL);
@@ -294,14 +292,14 @@ void router_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello)
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
     if (pe->state == P_DEAD)
-        router_on_dead_peer(r, p, hello);
+        engine_on_dead_peer(r, p, hello);
     else
         s_admit(r, p, hello);
 }
 
 // Between steps: hand joining peers their stage's state, from the router's
 // own copy before training starts, else from a ready replica (STATE_GET).
-void router_joins(router_t *r)
+void engine_joins(swarm_engine_t *r)
 {
     for (int p = 0; p < r->npeers; p++) {
         peer_t *pe = &r->peers[p];
@@ -316,7 +314,7 @@ void router_joins(router_t *r)
                 net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
                 net_msg_head(g)->stage = (uint32_t) pe->stage;
                 // the reply is forwarded to the joiner: remember it in mb
-                s_ignore(router_send(r, q, &g, R_STATE_GET, p, pe->stage));
+                s_ignore(engine_send(r, q, &g, R_STATE_GET, p, pe->stage));
                 pe->inflight++; // held until its state arrives
                 break;
             }
@@ -325,7 +323,7 @@ void router_joins(router_t *r)
 }
 
 // What stage s's ready replicas say they sustain together (their HEARTBEATs).
-double router_stage_capacity(const router_t *r, int s)
+double engine_stage_capacity(const swarm_engine_t *r, int s)
 {
     double tok = 0.0;
     for (int p = 0; p < r->npeers; p++)
@@ -336,11 +334,11 @@ double router_stage_capacity(const router_t *r, int s)
 
 // The swarm's bound: the least, over stages, of what the stage's replicas
 // sustain together; no schedule can beat it.
-double router_bound(const router_t *r)
+double engine_bound(const swarm_engine_t *r)
 {
     double low = -1.0;
-    for (int s = 0; s < r->plan.stages; s++) {
-        double t = router_stage_capacity(r, s);
+    for (int s = 0; s < r->stages; s++) {
+        double t = engine_stage_capacity(r, s);
         low = low < 0 || t < low ? t : low;
     }
     return low > 0 ? low : 0.0;

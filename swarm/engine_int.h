@@ -1,28 +1,22 @@
-/* router_int.h - what the files of `swarm router` share: its peer table,
- * request table, micro-batches and step state (router_t), and the
- * functions one file calls in another. Private to node/router*.c.
+/* engine_int.h - what the files of the router engine share: its peer
+ * table, request table, micro-batches and step state (swarm_engine_t),
+ * and the functions one file calls in another. Private to swarm/engine*.c
+ * (the engine's API is swarm.h's).
  */
-#ifndef NODE_ROUTER_INT_H
-#define NODE_ROUTER_INT_H
+#ifndef SWARM_ENGINE_INT_H
+#define SWARM_ENGINE_INT_H
 
-#include "node.h"
 #include "net.h"
 #include "swarm.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define PEERS_KEEP_DEAD 64  // dead entries kept for their bans before the oldest is reused
 #define REQ_BLOCK 1024       // requests a block of the table holds (blocks never move)
@@ -50,7 +44,7 @@ typedef struct {
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
     int failed;              // a send to it failed: to be declared dead
-    double moved_at;         // s (router_secs) of its last rebalancing move, -1e30 never
+    double moved_at;         // s (engine_secs) of its last rebalancing move, -1e30 never
     int moving;              // joining its new stage after a move
     double banned_until;     // s: refused until then (a failure's back-off)
     double ban_s;            // length of its last ban: doubles with each failure
@@ -108,52 +102,69 @@ typedef struct {
 typedef struct {
     int stage;               // stage it is at; -1 idle, S = done
     int backward;            // in backward
-    int fwd_peer[NODE_MAX_LAYERS]; // who ran its forward at each stage
-    void *in[NODE_MAX_LAYERS + 1]; // wire bytes of each stage's input (stage 0: tokens)
+    int fwd_peer[SWARM_MAX_STAGES]; // who ran its forward at each stage
+    void *in[SWARM_MAX_STAGES + 1]; // wire bytes of each stage's input (stage 0: tokens)
     int32_t *targets;        // (micro, T)
-    void *dy[NODE_MAX_LAYERS]; // wire bytes of the output gradient each stage's BWD got
-    int grad_peer[NODE_MAX_LAYERS]; // who accumulated its gradient at each stage, -1 none
+    void *dy[SWARM_MAX_STAGES]; // wire bytes of the output gradient each stage's BWD got
+    int grad_peer[SWARM_MAX_STAGES]; // who accumulated its gradient at each stage, -1 none
     int retry_kind;          // R_FWD/R_BWD that could not be sent yet, 0 none
     int retry_stage;         // its stage
-    unsigned char redo_wanted[NODE_MAX_LAYERS]; // stage work to re-run once a peer is free
+    unsigned char redo_wanted[SWARM_MAX_STAGES]; // stage work to re-run once a peer is free
     float loss;              // from the last stage
     spot_t *spot;            // per stage, from its first check on (NULL: none yet)
-    uint8_t in_dtype[NODE_MAX_LAYERS + 1]; // NET_DTYPE_* of in[s] (s > 0)
-    int8_t in_pow2[NODE_MAX_LAYERS + 1];   // its 2^k scale (meta pow2_I)
-    uint8_t dy_dtype[NODE_MAX_LAYERS];     // NET_DTYPE_* of dy[s]
-    int8_t dy_pow2[NODE_MAX_LAYERS];       // its 2^k scale
+    uint8_t in_dtype[SWARM_MAX_STAGES + 1]; // NET_DTYPE_* of in[s] (s > 0)
+    int8_t in_pow2[SWARM_MAX_STAGES + 1];   // its 2^k scale (meta pow2_I)
+    uint8_t dy_dtype[SWARM_MAX_STAGES];     // NET_DTYPE_* of dy[s]
+    int8_t dy_pow2[SWARM_MAX_STAGES];       // its 2^k scale
 } mb_t;
 
+// The run's numbers the engine reads (swarm_engine_config_t's, under the
+// names the code has always used: hp as the hyperparameters, o as the run).
 typedef struct {
-    node_train_opts_t o;     // model and training flags
-    node_hparams_t hp;       // the same, resolved
-    node_plan_t plan;        // stages
-    size_t stage_n[NODE_MAX_LAYERS]; // parameters per stage
-    size_t stage_off[NODE_MAX_LAYERS]; // offset of each stage in the model
+    swarm_shape_t cfg;       // the model's shape, for ASSIGN and the tensors' dims
+    int batch;               // windows a step
+    int micro;               // windows a micro-batch
+    long iters;              // steps of the schedule
+    uint64_t seed;           // the data order
+    int eval_iters;          // batches an evaluation averages per split
+    double weight_decay;     // AdamW's, sent with each update
+    double grad_clip;        // the global norm's bound, sent with STEP apply=1
+} engine_hparams_t;
+
+typedef struct {
+    int save;                // checkpoints are taken (the caller writes them)
+    int save_every;          // every this many steps, 0 only at the end
+    int eval_every;          // steps between evaluations, 0 never
+    long steps;              // steps to run this time, 0 = to iters
+} engine_run_t;
+
+struct swarm_engine_s {
+    swarm_engine_io_t io;    // what the engine does to the world: every send, line, file
+    engine_run_t o;          // the run
+    engine_hparams_t hp;     // its numbers
+    int stages;              // S
+    size_t stage_n[SWARM_MAX_STAGES]; // parameters per stage
+    size_t stage_off[SWARM_MAX_STAGES]; // offset of each stage in the model
+    double stage_cost[SWARM_MAX_STAGES]; // forward FLOPs a token through each stage
+    size_t nparams;          // the model's parameters
     size_t max_stage_n;      // the largest of stage_n
-    swarm_data_t *data;      // training bytes
+    const swarm_data_t *data; // training bytes (the caller's)
     float *params, *m, *v;   // model-sized: initial state, then checkpoints
     float *grad_sum;         // model-sized: this step's summed gradients
-    const char *listen;      // bind endpoint
-    const char *key_name;    // router key pair NAME
-    const char *allow_path;  // allow-list file, NULL = open
     int min_nodes;           // ready nodes needed before training starts
     double rebalance_every;  // seconds between rebalancing checks, 0 = never
     double last_rebalance;   // s of the last check
     int rebalance_id;        // the move the last check found: peer id (0 none) ...
     int rebalance_to;        // ... to this stage; made when the next check finds it too
     int window;              // micro-batches in flight
-    net_key_t *key;          // router key
-    net_allow_t *allow;      // allow-list
-    net_server_t *srv;       // ROUTER
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
-    int64_t now_ms;          // the time (net_clock_ms) of what the router handles now: set by
-                             // s_loop for each message and turn, read by everything else
+    int64_t now_ms;          // the time of what the engine handles now (ms, the caller's
+                             // clock): an argument of each call in, read by everything
     peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)
     int npeers;              // used entries
     int peers_cap;           // allocated entries, of peers and of the scratch below
-    swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (router_pick_but, s_pick_fit)
-    double *backlog, *ahead; // [peers_cap] scratch of router_views_as
+    swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (engine_pick_but, s_pick_fit)
+    double *backlog, *ahead; // [peers_cap] scratch of engine_views_as
     int next_peer_id;        // ids for logs, in join order (entries may be reused)
     req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
                              // req_blocks[k / REQ_BLOCK][k % REQ_BLOCK]; id 0 = free slot
@@ -171,9 +182,6 @@ typedef struct {
     double loss_avg;         // EMA of the loss
     float last_loss;         // last step's loss
     double train_time;       // seconds in steps
-    double t_start;          // wall clock at start
-    node_curve_t logs;       // --loss-log and DIR/loss.csv
-    float *curve;            // [iters] losses for the plot
     int checksum_mismatches; // replicas that disagreed with their stage after a step
     int resyncs;             // of them, resynced from a replica that agrees
     int expelled;            // peers expelled for diverging twice
@@ -187,13 +195,11 @@ typedef struct {
     double self_lr;          // that step's learning rate
     int self_told;           // the log has said once that a stage applies its own update
     int redo_pending;        // re-runs of a dead peer's work still to come
-    int stepped[NODE_MAX_LAYERS]; // the stage's replicas were sent this step's STEP
+    int stepped[SWARM_MAX_STAGES]; // the stage's replicas were sent this step's STEP
     int ckpt_pending;        // STATE replies still to come for a checkpoint
     long ck_step;            // the step the checkpoint being fetched holds
     int ck_lost;             // a replica it was fetched from died: it is skipped
     float *ck_state;         // [3 * params]: that checkpoint's params, m, v as they come
-    pthread_t ck_writer;     // writes the last checkpoint to --save DIR (router_ckpt_part)
-    int ck_writing;          // ck_writer runs: params/m/v are not to change
     double step_t0;          // when the current step started (s)
     int done;                // the schedule is finished
     int want_eval;           // evaluate before the next step
@@ -204,14 +210,13 @@ typedef struct {
     uint64_t eval_state;     // the split's splitmix64 stream
     double eval_sum;         // sum of batch losses of the split
     double eval_loss[2];     // train and val results
-    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
     long ckpt_step;          // the step params/m/v hold (the last checkpoint)
     int rollbacks;           // times every replica of a stage was lost
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
-    double rms[2][NODE_MAX_LAYERS]; // running RMS of each stage's outputs (0) and input gradients (1)
-    long rms_n[2][NODE_MAX_LAYERS]; // tensors it has seen
+    double rms[2][SWARM_MAX_STAGES]; // running RMS of each stage's outputs (0) and input gradients (1)
+    long rms_n[2][SWARM_MAX_STAGES]; // tensors it has seen
     double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
     int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
     double verify;           // --verify: fraction of FWDs re-run on a second replica
@@ -220,8 +225,6 @@ typedef struct {
     int restarts;            // steps started over (a liar's outputs had been used)
     int wire;                // NET_DTYPE_* of activations and their gradients (--wire)
     int grad_wire;           // NET_DTYPE_* of replicas' gradient sums (--grad-wire)
-    const char *trace_path;  // --trace FILE
-    FILE *trace;             // a line per request sent and done, per step ended
     int window_mode;         // --window: WIN_FIXED, WIN_AUTO (Little's law) or WIN_ALL (the
                              // default: the step's micro-batches within the caches)
     int window_shown;        // the window last logged, 0 none
@@ -229,10 +232,10 @@ typedef struct {
     long window_n;           // steps begun
     uint64_t wire_in[3];     // tensor bytes received by class (W_*)
     uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
-} router_t;
+};
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
-enum { WIN_FIXED = 0, WIN_AUTO, WIN_ALL }; // --window W, auto, all
+enum { WIN_FIXED = SWARM_WINDOW_FIXED, WIN_AUTO = SWARM_WINDOW_AUTO, WIN_ALL = SWARM_WINDOW_ALL };
 #define MB_APPLY 2           // mb of an R_STEP that applies the update (STEP apply=1)
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
@@ -248,69 +251,71 @@ static inline void s_ignore(int rc)
 
 // ---- across the router's files ----
 
-int router_loud(router_t *r, const char *key, char *note, size_t cap);
-double router_secs(const router_t *r);
-int router_emit(router_t *r, const net_peer_t *to, net_msg_t **m);
-void router_trace(const router_t *r, const char *event, int kind, int mb, int stage, int peer);
-req_t *router_req_at(const router_t *r, int k);
-req_t *router_req_find(router_t *r, uint64_t id);
-void router_req_done(router_t *r, req_t *q);
-double router_busy_s(const peer_t *pe, int64_t now);
-void router_speed_restart(peer_t *pe, int64_t now);
-uint64_t router_payload(const net_msg_t *m);
-void router_wire_count(const net_msg_t *m, uint64_t by[3]);
-size_t router_acts_count(const router_t *r);
-int router_acts_add(const router_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
+int engine_loud(swarm_engine_t *r, const char *key, char *note, size_t cap);
+double engine_secs(const swarm_engine_t *r);
+int engine_emit(swarm_engine_t *r, const net_peer_t *to, net_msg_t **m);
+void engine_say(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void engine_warn(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void engine_trace(const swarm_engine_t *r, const char *event, int kind, int mb, int stage, int peer);
+req_t *engine_req_at(const swarm_engine_t *r, int k);
+req_t *engine_req_find(swarm_engine_t *r, uint64_t id);
+void engine_req_done(swarm_engine_t *r, req_t *q);
+double engine_busy_s(const peer_t *pe, int64_t now);
+void engine_speed_restart(peer_t *pe, int64_t now);
+uint64_t engine_payload(const net_msg_t *m);
+void engine_wire_count(const net_msg_t *m, uint64_t by[3]);
+size_t engine_acts_count(const swarm_engine_t *r);
+int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
                     char *meta, size_t cap);
-int router_send(router_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
-int router_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int router_peer_find(router_t *r, const net_peer_t *who);
-void router_views_as(const router_t *r, swarm_peer_view_t *v, int optimistic);
-void router_views(const router_t *r, swarm_peer_view_t *v);
-int router_ready_count(const router_t *r, int stage);
-void router_sanitize(char *text);
-int router_send_assign(router_t *r, int p, int stage, const net_msg_t *req);
-void router_on_dead_peer(router_t *r, int p, const net_msg_t *m);
-void router_on_hello(router_t *r, const net_peer_t *who, const net_msg_t *hello);
-void router_joins(router_t *r);
-void router_window_update(router_t *r);
-void *router_dup_bytes(const void *src, size_t n);
-void router_mb_clear(router_t *r, mb_t *b);
-net_msg_t *router_fwd_msg(router_t *r, int i, int s);
-int router_pick_but(router_t *r, int s, int prefer, double work, const int *not, int nnot);
-int router_fwd(router_t *r, int i, int s);
-int router_next(router_t *r, int i, int kind, int s);
-void router_retry(router_t *r);
-int router_mb_start(router_t *r, int i);
-int router_spots_open(const router_t *r);
-void router_spot_begin(router_t *r, const req_t *q, float loss);
-void router_peer_expel(router_t *r, int p, const char *why);
-net_msg_t *router_step_msg(router_t *r, int s, const char *meta);
-void router_spot_result(router_t *r, const req_t *q, const net_msg_t *m);
-void router_spot_lost(router_t *r, const req_t *q);
-int router_on_result(router_t *r, const req_t *q, const net_msg_t *m);
-void router_step_begin(router_t *r);
-void router_step_unask(router_t *r);
-void router_step_micro(router_t *r);
-int router_on_grad(router_t *r, const req_t *q, const net_msg_t *m);
-void router_step_update(router_t *r);
-int router_on_applied(router_t *r, const req_t *q, const net_msg_t *m);
-int router_on_updated(router_t *r, const req_t *q, const net_msg_t *m);
-void router_consensus(router_t *r, long step);
-void router_ckpt_wait(router_t *r);
-void router_ckpt_part(router_t *r, int ok);
-void router_step_end(router_t *r);
-double router_stage_capacity(const router_t *r, int s);
-double router_bound(const router_t *r);
-void router_status_reply(router_t *r, const net_peer_t *who, const net_msg_t *req);
-void router_on_message(router_t *r, const net_peer_t *who, net_msg_t *m);
-void router_refill_all(router_t *r, int say);
-void router_peer_dead(router_t *r, int p, const char *why);
-void router_peer_fail(router_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int router_join_held(const router_t *r);
-void router_reap(router_t *r);
-int router_all_stages_ready(const router_t *r);
-void router_rebalance(router_t *r);
-void router_turn(router_t *r);
+int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
+int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
+void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
+void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
+int engine_ready_count(const swarm_engine_t *r, int stage);
+void engine_sanitize(char *text);
+int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
+void engine_on_dead_peer(swarm_engine_t *r, int p, const net_msg_t *m);
+void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *hello);
+void engine_joins(swarm_engine_t *r);
+void engine_window_update(swarm_engine_t *r);
+void *engine_dup_bytes(const void *src, size_t n);
+void engine_mb_clear(swarm_engine_t *r, mb_t *b);
+net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s);
+int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot);
+int engine_fwd(swarm_engine_t *r, int i, int s);
+int engine_next(swarm_engine_t *r, int i, int kind, int s);
+void engine_retry(swarm_engine_t *r);
+int engine_mb_start(swarm_engine_t *r, int i);
+int engine_spots_open(const swarm_engine_t *r);
+void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss);
+void engine_peer_expel(swarm_engine_t *r, int p, const char *why);
+net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta);
+void engine_spot_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+void engine_spot_lost(swarm_engine_t *r, const req_t *q);
+int engine_on_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+void engine_step_begin(swarm_engine_t *r);
+void engine_step_unask(swarm_engine_t *r);
+void engine_step_micro(swarm_engine_t *r);
+int engine_on_grad(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+void engine_step_update(swarm_engine_t *r);
+int engine_on_applied(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+int engine_on_updated(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+void engine_consensus(swarm_engine_t *r, long step);
+void engine_ckpt_wait(swarm_engine_t *r);
+void engine_ckpt_part(swarm_engine_t *r, int ok);
+void engine_step_end(swarm_engine_t *r);
+double engine_stage_capacity(const swarm_engine_t *r, int s);
+double engine_bound(const swarm_engine_t *r);
+void engine_status_reply(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *req);
+void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m);
+void engine_refill_all(swarm_engine_t *r, int say);
+void engine_peer_dead(swarm_engine_t *r, int p, const char *why);
+void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int engine_join_held(const swarm_engine_t *r);
+void engine_reap(swarm_engine_t *r);
+int engine_all_stages_ready(const swarm_engine_t *r);
+void engine_rebalance(swarm_engine_t *r);
+void engine_turn(swarm_engine_t *r);
 
 #endif

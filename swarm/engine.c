@@ -1,0 +1,181 @@
+/* engine.c - the router engine's way in and out (swarm.h): making one from
+ * its config, handing it messages, lost connections and the passing of
+ * time, and what a run did. The engine decides; its caller owns the
+ * socket, the clock, the files and the terminal (node/router.c for `swarm
+ * router`), so the same engine can run against a simulated swarm.
+ */
+#include "engine_int.h"
+
+int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io, int64_t now_ms,
+                     swarm_engine_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (c->stages < 1 || c->stages > SWARM_MAX_STAGES || c->micro < 1 || c->batch % c->micro != 0
+        || !c->params || !io->send || !io->log || !io->lr_at || !io->clip_scale) {
+        snprintf(err, errlen, "engine: %d stages (1..%d), micro-batch %d of batch %d, or a "
+                 "missing callback", c->stages, SWARM_MAX_STAGES, c->micro, c->batch);
+        return -EINVAL;
+    }
+    swarm_engine_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->io = *io;
+    r->now_ms = now_ms;
+    r->o = (engine_run_t) { .save = c->save, .save_every = c->save_every,
+                            .eval_every = c->eval_every, .steps = c->steps };
+    r->hp = (engine_hparams_t) { .cfg = c->shape, .batch = c->batch, .micro = c->micro,
+                                 .iters = c->iters, .seed = c->seed, .eval_iters = c->eval_iters,
+                                 .weight_decay = c->weight_decay, .grad_clip = c->grad_clip };
+    r->stages = c->stages;
+    for (int s = 0; s < r->stages; s++) {
+        r->stage_n[s] = c->stage_n[s];
+        r->stage_off[s] = c->stage_off[s];
+        r->stage_cost[s] = c->stage_cost[s];
+        r->max_stage_n = r->stage_n[s] > r->max_stage_n ? r->stage_n[s] : r->max_stage_n;
+    }
+    r->nparams = c->nparams;
+    r->data = c->data;
+    r->params = c->params;
+    r->m = c->m ? c->m : calloc(r->nparams, sizeof(float));
+    r->v = c->v ? c->v : calloc(r->nparams, sizeof(float));
+    r->step = r->first = r->ckpt_step = c->step;
+    r->min_nodes = c->min_nodes;
+    r->rebalance_every = c->rebalance_every;
+    r->window = c->window;
+    r->window_mode = c->window_mode;
+    r->assign_even = c->assign_even;
+    r->verify = c->verify;
+    r->tensor_bound = c->tensor_bound;
+    r->wire = c->wire;
+    r->grad_wire = c->grad_wire;
+    r->self_peer = -1;
+    r->want_eval = r->o.eval_every > 0 && r->step == 0;
+    r->grad_sum = calloc(r->nparams, sizeof(float));
+    r->G = r->hp.batch / r->hp.micro;
+    r->mbs = calloc((size_t) r->G, sizeof(mb_t));
+    r->scratch = malloc(engine_acts_count(r) * sizeof(float));
+    if (!r->m || !r->v || !r->grad_sum || !r->mbs || !r->scratch) {
+        snprintf(err, errlen, "out of memory for the model's state (%zu parameters)", r->nparams);
+        swarm_engine_destroy(&r);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < r->G; i++)
+        engine_mb_clear(r, &r->mbs[i]);
+    if (r->window <= 0 || r->window > r->G)
+        r->window = r->G; // and with --window auto, until the peers are measured
+    r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
+    *out = r;
+    return 0;
+}
+
+void swarm_engine_destroy(swarm_engine_t **self_p)
+{
+    swarm_engine_t *r = *self_p;
+    if (!r)
+        return;
+    for (int p = 0; p < r->npeers; p++)
+        free(r->peers[p].grad);
+    free(r->peers);
+    for (int k = 0; k < (r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK; k++)
+        free(r->req_blocks[k]);
+    free(r->req_blocks);
+    free(r->req_free);
+    free(r->views);
+    free(r->backlog);
+    free(r->ahead);
+    for (int i = 0; r->mbs && i < r->G; i++)
+        engine_mb_clear(r, &r->mbs[i]);
+    free(r->mbs);
+    free(r->params);
+    free(r->ck_state);
+    free(r->m);
+    free(r->v);
+    free(r->grad_sum);
+    free(r->scratch);
+    free(r);
+    *self_p = NULL;
+}
+
+void swarm_engine_message(swarm_engine_t *r, int64_t now_ms, const net_peer_t *who, net_msg_t *m)
+{
+    r->now_ms = now_ms;
+    r->bytes_in += engine_payload(m);
+    engine_wire_count(m, r->wire_in);
+    engine_on_message(r, who, m);
+}
+
+void swarm_engine_bad_message(swarm_engine_t *r, int64_t now_ms, const char *key, const char *why)
+{
+    char note[64];
+    r->now_ms = now_ms;
+    if (engine_loud(r, key, note, sizeof note))
+        engine_warn(r, "swarm router: bad message from %.8s...: %s%s\n", key, why, note);
+}
+
+void swarm_engine_gone(swarm_engine_t *r, int64_t now_ms, const net_peer_t *who)
+{
+    r->now_ms = now_ms;
+    int p = engine_peer_find(r, who);
+    if (p >= 0)
+        engine_peer_dead(r, p, "is silent: dead");
+}
+
+void swarm_engine_drop_unless(swarm_engine_t *r, int64_t now_ms,
+                              int (*allowed)(void *ctx, const char *key), void *ctx)
+{
+    r->now_ms = now_ms;
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state == P_DEAD || allowed(ctx, r->peers[p].who.key))
+            continue;
+        net_msg_t *bye = net_msg_new(NET_MSG_ERROR);
+        engine_meta(bye, "reason=this node's key was removed from the swarm's allow-list\nfatal=1");
+        s_ignore(engine_emit(r, &r->peers[p].who, &bye));
+        engine_peer_dead(r, p, "was removed from the allow-list: dropped");
+    }
+}
+
+void swarm_engine_tick(swarm_engine_t *r, int64_t now_ms)
+{
+    r->now_ms = now_ms;
+    engine_reap(r);
+    // advance through every phase that is ready now, not on the next message
+    int before;
+    do {
+        before = r->phase;
+        engine_turn(r);
+    } while (r->phase != before && !swarm_engine_finished(r));
+}
+
+int swarm_engine_finished(const swarm_engine_t *r)
+{
+    return r->done && r->phase == PH_WAIT && !r->want_eval && !r->want_ckpt;
+}
+
+void swarm_engine_bye(swarm_engine_t *r)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        if (r->peers[p].state == P_DEAD)
+            continue;
+        net_msg_t *bye = net_msg_new(NET_MSG_BYE);
+        engine_meta(bye, "done=%d\nstep=%ld\nsteps=%ld", r->done, r->step, (long) r->hp.iters);
+        s_ignore(engine_emit(r, &r->peers[p].who, &bye));
+    }
+}
+
+void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
+{
+    long steps = r->step - r->first;
+    *out = (swarm_engine_summary_t) {
+        .first = r->first, .step = r->step, .iters = r->hp.iters, .done = r->done,
+        .train_time = r->train_time,
+        .tok_s = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0,
+        .ready = engine_ready_count(r, -1), .checksum_mismatches = r->checksum_mismatches,
+        .resyncs = r->resyncs, .expelled = r->expelled, .rollbacks = r->rollbacks,
+        .spot_checks = r->spot_checks, .spot_undecided = r->spot_undecided,
+        .restarts = r->restarts, .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
+        .window_mean = r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window,
+        .micro_batches = r->G,
+    };
+    memcpy(out->wire_in, r->wire_in, sizeof out->wire_in);
+    memcpy(out->wire_out, r->wire_out, sizeof out->wire_out);
+}

@@ -24,6 +24,7 @@ typedef struct {
     char *status;                // the meta of the last STATUS reply
     int lines;                   // log lines
     char log[8192];              // the last of them
+    swarm_data_t *data;          // the engine's training bytes
 } world_t;
 
 static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
@@ -76,14 +77,14 @@ static float s_clip(void *ctx, double norm)
 static const uint8_t s_bytes[4096] = { 1, 2, 3 };
 
 // An engine of 2 stages of 100 parameters each, waiting for min_nodes.
-static swarm_engine_t *s_engine(world_t *w, swarm_data_t **data, int min_nodes)
+static swarm_engine_t *s_engine(world_t *w, int min_nodes)
 {
-    *data = swarm_data_wrap(s_bytes, sizeof s_bytes, "test bytes");
+    w->data = swarm_data_wrap(s_bytes, sizeof s_bytes, "test bytes");
     swarm_engine_config_t c = {
         .shape = { .V = 256, .T = 16, .C = 32, .L = 2, .H = 4 }, .stages = 2,
         .stage_n = { 100, 100 }, .stage_off = { 0, 100 }, .stage_cost = { 1.0, 1.5 },
         .nparams = 200, .params = calloc(200, sizeof(float)), .batch = 4, .micro = 2,
-        .iters = 10, .seed = 1337, .data = *data, .min_nodes = min_nodes,
+        .iters = 10, .seed = 1337, .data = w->data, .min_nodes = min_nodes,
         .window_mode = SWARM_WINDOW_ALL, .tensor_bound = 100, .verify = 0,
         .wire = NET_DTYPE_F32, .grad_wire = NET_DTYPE_F32,
     };
@@ -102,6 +103,13 @@ static net_peer_t s_who(int i)
     snprintf(who.key, sizeof who.key, "%040d", i);
     snprintf(who.conn, sizeof who.conn, "%040d/%016d", i, i);
     return who;
+}
+
+static void s_close(world_t *w, swarm_engine_t **e)
+{
+    swarm_engine_destroy(e);
+    swarm_data_destroy(&w->data);
+    free(w->status);
 }
 
 static void s_hello(swarm_engine_t *e, int64_t now, int i)
@@ -136,8 +144,7 @@ static json_t *s_status(swarm_engine_t *e, world_t *w, int64_t now, json_t **pee
 START_TEST(test_engine_assigns_a_crowd_of_1000_with_no_fixed_table)
 {
     world_t w = { 0 };
-    swarm_data_t *data;
-    swarm_engine_t *e = s_engine(&w, &data, 2000); // waits: nobody is ever ready
+    swarm_engine_t *e = s_engine(&w, 2000); // waits: nobody is ever ready
     for (int i = 1; i <= 1000; i++)
         s_hello(e, 1000 + i, i);
     ck_assert_int_eq(w.sent[NET_MSG_ASSIGN], 1000); // the router's 256 entries once ignored
@@ -146,17 +153,14 @@ START_TEST(test_engine_assigns_a_crowd_of_1000_with_no_fixed_table)
     ck_assert_int_eq((int) json_array_size(peers), 1000);
     ck_assert_int_eq((int) json_integer_value(json_object_get(doc, "peers_omitted")), 0);
     json_decref(doc);
-    swarm_engine_destroy(&e);
-    swarm_data_destroy(&data);
-    free(w.status);
+    s_close(&w, &e);
 }
 END_TEST
 
 START_TEST(test_engine_reuses_the_entries_of_the_dead_and_keeps_64)
 {
     world_t w = { 0 };
-    swarm_data_t *data;
-    swarm_engine_t *e = s_engine(&w, &data, 2000);
+    swarm_engine_t *e = s_engine(&w, 2000);
     // 300 peers come and go, one after another: each is gone (silent, not
     // banned) before the next says HELLO
     for (int i = 1; i <= 300; i++) {
@@ -181,17 +185,14 @@ START_TEST(test_engine_reuses_the_entries_of_the_dead_and_keeps_64)
     doc = s_status(e, &w, 6001, &peers);
     ck_assert_msg(json_array_size(peers) <= 65, "%zu entries", json_array_size(peers));
     json_decref(doc);
-    swarm_engine_destroy(&e);
-    swarm_data_destroy(&data);
-    free(w.status);
+    s_close(&w, &e);
 }
 END_TEST
 
 START_TEST(test_engine_status_is_json_for_every_peer_state)
 {
     world_t w = { 0 };
-    swarm_data_t *data;
-    swarm_engine_t *e = s_engine(&w, &data, 2000);
+    swarm_engine_t *e = s_engine(&w, 2000);
     s_hello(e, 1000, 1);
     s_hello(e, 1001, 2);
     net_peer_t who = s_who(2);
@@ -206,9 +207,7 @@ START_TEST(test_engine_status_is_json_for_every_peer_state)
     ck_assert(json_is_null(json_object_get(doc, "loss"))); // nothing trained yet: null, not nan
     json_decref(doc);
     ck_assert_msg(strstr(w.log, "(crowd2) is silent: dead"), "%s", w.log);
-    swarm_engine_destroy(&e);
-    swarm_data_destroy(&data);
-    free(w.status);
+    s_close(&w, &e);
 }
 END_TEST
 

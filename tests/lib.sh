@@ -98,6 +98,20 @@ log_invariants() {
     return $inv_bad
 }
 
+# check_log WHAT LOG ROLLBACKS FAULTED...: ok "WHAT" when log_invariants
+# holds, else bad, with the log's lines about joins, moves, losses, bans and
+# rollbacks
+check_log() {
+    ck_what=$1 ck_log=$2 ck_rb=$3
+    shift 3
+    if log_invariants "$ck_log" "$ck_rb" "$@"; then
+        ok "$ck_what"
+    else
+        bad "$ck_what: the log shows what the losses hide (faulted: ${*:-none})"
+        grep -E "joins|moving|dead|banned|expelled|refused|dropped|rolling|applies" "$ck_log" | head -20
+    fi
+}
+
 # log_emptied LOG: how many times, by the router's log, a peer's leaving
 # (LIB_DEATH_RE) left a stage with no ready replica while the swarm trained:
 # the rollbacks the faults caused, where a test cannot know which stage

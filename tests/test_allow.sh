@@ -129,10 +129,5 @@ if [ -n "$ready3" ] && [ -n "$drop" ] && [ "$ready3" -lt "$drop" ] \
 else
     rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
 fi
-if log_invariants "$TMP/router.log" "$rb" "$victim"; then
-    ok "the log: only $victim was lost; $rb rollbacks ($why)"
-else
-    bad "the log shows what the losses hide ($why):"
-    grep -E "joins|moving|dead|banned|expelled|refused|dropped|rolling" "$TMP/router.log" | head -20
-fi
+check_log "the log: only $victim was lost; $rb rollbacks ($why)" "$TMP/router.log" "$rb" "$victim"
 lib_done

@@ -109,12 +109,7 @@ else
     rb=$(log_emptied "$TMP/router.log") why="$joins0 + $joins1 joins, $moves moves: by the log, $rb stages emptied"
 fi
 # shellcheck disable=SC2086 # one name a word
-if log_invariants "$TMP/router.log" "$rb" $faulted; then
-    ok "the log: only the faulted (${faulted# }) were lost or banned; $rb rollbacks ($why)"
-else
-    bad "the log shows what the losses hide ($why; faulted:$faulted)"
-    grep -E "joins|moving|dead|banned|expelled|rolling" "$TMP/router.log" | head -20
-fi
+check_log "the log: only the faulted (${faulted# }) were lost or banned; $rb rollbacks ($why)" "$TMP/router.log" "$rb" $faulted
 
 # chaos: a node SIGKILLed every 4 s and replaced (the new one joins between
 # steps), another SIGSTOPped for 5 s in between; uneven speeds
@@ -148,13 +143,7 @@ cfaulted=$(sed -n -e 's/^local-swarm\.sh: chaos: SIGKILL pid [0-9]* (\(node[0-9]
 if [ -s "$clog" ]; then
     crb=$(log_emptied "$clog")
     # shellcheck disable=SC2086 # one name a word
-    if log_invariants "$clog" "$crb" $cfaulted; then
-        ok "chaos, the log: only the killed or stopped (${cfaulted% }) were lost or banned; $crb rollbacks, as many as stages they emptied"
-    else
-        bad "chaos: the log shows what the losses hide (killed or stopped: ${cfaulted% })"
-        grep -E "joins|moving|dead|banned|expelled|rolling" "$clog" | head -30
-        grep "chaos:" "$TMP/chaos.log"
-    fi
+    check_log "chaos, the log: only the killed or stopped (${cfaulted% }) were lost or banned; $crb rollbacks, as many as stages they emptied" "$clog" "$crb" $cfaulted
 else
     bad "chaos: no router log kept ('$clog')"; tail -5 "$TMP/chaos.log"
 fi
@@ -198,11 +187,6 @@ fi
 # the losses hold after a replay too: the log must show that none happened
 # (stage 1's only replica applying its own update out of turn once got
 # crash1 refused, banned, and stage 0 emptied)
-if log_invariants "$TMP/crash.log" 0 crash3; then
-    ok "crash: only the crasher was banned, and the swarm never rolled back"
-else
-    bad "crash: the log shows what the losses hide"
-    grep -E "dead|banned|rolling|applies" "$TMP/crash.log" | head -10
-fi
+check_log "crash: only the crasher was banned, and the swarm never rolled back" "$TMP/crash.log" 0 crash3
 
 lib_done

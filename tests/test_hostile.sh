@@ -125,11 +125,6 @@ else
     rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
 fi
 # shellcheck disable=SC2086 # one name a word
-if log_invariants "$TMP/router.log" "$rb" $liars; then
-    ok "the log: no honest node lost, banned or expelled; $rb rollbacks ($why)"
-else
-    bad "the log shows what the losses hide ($why):"
-    grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$TMP/router.log" | head -20
-fi
+check_log "the log: no honest node lost, banned or expelled; $rb rollbacks ($why)" "$TMP/router.log" "$rb" $liars
 
 lib_done

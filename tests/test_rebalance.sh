@@ -118,11 +118,6 @@ if [ -n "$ready2" ] && [ -n "$ban1" ] && [ "$ready2" -lt "$ban1" ] \
 else
     rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
 fi
-if log_invariants "$TMP/router.log" "$rb" slow1; then
-    ok "the log: only slow1 was lost or banned; $rb rollbacks ($why)"
-else
-    bad "the log shows what the losses hide ($why):"
-    grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$TMP/router.log" | head -20
-fi
+check_log "the log: only slow1 was lost or banned; $rb rollbacks ($why)" "$TMP/router.log" "$rb" slow1
 
 lib_done

@@ -109,19 +109,16 @@ if losses_match "$TMP/swarm.txt" "$TMP/train.txt" 20; then
 else
     bad "losses differ:"; paste -d' ' "$TMP/swarm.txt" "$TMP/train.txt" | head -20
 fi
-# check_log LOG WHAT: nothing was faulted (the rogue and the garbage never
+# quiet_log LOG WHAT: nothing was faulted (the rogue and the garbage never
 # join): no node lost, banned or refused, and no rollback
-check_log() {
+quiet_log() {
     if [ ! -s "$1" ]; then
         bad "$2: no router log ('$1')"
-    elif log_invariants "$1" 0; then
-        ok "$2, the log: no node lost, banned or refused; no rollback"
     else
-        bad "$2: the log shows what the losses hide:"
-        grep -E "joins|moving|dead|banned|expelled|refused|rolling" "$1" | head -20
+        check_log "$2, the log: no node lost, banned or refused; no rollback" "$1" 0
     fi
 }
-check_log "$TMP/router.log" "4 nodes x 2 stages"
+quiet_log "$TMP/router.log" "4 nodes x 2 stages"
 # --trace: a line per step and per request; every FWD/BWD sent is done;
 # trace-steps.sh accounts for each peer and stage
 steps=$(awk '$2 == "step"' "$TMP/trace.txt" | wc -l)
@@ -152,7 +149,7 @@ if clean_run $rc "$TMP/local.log" \
 else
     bad "local-swarm.sh exit $rc:"; tail -20 "$TMP/local.log"; paste -d' ' "$TMP/single.txt" "$TMP/train.txt" | head
 fi
-check_log "$(kept_dir "$TMP/local.log")/router.log" "local-swarm.sh, 2 nodes x 2 stages"
+quiet_log "$(kept_dir "$TMP/local.log")/router.log" "local-swarm.sh, 2 nodes x 2 stages"
 
 # no --micro-batch: the router chooses one and says so in its start-up line
 # (batch 4 of 64-byte windows over 2 stages: 4 micro-batches of 1, the most
@@ -176,7 +173,7 @@ else
     bad "the router's own micro-batch (exit $rc): '$line'"; tail -20 "$TMP/chosen.log"
     paste -d' ' "$TMP/chosen.txt" "$TMP/train-chosen.txt" | head
 fi
-check_log "$(kept_dir "$TMP/chosen.log")/router.log" "no --micro-batch"
+quiet_log "$(kept_dir "$TMP/chosen.log")/router.log" "no --micro-batch"
 
 # a crowd: 300 peers, each with a key of its own, connect at once and say
 # HELLO while the router waits for its nodes (more than the 256 entries its

@@ -10,9 +10,7 @@
  * The protocol and its failure handling are docs/swarm.md; the threat
  * model is SECURITY.md. The router does no compute of its own.
  */
-#include "node.h"
-#include "net.h"
-#include "swarm.h"
+#include "router_int.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -26,32 +24,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-_Static_assert(SWARM_MAX_STAGES == NODE_MAX_LAYERS, "a plan's stages fit the engine's tables");
-
-typedef struct {
-    node_train_opts_t o;     // model and training flags
-    node_hparams_t hp;       // the same, resolved
-    node_plan_t plan;        // stages
-    swarm_engine_config_t c; // what the engine is made with (the flags and the plan)
-    swarm_engine_t *engine;  // the router's logic
-    swarm_data_t *data;      // training bytes (the engine reads them)
-    const char *listen;      // bind endpoint
-    const char *key_name;    // router key pair NAME
-    const char *allow_path;  // allow-list file, NULL = open
-    net_key_t *key;          // router key
-    net_allow_t *allow;      // allow-list
-    net_server_t *srv;       // ROUTER
-    const char *trace_path;  // --trace FILE
-    FILE *trace;             // a line per request sent and done, per step ended
-    node_curve_t logs;       // --loss-log and DIR/loss.csv
-    float *curve;            // [iters + 1] losses for the plot
-    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
-    pthread_t ck_writer;     // writes the last checkpoint to --save DIR
-    int ck_writing;          // ck_writer runs: the engine's params/m/v are not to change
-    long ck_step;            // the step it writes
-    const float *ck_params, *ck_m, *ck_v; // the engine's state it writes
-    double t_start;          // s (net_clock_ms) at the start of the run
-} router_t;
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
@@ -77,59 +49,13 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     return net_server_send(r->srv, to, m);
 }
 
-static void s_io_log(void *ctx, int to_stderr, const char *line)
-{
-    (void) ctx;
-    fputs(line, to_stderr ? stderr : stdout);
-    if (!to_stderr)
-        fflush(stdout); // the tests read it as it comes
-}
-
-static void s_io_trace(void *ctx, const char *line)
-{
-    router_t *r = ctx;
-    fputs(line, r->trace);
-}
-
-static double s_io_lr_at(void *ctx, long step)
-{
-    const router_t *r = ctx;
-    return node_lr_at(step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
-}
-
-static float s_io_clip_scale(void *ctx, double norm)
-{
-    const router_t *r = ctx;
-    return node_clip_scale(norm, (float) r->hp.grad_clip);
-}
-
-static int s_tty(void)
-{
-    return isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN");
-}
-
-// A step ended: the loss log, the plot's curve, the progress line.
-static void s_io_stepped(void *ctx, const swarm_engine_step_t *st)
-{
-    router_t *r = ctx;
-    node_curve_add(&r->logs, st->step, st->loss, st->lr);
-    if (r->curve && st->step < r->hp.iters)
-        r->curve[st->step] = st->loss;
-    long done = st->step + 1;
-    if (s_tty())
-        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s",
-                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
-    else if (done % r->o.log_every == 0 || done == st->iters)
-        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s\n",
-                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
-}
 
 static void s_io_evaluated(void *ctx, long step, double train, double val)
 {
     router_t *r = ctx;
     swarm_engine_summary_t sum;
     swarm_engine_summary(r->engine, &sum);
-    if (s_tty())
+    if (router_tty())
         fprintf(stderr, "\r\033[K");
     printf("step %5ld | train %.4f | val %.4f | elapsed %.1f s | tok/s %.0f\n", step, train, val,
            s_secs() - r->t_start, sum.tok_s);
@@ -289,101 +215,7 @@ static void s_help(FILE *out)
     node_train_help(out);
 }
 
-// --wire, --grad-wire, --window: 1 when `a` is one of them (set from v),
-// 0 when it is not, -EINVAL for a bad value.
-static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, size_t n)
-{
-    long x;
-    if (!strcmp(a, "--wire") || !strcmp(a, "--grad-wire"))
-        return net_dtype_parse(a + 2, v, !strcmp(a, "--wire") ? &r->c.wire : &r->c.grad_wire, err,
-                               n) == 0 ? 1 : -EINVAL;
-    if (strcmp(a, "--window") != 0)
-        return 0;
-    r->c.window_mode = !strcmp(v, "all")    ? SWARM_WINDOW_ALL
-                     : !strcmp(v, "auto") ? SWARM_WINDOW_AUTO
-                                          : SWARM_WINDOW_FIXED;
-    if (r->c.window_mode != SWARM_WINDOW_FIXED)
-        return 1;
-    if (node_parse_long("window", v, 1, 1L << 20, &x, err, n) != 0) {
-        snprintf(err, n, "--window %s: expected all, auto or a whole number of micro-batches >= 1",
-                 v);
-        return -EINVAL;
-    }
-    r->c.window = (int) x;
-    return 1;
-}
 
-// Take the router's own flags out of argv; the rest are training flags.
-static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t n)
-{
-    int out = 1, rc;
-    r->listen = "tcp://*:7070";
-    r->c.rebalance_every = 5.0;
-    r->c.tensor_bound = 100.0;
-    r->c.verify = 0.05;
-    r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
-    r->c.window_mode = SWARM_WINDOW_ALL;
-    for (int i = 1; i < *argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
-        int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
-                 || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
-                 || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
-                 || !strcmp(a, "--verify") || !strcmp(a, "--assign")
-                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace");
-        if (takes && !v) {
-            snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
-            return -EINVAL;
-        }
-        if (!strcmp(a, "--listen")) {
-            r->listen = v;
-        } else if (!strcmp(a, "--key")) {
-            r->key_name = v;
-        } else if (!strcmp(a, "--allow")) {
-            r->allow_path = v;
-        } else if (!strcmp(a, "--trace")) {
-            r->trace_path = v;
-        } else if ((rc = s_wire_flag(r, a, v, err, n)) != 0) {
-            if (rc < 0)
-                return rc;
-        } else if (!strcmp(a, "--min-nodes")) {
-            long x;
-            if (node_parse_long(a + 2, v, 0, 1000000, &x, err, n) != 0)
-                return -EINVAL;
-            r->c.min_nodes = (int) x;
-        } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
-            char *end;
-            double x = strtod(v, &end);
-            if (*v == '\0' || *end || !(x >= 0 && x <= 86400)) {
-                snprintf(err, n, "%s %s: expected a number 0..86400 (0 = never)", a, v);
-                return -EINVAL;
-            }
-            *(!strcmp(a, "--tensor-bound") ? &r->c.tensor_bound : &r->c.rebalance_every) = x;
-        } else if (!strcmp(a, "--verify")) {
-            char *end;
-            r->c.verify = strtod(v, &end);
-            if (*v == '\0' || *end || !(r->c.verify >= 0 && r->c.verify <= 1)) {
-                snprintf(err, n, "--verify %s: expected a fraction 0..1 of forwards to check", v);
-                return -EINVAL;
-            }
-        } else if (!strcmp(a, "--assign")) {
-            if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
-                snprintf(err, n, "--assign %s: expected speed or even", v);
-                return -EINVAL;
-            }
-            r->c.assign_even = !strcmp(v, "even");
-        } else if (!strcmp(a, "--open")) {
-            r->allow_path = NULL;
-            continue;
-        } else {
-            argv[out++] = argv[i];
-            continue;
-        }
-        i++;
-    }
-    *argc = out;
-    return 0;
-}
 
 // The router's key pair: --key NAME, or one kept in the user's config folder.
 static int s_load_key(router_t *r, char *err, size_t n)
@@ -409,34 +241,7 @@ static int s_load_key(router_t *r, char *err, size_t n)
     return rc;
 }
 
-// Exact steps fill and drain the pipeline once a step: over S equal stages
-// each waits about (S - 1) / (G + S - 1) of it for G micro-batches.
-#define MICRO_IDLE 0.10      // the share of a step the router accepts for it
-#define MICRO_MIN_TOKENS 64
 
-static double s_fill_idle(int G, int S)
-{
-    return (double) (S - 1) / (G + S - 1);
-}
-
-// Without --micro-batch the router picks it: the largest divisor of the
-// batch that keeps the fill and drain within MICRO_IDLE; but none of fewer
-// than MICRO_MIN_TOKENS tokens (windows x T), under which each request's
-// fixed costs (the router's hop, waking the node, decoding) eat what the
-// pipeline gains (docs/performance.md). When no divisor does both, the
-// smallest with enough tokens; one stage (no pipeline), the whole batch.
-static int s_micro_choose(int batch, int T, int S)
-{
-    int best = batch;
-    for (int m = batch; m >= 1 && (long) m * T >= MICRO_MIN_TOKENS; m--) {
-        if (batch % m != 0)
-            continue;
-        best = m;
-        if (s_fill_idle(batch / m, S) <= MICRO_IDLE)
-            break;
-    }
-    return best;
-}
 
 // The rest of the start-up line when the router chose the micro-batch
 // (s_micro_choose): why, and what the pipeline's fill and drain cost.
@@ -455,72 +260,7 @@ static void s_micro_why(const router_t *r, double idle)
                "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
 }
 
-static int s_setup(router_t *r, int argc, char **argv, char *err, size_t n)
-{
-    int rc = s_router_flags(r, &argc, argv, err, n);
-    if (rc == 0)
-        rc = node_train_parse(argc, argv, &r->o, err, n);
-    if (rc != 0)
-        return rc;
-    if (r->trace_path) {
-        if (!(r->trace = fopen(r->trace_path, "w"))) {
-            snprintf(err, n, "--trace %s: %s", r->trace_path, strerror(errno));
-            return -EINVAL;
-        }
-        setvbuf(r->trace, NULL, _IOLBF, 0); // whole lines, also if the router is killed
-    }
-    if (r->o.data) {
-        rc = swarm_data_load(r->o.data, &r->data, err, n);
-    } else {
-        size_t len;
-        const uint8_t *bytes = node_corpus(&len);
-        r->data = swarm_data_wrap(bytes, len, "(built-in corpus)");
-    }
-    if (rc == 0)
-        rc = node_train_weights(&r->o, &r->c.params, &r->c.m, &r->c.v, &r->c.step, err, n);
-    if (rc != 0)
-        return rc;
-    r->hp = node_train_hparams(&r->o);
-    if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
-        r->hp.micro = s_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
-    if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
-        snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
-        return -EINVAL;
-    }
-    rc = node_config_check(&r->hp.cfg, err, n);
-    if (rc == 0)
-        rc = node_plan_make(&r->hp.cfg, r->o.stages, &r->plan, err, n);
-    if (rc == 0)
-        rc = swarm_data_check(r->data, r->hp.cfg.T, err, n);
-    return rc;
-}
 
-// The engine's config from the model, the plan and the flags: it knows
-// stages as parameter counts and costs, and the run as numbers.
-static void s_config(router_t *r)
-{
-    swarm_engine_config_t *c = &r->c;
-    const node_config_t *m = &r->hp.cfg;
-    c->shape = (swarm_shape_t) { .V = m->V, .T = m->T, .C = m->C, .L = m->L, .H = m->H };
-    c->stages = r->plan.stages;
-    for (int s = 0; s < c->stages; s++) {
-        node_plan_stage_range(m, &r->plan, s, &c->stage_off[s], &c->stage_n[s]);
-        c->stage_cost[s] = node_plan_stage_cost(m, &r->plan, s);
-    }
-    c->nparams = node_config_params(m);
-    c->batch = r->hp.batch;
-    c->micro = r->hp.micro;
-    c->iters = r->hp.iters;
-    c->steps = r->o.steps;
-    c->seed = r->hp.seed;
-    c->eval_every = r->o.eval_every;
-    c->eval_iters = r->hp.eval_iters;
-    c->save = r->o.save != NULL;
-    c->save_every = r->o.save_every;
-    c->weight_decay = r->hp.weight_decay;
-    c->grad_clip = r->hp.grad_clip;
-    c->data = r->data;
-}
 
 static int s_listen(router_t *r, char *err, size_t n)
 {
@@ -553,7 +293,7 @@ static int s_listen(router_t *r, char *err, size_t n)
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
     int S = r->plan.stages, G = r->hp.batch / r->hp.micro;
-    double idle = s_fill_idle(G, S);
+    double idle = router_fill_idle(G, S);
     if (r->o.micro == 0)
         s_micro_why(r, idle);
     else
@@ -574,8 +314,8 @@ static int s_listen(router_t *r, char *err, size_t n)
 static int s_engine(router_t *r, char *err, size_t n)
 {
     swarm_engine_io_t io = {
-        .ctx = r, .send = s_io_send, .log = s_io_log, .trace = r->trace ? s_io_trace : NULL,
-        .lr_at = s_io_lr_at, .clip_scale = s_io_clip_scale, .stepped = s_io_stepped,
+        .ctx = r, .send = s_io_send, .log = router_io_log, .trace = r->trace ? router_io_trace : NULL,
+        .lr_at = router_io_lr_at, .clip_scale = router_io_clip_scale, .stepped = router_io_stepped,
         .evaluated = s_io_evaluated, .checkpoint = s_io_checkpoint,
         .checkpoint_wait = s_io_checkpoint_wait,
     };
@@ -654,7 +394,7 @@ int cmd_router(int argc, char **argv)
     char err[1024] = "";
     if (!r)
         abort();
-    int rc = s_setup(r, argc, argv, err, sizeof err);
+    int rc = router_setup(r, argc, argv, err, sizeof err);
     if (rc == 1) {
         s_help(stdout);
         s_teardown(r);
@@ -662,7 +402,7 @@ int cmd_router(int argc, char **argv)
         return 0;
     }
     if (rc == 0) {
-        s_config(r);
+        router_config(r);
         rc = node_curve_open(&r->o, &r->logs, err, sizeof err);
     }
     if (rc == 0)

@@ -1,0 +1,62 @@
+/* router_int.h - what `swarm router` and `swarm sim` share (private to
+ * node/): the shell's state (router_t), its flags and set-up, and the
+ * engine callbacks that belong to the model (the schedule, the clip) and
+ * to the terminal (log lines, the progress line and the loss log).
+ */
+#ifndef NODE_ROUTER_INT_H
+#define NODE_ROUTER_INT_H
+
+#include "node.h"
+#include "net.h"
+#include "swarm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+_Static_assert(SWARM_MAX_STAGES == NODE_MAX_LAYERS, "a plan's stages fit the engine's tables");
+
+typedef struct {
+    node_train_opts_t o;     // model and training flags
+    node_hparams_t hp;       // the same, resolved
+    node_plan_t plan;        // stages
+    swarm_engine_config_t c; // what the engine is made with (the flags and the plan)
+    swarm_engine_t *engine;  // the router's logic
+    swarm_data_t *data;      // training bytes (the engine reads them)
+    const char *listen;      // bind endpoint
+    const char *key_name;    // router key pair NAME
+    const char *allow_path;  // allow-list file, NULL = open
+    net_key_t *key;          // router key
+    net_allow_t *allow;      // allow-list
+    net_server_t *srv;       // ROUTER
+    const char *trace_path;  // --trace FILE
+    FILE *trace;             // a line per request sent and done, per step ended
+    node_curve_t logs;       // --loss-log and DIR/loss.csv
+    float *curve;            // [iters + 1] losses for the plot
+    node_evals_t evals;      // every evaluation's results, for DIR/loss.svg
+    pthread_t ck_writer;     // writes the last checkpoint to --save DIR
+    int ck_writing;          // ck_writer runs: the engine's params/m/v are not to change
+    long ck_step;            // the step it writes
+    const float *ck_params, *ck_m, *ck_v; // the engine's state it writes
+    double t_start;          // s (net_clock_ms) at the start of the run
+} router_t;
+
+// Exact steps fill and drain the pipeline once a step: over S equal stages
+// each waits about (S - 1) / (G + S - 1) of it for G micro-batches.
+#define MICRO_IDLE 0.10      // the share of a step the router accepts for it
+#define MICRO_MIN_TOKENS 64
+
+// Flags of swarm router and swarm train, the data, the initial state, the
+// plan; 1 for --help, 0, or -errno with a reason in err.
+int router_setup(router_t *r, int argc, char **argv, char *err, size_t n);
+// The engine's config from the model, the plan and the flags.
+void router_config(router_t *r);
+double router_fill_idle(int G, int S);
+int router_tty(void);
+// swarm_engine_io_t callbacks, ctx a router_t
+void router_io_log(void *ctx, int to_stderr, const char *line);
+void router_io_trace(void *ctx, const char *line); // to --trace FILE
+double router_io_lr_at(void *ctx, long step);
+float router_io_clip_scale(void *ctx, double norm);
+void router_io_stepped(void *ctx, const swarm_engine_step_t *st);
+
+#endif

@@ -1,0 +1,247 @@
+/* router_setup.c - what `swarm router` and `swarm sim` share: the router's
+ * flags, the model's set-up (data, weights or checkpoint, hyperparameters,
+ * the plan and the micro-batch), the engine's config from them, and the
+ * callbacks that are the model's (the schedule, the clip) or the
+ * terminal's (log lines, the progress line, the loss log).
+ */
+#include "router_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void router_io_log(void *ctx, int to_stderr, const char *line)
+{
+    (void) ctx;
+    fputs(line, to_stderr ? stderr : stdout);
+    if (!to_stderr)
+        fflush(stdout); // the tests read it as it comes
+}
+
+void router_io_trace(void *ctx, const char *line)
+{
+    router_t *r = ctx;
+    fputs(line, r->trace);
+}
+
+double router_io_lr_at(void *ctx, long step)
+{
+    const router_t *r = ctx;
+    return node_lr_at(step, r->hp.iters, r->hp.warmup, r->hp.lr, r->hp.min_lr);
+}
+
+float router_io_clip_scale(void *ctx, double norm)
+{
+    const router_t *r = ctx;
+    return node_clip_scale(norm, (float) r->hp.grad_clip);
+}
+
+int router_tty(void)
+{
+    return isatty(STDERR_FILENO) && !getenv("SWARM_PLAIN");
+}
+
+// A step ended: the loss log, the plot's curve, the progress line.
+void router_io_stepped(void *ctx, const swarm_engine_step_t *st)
+{
+    router_t *r = ctx;
+    node_curve_add(&r->logs, st->step, st->loss, st->lr);
+    if (r->curve && st->step < r->hp.iters)
+        r->curve[st->step] = st->loss;
+    long done = st->step + 1;
+    if (router_tty())
+        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
+    else if (done % r->o.log_every == 0 || done == st->iters)
+        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s\n",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
+}
+
+// --wire, --grad-wire, --window: 1 when `a` is one of them (set from v),
+// 0 when it is not, -EINVAL for a bad value.
+static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, size_t n)
+{
+    long x;
+    if (!strcmp(a, "--wire") || !strcmp(a, "--grad-wire"))
+        return net_dtype_parse(a + 2, v, !strcmp(a, "--wire") ? &r->c.wire : &r->c.grad_wire, err,
+                               n) == 0 ? 1 : -EINVAL;
+    if (strcmp(a, "--window") != 0)
+        return 0;
+    r->c.window_mode = !strcmp(v, "all")    ? SWARM_WINDOW_ALL
+                     : !strcmp(v, "auto") ? SWARM_WINDOW_AUTO
+                                          : SWARM_WINDOW_FIXED;
+    if (r->c.window_mode != SWARM_WINDOW_FIXED)
+        return 1;
+    if (node_parse_long("window", v, 1, 1L << 20, &x, err, n) != 0) {
+        snprintf(err, n, "--window %s: expected all, auto or a whole number of micro-batches >= 1",
+                 v);
+        return -EINVAL;
+    }
+    r->c.window = (int) x;
+    return 1;
+}
+
+// Take the router's own flags out of argv; the rest are training flags.
+static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t n)
+{
+    int out = 1, rc;
+    r->listen = "tcp://*:7070";
+    r->c.rebalance_every = 5.0;
+    r->c.tensor_bound = 100.0;
+    r->c.verify = 0.05;
+    r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
+    r->c.window_mode = SWARM_WINDOW_ALL;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
+                 || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
+                 || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
+                 || !strcmp(a, "--verify") || !strcmp(a, "--assign")
+                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace");
+        if (takes && !v) {
+            snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
+            return -EINVAL;
+        }
+        if (!strcmp(a, "--listen")) {
+            r->listen = v;
+        } else if (!strcmp(a, "--key")) {
+            r->key_name = v;
+        } else if (!strcmp(a, "--allow")) {
+            r->allow_path = v;
+        } else if (!strcmp(a, "--trace")) {
+            r->trace_path = v;
+        } else if ((rc = s_wire_flag(r, a, v, err, n)) != 0) {
+            if (rc < 0)
+                return rc;
+        } else if (!strcmp(a, "--min-nodes")) {
+            long x;
+            if (node_parse_long(a + 2, v, 0, 1000000, &x, err, n) != 0)
+                return -EINVAL;
+            r->c.min_nodes = (int) x;
+        } else if (!strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (*v == '\0' || *end || !(x >= 0 && x <= 86400)) {
+                snprintf(err, n, "%s %s: expected a number 0..86400 (0 = never)", a, v);
+                return -EINVAL;
+            }
+            *(!strcmp(a, "--tensor-bound") ? &r->c.tensor_bound : &r->c.rebalance_every) = x;
+        } else if (!strcmp(a, "--verify")) {
+            char *end;
+            r->c.verify = strtod(v, &end);
+            if (*v == '\0' || *end || !(r->c.verify >= 0 && r->c.verify <= 1)) {
+                snprintf(err, n, "--verify %s: expected a fraction 0..1 of forwards to check", v);
+                return -EINVAL;
+            }
+        } else if (!strcmp(a, "--assign")) {
+            if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
+                snprintf(err, n, "--assign %s: expected speed or even", v);
+                return -EINVAL;
+            }
+            r->c.assign_even = !strcmp(v, "even");
+        } else if (!strcmp(a, "--open")) {
+            r->allow_path = NULL;
+            continue;
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        i++;
+    }
+    *argc = out;
+    return 0;
+}
+
+double router_fill_idle(int G, int S)
+{
+    return (double) (S - 1) / (G + S - 1);
+}
+
+// Without --micro-batch the router picks it: the largest divisor of the
+// batch that keeps the fill and drain within MICRO_IDLE; but none of fewer
+// than MICRO_MIN_TOKENS tokens (windows x T), under which each request's
+// fixed costs (the router's hop, waking the node, decoding) eat what the
+// pipeline gains (docs/performance.md). When no divisor does both, the
+// smallest with enough tokens; one stage (no pipeline), the whole batch.
+static int s_micro_choose(int batch, int T, int S)
+{
+    int best = batch;
+    for (int m = batch; m >= 1 && (long) m * T >= MICRO_MIN_TOKENS; m--) {
+        if (batch % m != 0)
+            continue;
+        best = m;
+        if (router_fill_idle(batch / m, S) <= MICRO_IDLE)
+            break;
+    }
+    return best;
+}
+
+int router_setup(router_t *r, int argc, char **argv, char *err, size_t n)
+{
+    int rc = s_router_flags(r, &argc, argv, err, n);
+    if (rc == 0)
+        rc = node_train_parse(argc, argv, &r->o, err, n);
+    if (rc != 0)
+        return rc;
+    if (r->trace_path) {
+        if (!(r->trace = fopen(r->trace_path, "w"))) {
+            snprintf(err, n, "--trace %s: %s", r->trace_path, strerror(errno));
+            return -EINVAL;
+        }
+        setvbuf(r->trace, NULL, _IOLBF, 0); // whole lines, also if the router is killed
+    }
+    if (r->o.data) {
+        rc = swarm_data_load(r->o.data, &r->data, err, n);
+    } else {
+        size_t len;
+        const uint8_t *bytes = node_corpus(&len);
+        r->data = swarm_data_wrap(bytes, len, "(built-in corpus)");
+    }
+    if (rc == 0)
+        rc = node_train_weights(&r->o, &r->c.params, &r->c.m, &r->c.v, &r->c.step, err, n);
+    if (rc != 0)
+        return rc;
+    r->hp = node_train_hparams(&r->o);
+    if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
+        r->hp.micro = s_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
+    if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
+        snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
+        return -EINVAL;
+    }
+    rc = node_config_check(&r->hp.cfg, err, n);
+    if (rc == 0)
+        rc = node_plan_make(&r->hp.cfg, r->o.stages, &r->plan, err, n);
+    if (rc == 0)
+        rc = swarm_data_check(r->data, r->hp.cfg.T, err, n);
+    return rc;
+}
+
+// The engine's config from the model, the plan and the flags: it knows
+// stages as parameter counts and costs, and the run as numbers.
+void router_config(router_t *r)
+{
+    swarm_engine_config_t *c = &r->c;
+    const node_config_t *m = &r->hp.cfg;
+    c->shape = (swarm_shape_t) { .V = m->V, .T = m->T, .C = m->C, .L = m->L, .H = m->H };
+    c->stages = r->plan.stages;
+    for (int s = 0; s < c->stages; s++) {
+        node_plan_stage_range(m, &r->plan, s, &c->stage_off[s], &c->stage_n[s]);
+        c->stage_cost[s] = node_plan_stage_cost(m, &r->plan, s);
+    }
+    c->nparams = node_config_params(m);
+    c->batch = r->hp.batch;
+    c->micro = r->hp.micro;
+    c->iters = r->hp.iters;
+    c->steps = r->o.steps;
+    c->seed = r->hp.seed;
+    c->eval_every = r->o.eval_every;
+    c->eval_iters = r->hp.eval_iters;
+    c->save = r->o.save != NULL;
+    c->save_every = r->o.save_every;
+    c->weight_decay = r->hp.weight_decay;
+    c->grad_clip = r->hp.grad_clip;
+    c->data = r->data;
+}

@@ -8,6 +8,8 @@
 #                   a swarm under them while garbage floods its port
 #   make test-gpu   every CUDA op against the CPU's, the reference files and a
 #                   mixed CPU + GPU swarm on CUDA (skips without a GPU)
+#   make sim-soak SECONDS=N  swarm sim on fresh seeds for N s (default 600),
+#                   printing the seeds it ran and the replay of any failure
 #   make bench      benchmarks (never part of make test)
 #   make bench-gpu  tokens/s on a GPU beside PyTorch fp32 (skips without a GPU)
 #   make fuzz       libFuzzer targets, FUZZ_TIME s each (clang; installs it)
@@ -161,7 +163,7 @@ $(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h tests/cuda_emu.h tests/mk-c
 
 # ---- the binary ------------------------------------------------------------
 all: $(BUILD)/swarm $(CUDA_PLUGIN) $(BUILD)/wanproxy
-.PHONY: all deps test test-gpu check-all demo asan bench bench-gpu fuzz clean help install
+.PHONY: all deps test test-gpu check-all demo asan bench bench-gpu fuzz clean help install sim-soak
 
 $(BUILD)/swarm: $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
 	@$(if $(Q),echo "  LD    $@")
@@ -194,6 +196,10 @@ deps:
 # detection sees the new packages.
 test: deps
 	@$(MAKE) --no-print-directory check-all
+
+SECONDS ?= 600
+sim-soak: $(BUILD)/swarm
+	@sh scripts/sim-soak.sh $(BUILD) --seconds $(SECONDS)
 
 # A test-only swarm whose nodes can lie (--misbehave, node/daemon.c): the
 # same objects but daemon.c, compiled with SWARM_MISBEHAVE.

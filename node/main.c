@@ -21,6 +21,7 @@ static void s_usage(FILE *out)
         "  sample   generate text from a checkpoint or a BGPT weight file\n"
         "  keygen   write a CurveZMQ key pair for a router or node\n"
         "  router   run a swarm: route micro-batches through the nodes' stages\n"
+        "  sim      the router on a simulated swarm: many peers, churn, virtual time\n"
         "  node     join a swarm as a volunteer: swarm node --join tcp://HOST:PORT\n"
         "  status   show a running swarm: swarm status tcp://HOST:PORT\n"
         "  version  print the version\n");
@@ -65,6 +66,8 @@ int main(int argc, char **argv)
         return cmd_keygen(argc - 1, argv + 1);
     if (!strcmp(cmd, "router"))
         return cmd_router(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sim"))
+        return cmd_sim(argc - 1, argv + 1);
     if (!strcmp(cmd, "node"))
         return cmd_node(argc - 1, argv + 1);
     if (!strcmp(cmd, "status"))

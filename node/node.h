@@ -427,6 +427,7 @@ int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 int cmd_router(int argc, char **argv);
+int cmd_sim(int argc, char **argv);
 int cmd_node(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 

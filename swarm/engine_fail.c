@@ -142,6 +142,7 @@ static void s_rollback(swarm_engine_t *r, int s)
         r->peers[p].self_to = 0;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
+    r->done = 0; // the steps after the checkpoint are to run again, the last one too
     r->started = 0; // joins get the router's copy again
     r->rollbacks++;
     r->phase = PH_WAIT;

@@ -248,6 +248,7 @@ typedef struct {
     uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
     double window_mean;      // micro-batches in flight, on average over the steps
     int micro_batches;       // G, a step's
+    int requests_in_flight;  // requests sent and not yet answered or given up
 } swarm_engine_summary_t;
 
 // A new engine for config c, its effects through io, at now_ms. 0, or
@@ -274,5 +275,40 @@ int swarm_engine_finished(const swarm_engine_t *self);
 // Tell every live peer that the run ends (BYE: done, step, steps).
 void swarm_engine_bye(swarm_engine_t *self);
 void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *out);
+
+// ---- the simulator (swarm/sim.c; docs/architecture.md) ----
+
+typedef struct {
+    int peers;               // peers that join at the start
+    uint64_t seed;           // everything random in the run
+    const double *speeds;    // device speeds (training tokens/s on a stage of mean cost),
+    int nspeeds;             // each peer draws one; none: 20,000 each
+    int64_t latency_ms;      // one way, router <-> each peer
+    double kill_every_s;     // a random live peer is killed this often (and a new one
+                             // joins 1 s later); 0 never
+    double limit_s;          // virtual seconds before the run counts as stuck
+} swarm_sim_opts_t;
+
+typedef struct {
+    long steps;              // steps trained
+    double seconds;          // virtual seconds they took
+    double tok_s;            // training tokens a virtual second
+    double bound;            // mean over the run of the engine's assignment's bound
+    double best;             // the same for the best split of the live peers (an upper bound)
+    double us_per_request;   // CPU microseconds in the engine per message it sent
+    int rollbacks;           // the engine's
+    int peers_seen;          // peers that joined, in all
+    int done;                // the run finished
+    char violation[512];     // the first invariant broken, "" none
+} swarm_sim_result_t;
+
+// Run config c's training on a simulated swarm. model gives lr_at and
+// clip_scale (and log, which sees every engine line after the sim);
+// c->params is taken, as by swarm_engine_new. 0 (res says how it went), or
+// -errno with a reason in err when the engine cannot be made.
+__attribute__((warn_unused_result))
+int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
+                  const swarm_engine_io_t *model, swarm_sim_result_t *res, char *err,
+                  size_t errlen);
 
 #endif

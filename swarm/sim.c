@@ -1,0 +1,389 @@
+/* sim.c - `swarm sim`: the router engine against a simulated swarm, in
+ * virtual time, deterministic from a seed. Simulated peers answer the
+ * engine's messages as nodes do (the same message types, metas, shapes,
+ * step checks and queue order), with compute time from their speed and
+ * links of a fixed latency; peers are killed and replaced as the options
+ * say. Synthetic mode: activations are constants, and each micro-batch's
+ * gradient at a stage is a known vector of small integers, so every sum
+ * the engine forms is exact and checked: each UPDATE must carry the sum of
+ * exactly its step's micro-batches. The invariants are checked as it runs;
+ * the first violation stops the run and is reported.
+ *
+ * No model and no socket; time is virtual (clock() only measures the
+ * engine's CPU per request, the one number of a run that is not
+ * deterministic). What the engine logs reaches the caller's log callback
+ * after the sim has read it. The peers are sim_peer.c.
+ */
+#include "sim_int.h"
+
+#include <time.h>
+
+// ---- events -----------------------------------------------------------------
+
+static int s_before(const event_t *a, const event_t *b)
+{
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m)
+{
+    if (s->nheap == s->capheap) {
+        s->capheap = s->capheap ? 2 * s->capheap : 1024;
+        s->heap = realloc(s->heap, (size_t) s->capheap * sizeof *s->heap);
+        if (!s->heap)
+            abort();
+    }
+    int i = s->nheap++;
+    s->heap[i] = (event_t) { t, s->seq++, type, peer, m };
+    while (i > 0 && s_before(&s->heap[i], &s->heap[(i - 1) / 2])) {
+        event_t tmp = s->heap[i];
+        s->heap[i] = s->heap[(i - 1) / 2];
+        s->heap[(i - 1) / 2] = tmp;
+        i = (i - 1) / 2;
+    }
+}
+
+static event_t s_pop(sim_t *s)
+{
+    event_t top = s->heap[0];
+    s->heap[0] = s->heap[--s->nheap];
+    for (int i = 0;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < s->nheap && s_before(&s->heap[l], &s->heap[m]))
+            m = l;
+        if (r < s->nheap && s_before(&s->heap[r], &s->heap[m]))
+            m = r;
+        if (m == i)
+            break;
+        event_t tmp = s->heap[i];
+        s->heap[i] = s->heap[m];
+        s->heap[m] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+double sim_uniform(sim_t *s)
+{
+    return (double) (swarm_splitmix64(&s->rng) >> 11) * 0x1p-53;
+}
+
+void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sim_violate(sim_t *s, const char *fmt, ...)
+{
+    if (s->violation[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->violation, sizeof s->violation, fmt, ap);
+    va_end(ap);
+}
+
+// ---- the engine's world -----------------------------------------------------
+
+static int s_peer_of(const sim_t *s, const net_peer_t *who)
+{
+    for (int p = 0; p < s->npeers; p++)
+        if (!strcmp(s->peers[p].who.conn, who->conn))
+            return p;
+    return -1;
+}
+
+static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
+{
+    sim_t *s = ctx;
+    int p = s_peer_of(s, to);
+    s->requests++;
+    if (p < 0 || !s->peers[p].alive) {
+        net_msg_destroy(m);
+        return -EHOSTUNREACH; // its connection is gone
+    }
+    sim_push(s, s->now + s->o->latency_ms, EV_TO_PEER, p, *m);
+    *m = NULL;
+    return 0;
+}
+
+// The name in "swarm router: peer N (NAME..." lines, or NULL.
+static int s_named(const sim_t *s, const char *line)
+{
+    const char *at = strstr(line, "swarm router: peer ");
+    const char *open = at ? strchr(at, '(') : NULL;
+    if (!open)
+        return -1;
+    size_t len = strcspn(open + 1, ",)");
+    for (int p = 0; p < s->npeers; p++)
+        if (strlen(s->peers[p].name) == len && !strncmp(open + 1, s->peers[p].name, len))
+            return p;
+    return -1;
+}
+
+// What the engine logs is read for what must never happen: an honest peer
+// lost, banned, expelled or resynced; a rollback no kill caused.
+static void s_io_log(void *ctx, int to_stderr, const char *line)
+{
+    sim_t *s = ctx;
+    static const char *const losses[] = { ": dead\n", "banned for", "expelled for the run",
+                                          "it fetches their state again", "refused" };
+    int p = s_named(s, line);
+    for (size_t k = 0; p >= 0 && k < sizeof losses / sizeof losses[0]; k++)
+        if (strstr(line, losses[k]) && !s->peers[p].killed)
+            sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
+    if (strstr(line, "lost every replica at step") && ++s->rollbacks > s->emptied)
+        sim_violate(s, "a rollback no kill caused: %.*s", (int) strcspn(line, "\n"), line);
+    if (strstr(line, "training from step") && s->train_from < 0) {
+        s->train_from = s->now;
+        s->train_from_step = s->c->step;
+    }
+    if (s->model.log)
+        s->model.log(s->model.ctx, to_stderr, line);
+}
+
+static void s_io_stepped(void *ctx, const swarm_engine_step_t *step)
+{
+    sim_t *s = ctx;
+    s->model.stepped(s->model.ctx, step);
+}
+
+static void s_io_trace(void *ctx, const char *line)
+{
+    sim_t *s = ctx;
+    s->model.trace(s->model.ctx, line);
+}
+
+static double s_io_lr(void *ctx, long step)
+{
+    sim_t *s = ctx;
+    return s->model.lr_at(s->model.ctx, step);
+}
+
+static float s_io_clip(void *ctx, double norm)
+{
+    sim_t *s = ctx;
+    return s->model.clip_scale(s->model.ctx, norm);
+}
+
+// A call into the engine at now, its CPU time counted.
+static void s_engine_message(sim_t *s, const net_peer_t *who, net_msg_t *m)
+{
+    clock_t t0 = clock();
+    swarm_engine_message(s->e, s->now, who, m);
+    swarm_engine_tick(s->e, s->now);
+    s->engine_s += (double) (clock() - t0) / CLOCKS_PER_SEC;
+}
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+// ---- the run ------------------------------------------------------------------
+
+static void s_event(sim_t *s, event_t ev)
+{
+    sim_peer_t *pe = ev.peer >= 0 ? &s->peers[ev.peer] : NULL;
+    switch (ev.type) {
+    case EV_TO_ENGINE:
+        if (pe->alive)
+            s_engine_message(s, &pe->who, ev.m);
+        net_msg_destroy(&ev.m);
+        break;
+    case EV_TO_PEER: {
+        const net_head_t *h = net_msg_head_const(ev.m);
+        if (!pe->alive || h->type == NET_MSG_HEARTBEAT) {
+            net_msg_destroy(&ev.m); // the router's probe of the link: nothing to serve
+        } else {
+            queue_t *q = &pe->queue;
+            if (q->n == q->cap) {
+                q->cap = q->cap ? 2 * q->cap : 16;
+                q->q = realloc(q->q, (size_t) q->cap * sizeof *q->q);
+                if (!q->q)
+                    abort();
+            }
+            q->q[q->n++] = ev.m;
+            sim_serve(s, ev.peer);
+        }
+        break;
+    }
+    case EV_PEER_FREE:
+        pe->busy = 0;
+        sim_serve(s, ev.peer);
+        break;
+    case EV_TICK: {
+        clock_t t0 = clock();
+        swarm_engine_tick(s->e, s->now);
+        s->engine_s += (double) (clock() - t0) / CLOCKS_PER_SEC;
+        sim_push(s, s->now + SIM_TICK_MS, EV_TICK, -1, NULL);
+        break;
+    }
+    case EV_HEARTBEAT:
+        if (pe->alive) {
+            sim_heartbeat(s, ev.peer);
+            sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
+        }
+        break;
+    case EV_KILL:
+        sim_kill(s);
+        sim_push(s, s->now + (int64_t) (1000.0 * s->o->kill_every_s), EV_KILL, -1, NULL);
+        break;
+    case EV_JOIN:
+        sim_peer_new(s);
+        break;
+    case EV_GONE:
+        swarm_engine_gone(s->e, s->now, &pe->who);
+        break;
+    }
+}
+
+// The best bound any assignment of the live peers could reach, from above:
+// their summed speed over the stages' summed relative costs (a split that
+// gives every stage exactly its share).
+static double s_best(const sim_t *s)
+{
+    double speed = 0.0, cost = 0.0;
+    for (int p = 0; p < s->npeers; p++)
+        if (s->peers[p].alive)
+            speed += s->peers[p].speed;
+    for (int st = 0; st < s->c->stages; st++)
+        cost += s->c->stage_cost[st] / s->mean_cost;
+    return cost > 0 ? speed / cost : 0.0;
+}
+
+// The bound of the engine's assignment: the least over stages of the
+// summed speeds of the stage's live ready replicas.
+static double s_bound(const sim_t *s)
+{
+    double low = -1.0;
+    for (int st = 0; st < s->c->stages; st++) {
+        double sum = 0.0;
+        for (int p = 0; p < s->npeers; p++)
+            if (s->peers[p].alive && s->peers[p].ready && s->peers[p].stage == st)
+                sum += s->peers[p].speed * s->mean_cost / s->c->stage_cost[st];
+        low = low < 0 || sum < low ? sum : low;
+    }
+    return low > 0 ? low : 0.0;
+}
+
+int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
+                  const swarm_engine_io_t *model, swarm_sim_result_t *res, char *err, size_t errlen)
+{
+    sim_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    *res = (swarm_sim_result_t) { 0 };
+    s->c = c;
+    s->o = o;
+    s->model = *model;
+    s->rng = o->seed;
+    s->train_from = -1;
+    s->G = c->batch / c->micro;
+    for (int st = 0; st < c->stages; st++)
+        s->mean_cost += c->stage_cost[st] / c->stages;
+    if (s->mean_cost <= 0)
+        s->mean_cost = 1.0;
+    swarm_engine_io_t io = { .ctx = s, .send = s_io_send, .log = s_io_log, .lr_at = s_io_lr,
+                             .clip_scale = s_io_clip,
+                             .stepped = model->stepped ? s_io_stepped : NULL,
+                             .trace = model->trace ? s_io_trace : NULL };
+    int rc = swarm_engine_new(c, &io, 0, &s->e, err, errlen);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
+    for (int p = 0; p < o->peers; p++) {
+        s->now = 10 * p; // they start within moments of each other
+        sim_peer_new(s);
+    }
+    s->now = 0;
+    sim_push(s, 0, EV_TICK, -1, NULL);
+    if (o->kill_every_s > 0)
+        sim_push(s, (int64_t) (1000.0 * o->kill_every_s), EV_KILL, -1, NULL);
+    double bound_sum = 0.0, best_sum = 0.0;
+    long samples = 0;
+    int64_t next_sample = 0;
+    while (s->nheap > 0 && !swarm_engine_finished(s->e) && !s->violation[0]) {
+        event_t ev = s_pop(s);
+        s->now = ev.t;
+        if (s->now > (int64_t) (1000.0 * o->limit_s)) {
+            swarm_engine_summary_t at;
+            swarm_engine_summary(s->e, &at);
+            sim_violate(s, "the run did not finish within %.0f s of virtual time (at step %ld)",
+                      o->limit_s, at.step);
+            net_msg_destroy(&ev.m);
+            break;
+        }
+        if (s->train_from >= 0 && s->now >= next_sample) {
+            bound_sum += s_bound(s);
+            best_sum += s_best(s);
+            samples++;
+            next_sample = s->now + 1000;
+        }
+        s_event(s, ev);
+    }
+    swarm_engine_summary_t sum;
+    swarm_engine_summary(s->e, &sum);
+    if (!s->violation[0] && swarm_engine_finished(s->e)) {
+        long stop = c->steps > 0 && c->step + c->steps < c->iters ? c->step + c->steps : c->iters;
+        if (sum.step != stop)
+            sim_violate(s, "the run ended at step %ld, not at its last step %ld", sum.step, stop);
+        // nothing of the training may be left in flight; a joiner's state
+        // (STATE_GET for it, STATE to it) may: the run ended before it joined
+        static const char *const kinds[] = { "?", "FWD", "BWD", "STEP", "UPDATE", "STATE_GET",
+                                             "STATE", "ASSIGN", "VERIFY", "DISCARD" };
+        char what[256] = "";
+        int left = 0;
+        for (int k = 0; k < s->e->req_slots; k++) {
+            const req_t *q = engine_req_at(s->e, k);
+            int joining = (q->kind == R_STATE_GET && q->mb >= 0) || q->kind == R_STATE;
+            if (!q->id || joining)
+                continue;
+            left++;
+            if (strlen(what) < sizeof what - 40)
+                snprintf(what + strlen(what), sizeof what - strlen(what), " %s(mb %d, stage %d, "
+                         "%s)", q->kind > 0 && q->kind <= R_DISCARD ? kinds[q->kind] : "?",
+                         q->mb, q->stage, s->e->peers[q->peer].name);
+        }
+        if (left > 0)
+            sim_violate(s, "%d requests of the training left in flight at the end:%s", left, what);
+        if (sum.checksum_mismatches != 0)
+            sim_violate(s, "%d replicas disagreed with their stage", sum.checksum_mismatches);
+    }
+    double secs = s->train_from >= 0 ? (double) (s->now - s->train_from) / 1000.0 : 0.0;
+    *res = (swarm_sim_result_t) {
+        .steps = sum.step - s->train_from_step, .seconds = secs,
+        .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
+        .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
+        .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
+        .rollbacks = s->rollbacks, .peers_seen = s->npeers, .done = swarm_engine_finished(s->e),
+    };
+    snprintf(res->violation, sizeof res->violation, "%s", s->violation);
+    while (s->nheap > 0) {
+        event_t ev = s_pop(s);
+        net_msg_destroy(&ev.m);
+    }
+    free(s->heap);
+    for (int p = 0; p < s->npeers; p++) {
+        for (int i = 0; i < s->peers[p].queue.n; i++)
+            net_msg_destroy(&s->peers[p].queue.q[i]);
+        free(s->peers[p].queue.q);
+        free(s->peers[p].grad);
+        free(s->peers[p].count);
+    }
+    free(s->peers);
+    swarm_engine_destroy(&s->e);
+    free(s);
+    return 0;
+}

@@ -1,0 +1,78 @@
+/* sim_int.h - what the simulator's files share (private to swarm/sim*.c):
+ * its events, its peers and the run's state.
+ */
+#ifndef SWARM_SIM_INT_H
+#define SWARM_SIM_INT_H
+
+#include "engine_int.h"
+
+#define SIM_TICK_MS 50       // the shell's loop: a tick at least this often
+#define SIM_GONE_MS 200      // a killed peer's connection is found gone after this
+#define SIM_HEARTBEAT_MS 1000
+#define SIM_STATE_FLOATS 3   // a replica's state: the first 3 floats of its stage
+
+enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE };
+
+typedef struct {
+    int64_t t;               // ms of virtual time
+    uint64_t seq;            // order among events at the same time
+    int type;                // EV_*
+    int peer;                // index into peers, -1 none
+    net_msg_t *m;            // EV_TO_*: the message
+} event_t;
+
+typedef struct {
+    net_msg_t **q;           // requests waiting, in arrival order
+    int n, cap;
+} queue_t;
+
+typedef struct {
+    net_peer_t who;          // its key and connection
+    char name[32];           // crowdN
+    int alive;               // not killed
+    int killed;              // killed by the sim: its bans and deaths are expected
+    int stage;               // from ASSIGN, -1 none
+    int ready;               // a state is loaded
+    long step;               // updates applied (as a node counts them)
+    float state[SIM_STATE_FLOATS]; // what its stage's checksum is of
+    double speed;            // training tokens a second on a stage of mean cost
+    int busy;                // computing a request
+    queue_t queue;           // requests waiting
+    float *grad;             // [max_stage_n] its gradient sum since the last update
+    int *count;              // [G] times each micro-batch of the step went into grad
+    int norm_only;           // its STEP said norm_only=1: it keeps grad for UPDATE
+} sim_peer_t;
+
+typedef struct {
+    swarm_engine_t *e;
+    const swarm_engine_config_t *c;
+    const swarm_sim_opts_t *o;
+    swarm_engine_io_t model; // the caller's lr_at, clip_scale, log (after the sim reads it)
+    int64_t now;             // ms
+    uint64_t rng;            // splitmix64 state
+    uint64_t seq;
+    event_t *heap;           // events, a binary min-heap on (t, seq)
+    int nheap, capheap;
+    sim_peer_t *peers;
+    int npeers, cappeers;
+    int G;                   // micro-batches a step
+    double mean_cost;        // mean of the stages' costs
+    int emptied;             // kills that left a stage with no live ready replica
+    int rollbacks;           // the engine's, from its log
+    char violation[512];     // the first invariant broken, "" none
+    long requests;           // messages the engine sent
+    double engine_s;         // CPU seconds inside the engine (the one measurement)
+    int64_t train_from;      // ms: the first step began
+    long train_from_step;
+} sim_t;
+
+void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m);
+double sim_uniform(sim_t *s);
+void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// a simulated peer (sim_peer.c)
+void sim_serve(sim_t *s, int p);
+void sim_heartbeat(sim_t *s, int p);
+int sim_peer_new(sim_t *s);
+void sim_kill(sim_t *s);
+
+#endif

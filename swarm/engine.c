@@ -76,6 +76,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     for (int p = 0; p < r->npeers; p++)
         free(r->peers[p].grad);
     free(r->peers);
+    free(r->key_index);
     for (int k = 0; k < (r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK; k++)
         free(r->req_blocks[k]);
     free(r->req_blocks);

@@ -163,6 +163,9 @@ struct swarm_engine_s {
     peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)
     int npeers;              // used entries
     int peers_cap;           // allocated entries, of peers and of the scratch below
+    int *key_index;          // [key_cap] the peers by key (engine_peer_find), open addressing
+    int key_cap;             // its slots, a power of two, at most half used
+    int key_used;            // of them holding a peer or a removed entry
     swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (engine_pick_but, s_pick_fit)
     double *backlog, *ahead; // [peers_cap] scratch of engine_views_as
     int next_peer_id;        // ids for logs, in join order (entries may be reused)

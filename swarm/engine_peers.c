@@ -4,12 +4,77 @@
  */
 #include "engine_int.h"
 
+// ---- the peers by key: open addressing, slots hold index + 1 (0 empty,
+// -1 a removed entry), at most half full: a lookup is O(1) ----
+
+static uint64_t s_key_hash(const char *key)
+{
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (; *key; key++)
+        h = (h ^ (unsigned char) *key) * 1099511628211ull;
+    return h;
+}
+
+// The slot of key in the index, or of where it would go (-1: no index).
+static int s_key_slot(const swarm_engine_t *r, const char *key, int *found)
+{
+    *found = 0;
+    if (r->key_cap == 0)
+        return -1;
+    int mask = r->key_cap - 1, free_at = -1;
+    for (int i = (int) (s_key_hash(key) & (uint64_t) mask);; i = (i + 1) & mask) {
+        int v = r->key_index[i];
+        if (v == 0)
+            return free_at >= 0 ? free_at : i;
+        if (v < 0 && free_at < 0)
+            free_at = i;
+        if (v > 0 && !strcmp(r->peers[v - 1].who.key, key)) {
+            *found = 1;
+            return i;
+        }
+    }
+}
+
+// Index peer p by its key (its entry holds the key). 0 or -ENOMEM.
+static int s_key_put(swarm_engine_t *r, int p)
+{
+    int found;
+    if (2 * (r->key_used + 1) > r->key_cap) { // rebuild, larger if the peers need it,
+        int cap = 64;                         // without the removed entries
+        while (4 * (r->npeers + 1) > cap)
+            cap *= 2;
+        int *old = r->key_index, old_cap = r->key_cap;
+        if (!(r->key_index = calloc((size_t) cap, sizeof *r->key_index))) {
+            r->key_index = old;
+            return -ENOMEM;
+        }
+        r->key_cap = cap;
+        r->key_used = 0;
+        for (int i = 0; i < old_cap; i++) {
+            if (old[i] > 0) {
+                r->key_index[s_key_slot(r, r->peers[old[i] - 1].who.key, &found)] = old[i];
+                r->key_used++;
+            }
+        }
+        free(old);
+    }
+    int i = s_key_slot(r, r->peers[p].who.key, &found);
+    r->key_used += r->key_index[i] == 0;
+    r->key_index[i] = p + 1;
+    return 0;
+}
+
+static void s_key_del(swarm_engine_t *r, int p)
+{
+    int found, i = s_key_slot(r, r->peers[p].who.key, &found);
+    if (found)
+        r->key_index[i] = -1;
+}
+
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who)
 {
-    for (int i = 0; i < r->npeers; i++)
-        if (!strcmp(r->peers[i].who.key, who->key))
-            return i;
-    return -1;
+    int found, i = s_key_slot(r, who->key, &found);
+    return found ? r->key_index[i] - 1 : -1;
 }
 
 // What each peer holds, in training tokens (swarm_peer_view_t.backlog):
@@ -232,6 +297,7 @@ static int s_peer_slot(swarm_engine_t *r)
     }
     if (best >= 0 && dead >= PEERS_KEEP_DEAD) {
         free(r->peers[best].grad);
+        s_key_del(r, best);
         return best;
     }
     if (r->npeers == r->peers_cap) {
@@ -280,6 +346,12 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *
             return;
         }
         r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
+        if (s_key_put(r, p) != 0) {
+            engine_warn(r, "swarm router: out of memory for the peer index (%d peers); "
+                        "ignoring %s\n", r->npeers, name);
+            r->peers[p].state = P_DEAD; // an entry no message can reach, reused later
+            return;
+        }
     }
     peer_t *pe = &r->peers[p];
     engine_sanitize(name);

@@ -81,12 +81,12 @@ void sim_violate(sim_t *s, const char *fmt, ...)
 
 // ---- the engine's world -----------------------------------------------------
 
+// The sim peer a connection is: its number follows the '/' (sim_peer_new).
 static int s_peer_of(const sim_t *s, const net_peer_t *who)
 {
-    for (int p = 0; p < s->npeers; p++)
-        if (!strcmp(s->peers[p].who.conn, who->conn))
-            return p;
-    return -1;
+    const char *slash = strchr(who->conn, '/');
+    long p = slash ? strtol(slash + 1, NULL, 10) - 1 : -1;
+    return p >= 0 && p < s->npeers && !strcmp(s->peers[p].who.conn, who->conn) ? (int) p : -1;
 }
 
 static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
@@ -383,6 +383,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         free(s->peers[p].count);
     }
     free(s->peers);
+    for (int st = 0; st < c->stages; st++)
+        free(s->step_sum[st]);
     swarm_engine_destroy(&s->e);
     free(s);
     return 0;

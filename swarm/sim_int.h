@@ -56,6 +56,7 @@ typedef struct {
     sim_peer_t *peers;
     int npeers, cappeers;
     int G;                   // micro-batches a step
+    float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     double mean_cost;        // mean of the stages' costs
     int emptied;             // kills that left a stage with no live ready replica
     int rollbacks;           // the engine's, from its log

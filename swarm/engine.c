@@ -175,7 +175,7 @@ void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
         .spot_checks = r->spot_checks, .spot_undecided = r->spot_undecided,
         .restarts = r->restarts, .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
         .window_mean = r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window,
-        .micro_batches = r->G, .requests_in_flight = r->req_slots - r->req_nfree,
+        .micro_batches = r->G,
     };
     memcpy(out->wire_in, r->wire_in, sizeof out->wire_in);
     memcpy(out->wire_out, r->wire_out, sizeof out->wire_out);

@@ -103,18 +103,17 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     return 0;
 }
 
-// The name in "swarm router: peer N (NAME..." lines, or NULL.
+// The sim peer a "swarm router: peer N (simK..." line is of, or -1: simK is
+// peer K - 1 (sim_peer_new).
 static int s_named(const sim_t *s, const char *line)
 {
     const char *at = strstr(line, "swarm router: peer ");
     const char *open = at ? strchr(at, '(') : NULL;
-    if (!open)
+    if (!open || strncmp(open + 1, "sim", 3) != 0)
         return -1;
-    size_t len = strcspn(open + 1, ",)");
-    for (int p = 0; p < s->npeers; p++)
-        if (strlen(s->peers[p].name) == len && !strncmp(open + 1, s->peers[p].name, len))
-            return p;
-    return -1;
+    char *end;
+    long p = strtol(open + 4, &end, 10) - 1;
+    return (*end == ',' || *end == ')') && p >= 0 && p < s->npeers ? (int) p : -1;
 }
 
 // What the engine logs is read for what must never happen: an honest peer
@@ -367,7 +366,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
         .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
         .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
-        .rollbacks = s->rollbacks, .peers_seen = s->npeers, .done = swarm_engine_finished(s->e),
+        .rollbacks = s->rollbacks,
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);
     while (s->nheap > 0) {
@@ -385,6 +384,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     free(s->peers);
     for (int st = 0; st < c->stages; st++)
         free(s->step_sum[st]);
+    free(s->ones);
     swarm_engine_destroy(&s->e);
     free(s);
     return 0;

@@ -57,6 +57,7 @@ typedef struct {
     int npeers, cappeers;
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
+    float *ones;             // (micro, T, C) ones: every activation a peer sends
     double mean_cost;        // mean of the stages' costs
     int emptied;             // kills that left a stage with no live ready replica
     int rollbacks;           // the engine's, from its log

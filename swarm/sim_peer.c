@@ -110,19 +110,20 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
     return e;
 }
 
+// An activation-shaped tensor of ones (made once).
 static void s_add_acts(sim_t *s, net_msg_t *m)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
     size_t n = (size_t) dims[0] * dims[1] * dims[2];
-    float *x = malloc(n * sizeof(float));
-    if (!x)
+    if (!s->ones) {
+        if (!(s->ones = malloc(n * sizeof(float))))
+            abort();
+        for (size_t j = 0; j < n; j++)
+            s->ones[j] = 1.0f;
+    }
+    if (net_msg_add_tensor(m, s->c->wire, dims, 3, s->ones) != 0)
         abort();
-    for (size_t j = 0; j < n; j++)
-        x[j] = 1.0f;
-    if (net_msg_add_tensor(m, s->c->wire, dims, 3, x) != 0)
-        abort();
-    free(x);
 }
 
 static void s_add_checksum(const sim_peer_t *pe, net_msg_t *m, const char *more)
@@ -365,10 +366,7 @@ int sim_peer_new(sim_t *s)
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
     int k = s->o->nspeeds > 0 ? (int) (sim_uniform(s) * s->o->nspeeds) : 0;
     pe->speed = s->o->nspeeds > 0 ? s->o->speeds[k < s->o->nspeeds ? k : 0] : 20000.0;
-    size_t most = 0; // the largest stage: it may move
-    for (int st = 0; st < s->c->stages; st++)
-        most = s->c->stage_n[st] > most ? s->c->stage_n[st] : most;
-    pe->grad = calloc(most, sizeof(float));
+    pe->grad = calloc(s->e->max_stage_n, sizeof(float)); // the largest stage: it may move
     pe->count = calloc((size_t) s->G, sizeof(int));
     if (!pe->grad || !pe->count)
         abort();

@@ -248,7 +248,6 @@ typedef struct {
     uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
     double window_mean;      // micro-batches in flight, on average over the steps
     int micro_batches;       // G, a step's
-    int requests_in_flight;  // requests sent and not yet answered or given up
 } swarm_engine_summary_t;
 
 // A new engine for config c, its effects through io, at now_ms. 0, or
@@ -297,8 +296,6 @@ typedef struct {
     double best;             // the same for the best split of the live peers (an upper bound)
     double us_per_request;   // CPU microseconds in the engine per message it sent
     int rollbacks;           // the engine's
-    int peers_seen;          // peers that joined, in all
-    int done;                // the run finished
     char violation[512];     // the first invariant broken, "" none
 } swarm_sim_result_t;
 

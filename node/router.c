@@ -14,7 +14,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +22,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
@@ -48,7 +46,6 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     router_t *r = ctx;
     return net_server_send(r->srv, to, m);
 }
-
 
 static void s_io_evaluated(void *ctx, long step, double train, double val)
 {
@@ -215,8 +212,6 @@ static void s_help(FILE *out)
     node_train_help(out);
 }
 
-
-
 // The router's key pair: --key NAME, or one kept in the user's config folder.
 static int s_load_key(router_t *r, char *err, size_t n)
 {
@@ -241,8 +236,6 @@ static int s_load_key(router_t *r, char *err, size_t n)
     return rc;
 }
 
-
-
 // The rest of the start-up line when the router chose the micro-batch
 // (s_micro_choose): why, and what the pipeline's fill and drain cost.
 static void s_micro_why(const router_t *r, double idle)
@@ -259,8 +252,6 @@ static void s_micro_why(const router_t *r, double idle)
                "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that; "
                "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
 }
-
-
 
 static int s_listen(router_t *r, char *err, size_t n)
 {

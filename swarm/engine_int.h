@@ -242,8 +242,6 @@ enum { WIN_FIXED = SWARM_WINDOW_FIXED, WIN_AUTO = SWARM_WINDOW_AUTO, WIN_ALL = S
 #define MB_APPLY 2           // mb of an R_STEP that applies the update (STEP apply=1)
 #define EVAL_MB 1000000      // evaluation micro-batch ids start here on the wire
 
-
-
 enum { W_ACTS = 0, W_GRADS, W_STATE }; // activations and their gradients; gradient sums; state
 
 // For a call whose failure is reported where it happens (or is harmless).

@@ -170,25 +170,6 @@ static void s_engine_message(sim_t *s, const net_peer_t *who, net_msg_t *m)
     s->engine_s += (double) (clock() - t0) / CLOCKS_PER_SEC;
 }
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 // ---- the run ------------------------------------------------------------------
 
 static void s_event(sim_t *s, event_t ev)

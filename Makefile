@@ -201,14 +201,15 @@ SECONDS ?= 600
 sim-soak: $(BUILD)/swarm
 	@sh scripts/sim-soak.sh $(BUILD) --seconds $(SECONDS)
 
-# A test-only swarm whose nodes can lie (--misbehave, node/daemon.c): the
-# same objects but daemon.c, compiled with SWARM_MISBEHAVE.
-$(BUILD)/obj/node/daemon-misbehave.o: node/daemon.c
+# A test-only swarm whose nodes can lie (--misbehave, node/daemon*.c): the
+# same objects but the daemon's, compiled with SWARM_MISBEHAVE.
+MISBEHAVE_OBJ := $(BUILD)/obj/node/daemon-misbehave.o $(BUILD)/obj/node/daemon_flags-misbehave.o
+$(BUILD)/obj/node/%-misbehave.o: node/%.c
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC    $< (misbehave)")
 	$(Q)$(CC) $(CFLAGS_BASE) $(INC_node) -DSWARM_MISBEHAVE -c $< -o $@
-$(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(filter-out $(BUILD)/obj/node/daemon.o,$(NODE_OBJ)) \
-                          $(BUILD)/obj/node/daemon-misbehave.o $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
+$(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(MISBEHAVE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ) \
+                          $(filter-out $(BUILD)/obj/node/daemon.o $(BUILD)/obj/node/daemon_flags.o,$(NODE_OBJ))
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 

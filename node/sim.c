@@ -6,6 +6,7 @@
  * prints the one command that replays it (the same seed, the same run).
  */
 #include "router_int.h"
+#include "worker.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -17,27 +18,49 @@ typedef struct {
     swarm_sim_opts_t o;      // for swarm_sim_run
     double speeds[SIM_SPEEDS_MAX]; // the mix, one entry per share
     int verbose;             // the engine's lines to stderr
+    int numeric;             // --numeric: each peer runs node/worker.c
+    long long sim_seed;      // --sim-seed: the sim's own draws; -1: --seed's
+    const char *churn_path;  // --churn FILE
+    swarm_sim_churn_t churn; // read from it
 } sim_flags_t;
+
+static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed" };
 
 static void s_help(FILE *out)
 {
     fprintf(out,
-        "usage: swarm sim --peers N --stages S [--steps K] [--seed X] [--speeds LIST]\n"
-        "                 [--latency MS] [--kill-every SECONDS] [--limit SECONDS] [--verbose]\n"
+        "usage: swarm sim --peers N --stages S [--steps K] [--seed X] [--numeric]\n"
+        "                 [--speeds LIST] [--latency MS] [--kill-every S] [--stall-every S]\n"
+        "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
         "                 [router and training flags of swarm router]\n"
         "Train on a simulated swarm, in virtual time, deterministic from --seed: the real\n"
-        "router engine, peers that answer as nodes do, tensors of constants and gradients\n"
-        "whose sums are checked exactly. The last line says what it reached and whether\n"
-        "every invariant held (each update the sum of exactly its step's micro-batches, no\n"
-        "honest peer lost, no rollback a kill did not cause, nothing left in flight).\n"
-        "  --peers N          peers that join at the start (>= 1)\n"
+        "router engine, peers that answer as nodes do. Synthetic (the default): tensors of\n"
+        "constants and gradients whose sums are checked exactly; --numeric: each peer runs\n"
+        "the node's real code on the model, and --loss-log compares with swarm train's.\n"
+        "The last line says what it reached and whether every invariant held (each update\n"
+        "the sum of exactly its step's micro-batches, no honest peer lost, no rollback a\n"
+        "fault did not cause, nothing left in flight).\n"
+        "  --peers N          peers that join at the start (>= 1); with --churn, about the\n"
+        "                     most that are up at once\n"
+        "  --numeric          peers compute with the node's real code (small models)\n"
         "  --speeds LIST      their speeds in training tokens/s, each drawn from the list;\n"
         "                     TOKS or TOKSxSHARE, comma-separated: 20000x9,400000 is nine\n"
         "                     CPUs to one GPU (default 20000)\n"
         "  --latency MS       one way between the router and each peer (default 20)\n"
         "  --kill-every S     kill a random peer every S virtual seconds; a new one joins\n"
         "                     1 s later (default 0: never)\n"
+        "  --stall-every S    stop a random peer every S virtual seconds, as SIGSTOP does\n"
+        "                     (default 0: never)\n"
+        "  --stall S          for this long (default 3)\n"
+        "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
+        "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
+        "                     drift, shuffle (--numeric only), speed (default: all of them)\n"
+        "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
+        "                     tiled over --peers (copies at phases of the trace)\n"
+        "  --churn-scale X    the trace runs X times faster (default 1)\n"
         "  --limit S          virtual seconds before the run counts as stuck (default 36000)\n"
+        "  --sim-seed X       the sim's own draws (peers, speeds, faults) from X, the\n"
+        "                     model's and the batches' from --seed (default: --seed's)\n"
         "  --verbose          the engine's log lines on stderr\n"
         "  --save-every N     checkpoints every N steps, kept in memory (a rollback goes back\n"
         "                     to the last; files only with --save DIR)\n");
@@ -83,20 +106,47 @@ static int s_speeds(sim_flags_t *f, const char *v, char *err, size_t n)
     return 0;
 }
 
+// --lies nan,scale,...
+static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
+{
+    f->o.lies = 0;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ",");
+        int k = 1;
+        while (k < SIM_LIES && !(strlen(s_lie_names[k]) == len && !strncmp(p, s_lie_names[k], len)))
+            k++;
+        if (k == SIM_LIES)
+            return s_bad(err, n, "--lies", v, "ways from nan, scale, drift, shuffle, speed, "
+                         "comma-separated");
+        f->o.lies |= 1u << k;
+        p += len + (p[len] == ',');
+    }
+    if (f->o.lies == 0)
+        return s_bad(err, n, "--lies", v, "at least one way to lie");
+    return 0;
+}
+
 // Take the sim's own flags out of argv. 1 for --help.
 static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
 {
     int out = 1;
+    static const char *const takes_value[] = { "--peers", "--speeds", "--latency",
+        "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
+        "--churn-scale", "--sim-seed" };
     f->o.latency_ms = 20;
     f->o.limit_s = 36000;
+    f->o.stall_s = 3;
+    f->o.churn_scale = 1;
+    f->sim_seed = -1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
-        int takes = !strcmp(a, "--peers") || !strcmp(a, "--speeds") || !strcmp(a, "--latency")
-                 || !strcmp(a, "--kill-every") || !strcmp(a, "--limit");
+        int takes = 0;
+        for (size_t k = 0; k < sizeof takes_value / sizeof *takes_value; k++)
+            takes |= !strcmp(a, takes_value[k]);
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
             return 1;
-        if (!strcmp(a, "--verbose")) {
-            f->verbose = 1;
+        if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric")) {
+            *(a[2] == 'v' ? &f->verbose : &f->numeric) = 1;
             continue;
         }
         if (!takes) {
@@ -113,6 +163,28 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         if (!strcmp(a, "--speeds")) {
             if (s_speeds(f, v, err, n) != 0)
                 return -EINVAL;
+        } else if (!strcmp(a, "--lies")) {
+            if (s_lies(f, v, err, n) != 0)
+                return -EINVAL;
+        } else if (!strcmp(a, "--churn")) {
+            f->churn_path = v;
+        } else if (!strcmp(a, "--liars")) {
+            if (!number || x < 0 || x > 1000000 || x != (int) x)
+                return s_bad(err, n, a, v, "a whole number of liars, 0 or more");
+            f->o.liars = (int) x;
+        } else if (!strcmp(a, "--stall-every") || !strcmp(a, "--stall")) {
+            if (!number || x < 0 || x > 1e6)
+                return s_bad(err, n, a, v, a[7] == '-' ? "virtual seconds, 0 (never) or more"
+                                                       : "virtual seconds, 0 or more");
+            *(a[7] == '-' ? &f->o.stall_every_s : &f->o.stall_s) = x;
+        } else if (!strcmp(a, "--sim-seed")) {
+            if (!number || x < 0 || x > 9e15 || x != (long long) x)
+                return s_bad(err, n, a, v, "a whole number, 0 or more");
+            f->sim_seed = (long long) x;
+        } else if (!strcmp(a, "--churn-scale")) {
+            if (!number || !(x >= 1e-3 && x <= 1e9))
+                return s_bad(err, n, a, v, "a factor, 0.001..1e9 (100: a trace hour in 36 s)");
+            f->o.churn_scale = x;
         } else if (!strcmp(a, "--peers")) {
             if (!number || x < 1 || x > 1000000 || x != (int) x)
                 return s_bad(err, n, a, v, "a whole number of peers, 1..1000000");
@@ -138,7 +210,67 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
                  "'swarm sim --help'");
         return -EINVAL;
     }
+    if (f->o.liars > f->o.peers) {
+        snprintf(err, n, "--liars %d: more than the %d --peers", f->o.liars, f->o.peers);
+        return -EINVAL;
+    }
+    if (f->o.lies == 0) // every way, but shuffle where constants reversed are the same
+        f->o.lies = ((1u << SIM_LIES) - 2) & ~(f->numeric ? 0u : 1u << SIM_LIE_SHUFFLE);
+    if (!f->numeric && (f->o.lies & (1u << SIM_LIE_SHUFFLE))) {
+        snprintf(err, n, "--lies shuffle needs --numeric (the synthetic peers' activations are "
+                 "constants: reversed, they are the same)");
+        return -EINVAL;
+    }
+    if (f->churn_path && swarm_sim_churn_load(f->churn_path, &f->churn, err, n) != 0)
+        return -EINVAL;
+    if (f->churn_path)
+        f->o.churn = &f->churn;
     return 0;
+}
+
+// ---- --numeric: each peer a node/worker.c -------------------------------------
+
+static void *s_node_open(void *ctx, int peer, int lie, long from)
+{
+    static const int lies[SIM_LIES] = { [SIM_LIE_NAN] = NODE_LIE_NAN,
+        [SIM_LIE_SCALE] = NODE_LIE_SCALE, [SIM_LIE_DRIFT] = NODE_LIE_DRIFT,
+        [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE };
+    (void) peer;
+    node_worker_config_t c = { .be = ctx, .cache_mb = 512, .slowdown = 1.0 };
+    node_worker_t *w = node_worker_new(&c);
+    if (w && lie > 0 && lie < SIM_LIES && lies[lie])
+        node_worker_lie(w, lies[lie], from);
+    return w;
+}
+
+// The node's answer, as daemon.c gives it: an ERROR with the reason for a
+// request it refuses.
+static net_msg_t *s_node_answer(void *ctx, void *node, const net_msg_t *msg)
+{
+    char err[512] = "";
+    net_msg_t *reply = NULL;
+    (void) ctx;
+    int rc = net_msg_head_const(msg)->type == NET_MSG_ASSIGN
+           ? node_worker_assign(node, msg, err, sizeof err)
+           : node_worker_serve(node, msg, &reply, err, sizeof err);
+    return rc < 0 ? node_worker_error(msg, err) : reply;
+}
+
+static void s_node_status(void *ctx, void *node, int *stage, int *ready, long *step)
+{
+    node_worker_status_t st;
+    (void) ctx;
+    node_worker_status(node, &st);
+    *stage = st.stage;
+    *ready = st.ready;
+    *step = st.step;
+}
+
+static void s_node_close(void *ctx, void *node)
+{
+    node_worker_t *w = node;
+    (void) ctx;
+    node_worker_destroy(&w);
 }
 
 // The engine's lines (with --verbose; the sim reads them all).
@@ -180,24 +312,48 @@ int cmd_sim(int argc, char **argv)
     }
     swarm_sim_result_t res;
     if (rc == 0) {
-        f.o.seed = r->hp.seed;
+        f.o.seed = f.sim_seed >= 0 ? (uint64_t) f.sim_seed : r->hp.seed;
         if (r->o.save_every > 0)
             r->c.save = 1; // checkpoints in memory (written only with --save DIR)
-        if (r->c.min_nodes == 0)
-            r->c.min_nodes = f.o.peers < r->c.stages ? r->c.stages : f.o.peers;
+        if (r->c.min_nodes == 0) // with --churn, whoever is up at the start
+            r->c.min_nodes = f.o.peers < r->c.stages || f.o.churn ? r->c.stages : f.o.peers;
+        if (f.o.churn) { // as swarm/sim_churn.c tiles it
+            int copies = (f.o.peers + f.churn.most / 2) / f.churn.most;
+            copies = copies < 1 ? 1 : copies;
+            char tiling[96] = "one copy of it";
+            if (copies > 1)
+                snprintf(tiling, sizeof tiling, "%d copies of it side by side, each 1/%d of the "
+                         "trace ahead of the last", copies, copies);
+            printf("sim: churn from %s: %d machines up at most over %.1f h; %s, its counts "
+                   "times %.2f, %g times faster (a trace hour in %.0f s)\n", f.churn_path,
+                   f.churn.most, (double) f.churn.span_ms / 3.6e6, tiling,
+                   (double) f.o.peers / ((double) copies * f.churn.most), f.o.churn_scale,
+                   3600.0 / f.o.churn_scale);
+        }
+        swarm_sim_nodes_t nodes = { .open = s_node_open, .answer = s_node_answer,
+                                    .status = s_node_status, .close = s_node_close };
+        if (f.numeric && !(nodes.ctx = blas_backend_open("cpu", 1, err, sizeof err)))
+            rc = -ENODEV;
+        if (f.numeric)
+            f.o.nodes = &nodes;
         swarm_engine_io_t model = { .ctx = r, .log = f.verbose ? s_log : NULL,
                                     .lr_at = router_io_lr_at,
                                     .clip_scale = router_io_clip_scale,
                                     .stepped = router_io_stepped,
                                     .trace = r->trace ? router_io_trace : NULL };
-        rc = swarm_sim_run(&r->c, &f.o, &model, &res, err, sizeof err);
-        r->c.params = r->c.m = r->c.v = NULL; // the engine's, freed with it
+        if (rc == 0) {
+            rc = swarm_sim_run(&r->c, &f.o, &model, &res, err, sizeof err);
+            r->c.params = r->c.m = r->c.v = NULL; // the engine's, freed with it
+        }
     }
     if (rc != 0 && rc != 1) {
         fprintf(stderr, "swarm sim: %s\n", err);
     } else if (rc == 0) {
         if (router_tty())
             fprintf(stderr, "\n");
+        printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined\n",
+               f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
+               res.liars_caught, res.joins);
         printf("sim | peers %d | stages %d | steps %ld | seed %llu | tok/s %.0f | bound %.0f | "
                "best %.0f | /bound %.2f | /best %.2f | us/request %.1f | rollbacks %d | ",
                f.o.peers, r->c.stages, res.steps, (unsigned long long) f.o.seed, res.tok_s,
@@ -218,6 +374,7 @@ int cmd_sim(int argc, char **argv)
     swarm_data_destroy(&r->data);
     if (r->trace)
         fclose(r->trace);
+    swarm_sim_churn_free(&f.churn);
     free(r);
     free(args);
     return rc == 0 ? 0 : rc == 1 ? 0 : 1;

@@ -1,14 +1,22 @@
 #!/bin/sh
-# sim-soak.sh BUILD FIRST COUNT | BUILD --seconds N - swarm sim on many seeds,
-# each a different small swarm drawn from its seed: 3-12 peers on 2-4
-# stages of uneven speeds (CPUs and a GPU), links of 0-50 ms, peers killed
-# and replaced every 3-8 virtual seconds (with checkpoints every 10 steps)
-# or never, evaluations, spot checks. Seeds FIRST..FIRST+COUNT-1, or fresh seeds (from the clock) for N
-# seconds. Prints one line per failing seed with the command that replays
-# it, then "sim-soak: N seeds (FIRST..LAST), N failed"; exits 1 on a failure.
+# sim-soak.sh BUILD FIRST COUNT [--numeric] | BUILD --seconds N [--numeric] -
+# swarm sim on many seeds, each a different small swarm drawn from its
+# seed: 3-12 peers on 2-4 stages of uneven speeds (CPUs and a GPU), links
+# of 0-50 ms, and faults. Synthetic (the default): peers killed and
+# replaced every 3-8 virtual seconds (with checkpoints every 10 steps) or
+# never, evaluations, spot checks. --numeric: peers that run the node's
+# real code on a small model, with kills and joins, stalls, or liars, and
+# every step's loss must equal `swarm train`'s to 1e-4 (one reference run
+# per batch size: the model and its batches come from --seed 1337, the
+# swarm from --sim-seed). Seeds FIRST..FIRST+COUNT-1, or fresh seeds (from
+# the clock) for N seconds. Prints one line per failing seed with the
+# command that replays it, then "sim-soak: N seeds (FIRST..LAST), N
+# failed"; exits 1 on a failure.
 set -u
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
+numeric=0
+for a in "$@"; do [ "$a" = --numeric ] && numeric=1; done
 if [ "${2:-}" = --seconds ]; then
     seconds=${3:?--seconds N}
     first=$(( $(date +%s) % 1000000 * 1000 ))
@@ -19,6 +27,8 @@ else
     count=${3:-100}
 fi
 [ -x "$SWARM" ] || { echo "sim-soak.sh: no $SWARM (make first)" >&2; exit 2; }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
 
 # pick N LIST...: the (seed-drawn) N-th word of LIST
 pick() { shift "$(( $1 % ($# - 1) + 1 ))"; echo "$1"; }
@@ -44,6 +54,57 @@ flags_of() {
          "--kill-every $kill $save --latency $latency --speeds $speeds --limit 3000 --seed $1"
 }
 
+# --numeric: the model (and its reference runs, one per batch size)
+MODEL="--layers 4 --heads 4 --embd 32 --block 16 --micro-batch 2 --iters 30 --warmup 2"
+MODEL="$MODEL --lr 1e-3 --eval-every 0 --seed 1337 --data $TMP/data.txt"
+if [ $numeric = 1 ]; then
+    head -c 30000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+    for b in 8 12; do
+        # shellcheck disable=SC2086
+        "$SWARM" train $MODEL --batch $b --threads 1 --quiet --loss-log "$TMP/ref$b.txt" \
+            >/dev/null 2>&1 || { echo "sim-soak.sh: swarm train failed" >&2; exit 2; }
+    done
+fi
+
+# the numeric swarm of seed $1: its faults are one of none, kills (and the
+# joins that replace them), stalls (3 s, as SIGSTOP), both, or liars (a NaN
+# in their activations, parameters that drift, a speed 1000x their own;
+# every forward verified). Liars come without kills: a liar left alone on
+# its stage by a kill is one no check can tell (its replicas' consensus is
+# what catches a drift). Liars that send wrong finite activations are not
+# in the mix: at the last stage only the loss is verified (not its dx), so
+# they pass unseen there.
+numeric_flags_of() {
+    h=$(( ($1 * 2654435761 + 777) % 4294967296 ))
+    stages=$(pick $(( h % 89 )) 2 2 3 4)
+    faults=$(pick $(( h / 97 )) none kills stalls both liars)
+    batch=$(pick $(( h / 7919 )) 8 12)
+    latency=$(pick $(( h / 1031 )) 0 5 20)
+    speeds=$(pick $(( h / 104729 )) 2000 2000,4000 1000x3,20000)
+    peers=$(( stages + 1 + h / 7 % (13 - stages) )) more=""
+    case $faults in
+        kills|both) peers=$(( 2 * stages + h / 7 % (13 - 2 * stages) ))
+                    more="--kill-every $(pick $(( h / 131 )) 0.5 1 2) --save-every 5" ;;
+    esac
+    case $faults in
+        stalls|both) more="$more --stall-every $(pick $(( h / 137 )) 2 4 8) --stall $(pick $(( h / 139 )) 1 2)" ;;
+        liars) liars=$(( 1 + h / 139 % 2 ))
+               peers=$(( 2 * stages + liars + h / 7 % (13 - 2 * stages - liars) ))
+               more="--liars $liars --lies nan,drift,speed --verify 1" ;;
+    esac
+    echo "--numeric --peers $peers --stages $stages $MODEL --batch $batch $more" \
+         "--latency $latency --speeds $speeds --limit 3000 --sim-seed $1"
+}
+
+# losses_equal LOG REF: each step's last loss in LOG (a rollback logs the
+# steps it replays again) equals REF's to 1e-4 relative, every step there
+losses_equal() {
+    awk '{ loss[$1] = $2 } END { for (s in loss) print s, loss[s] }' "$1" | sort -n \
+        | paste -d' ' - "$2" | awk '
+        { d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-4 * $4) bad++; n++ }
+        END { exit !(n > 0 && bad == 0) }'
+}
+
 ran=0 failed=0 seed=$first start=$(date +%s)
 while :; do
     if [ "$seconds" -gt 0 ]; then
@@ -51,9 +112,18 @@ while :; do
     elif [ $ran -ge "$count" ]; then
         break
     fi
-    f=$(flags_of "$seed")
+    if [ $numeric = 1 ]; then
+        f="$(numeric_flags_of "$seed") --loss-log $TMP/loss.txt"
+    else
+        f=$(flags_of "$seed")
+    fi
+    rm -f "$TMP/loss.txt"
     # shellcheck disable=SC2086
     out=$(SWARM_PLAIN=1 timeout 60 "$SWARM" sim $f 2>/dev/null | grep "^sim |")
+    if [ $numeric = 1 ] && [ "${out##*invariants }" = ok ] \
+        && ! losses_equal "$TMP/loss.txt" "$TMP/ref$(echo "$f" | sed 's/.*--batch \([0-9]*\).*/\1/').txt"; then
+        out="$out, but its losses differ from swarm train's"
+    fi
     case "$out" in
         *"invariants ok") ;;
         *) failed=$((failed + 1))
@@ -63,5 +133,5 @@ while :; do
     ran=$((ran + 1))
     seed=$((seed + 1))
 done
-echo "sim-soak: $ran seeds ($first..$((seed - 1))), $failed failed"
+echo "sim-soak: $ran $([ $numeric = 1 ] && echo "numeric ")seeds ($first..$((seed - 1))), $failed failed"
 [ $failed -eq 0 ]

@@ -124,9 +124,21 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
     static const char *const losses[] = { ": dead\n", "banned for", "expelled for the run",
                                           "it fetches their state again", "refused" };
     int p = s_named(s, line);
-    for (size_t k = 0; p >= 0 && k < sizeof losses / sizeof losses[0]; k++)
-        if (strstr(line, losses[k]) && !s->peers[p].killed)
+    sim_peer_t *pe = p >= 0 ? &s->peers[p] : NULL;
+    int faulty = pe && (pe->killed || pe->stalled || pe->lie);
+    for (size_t k = 0; pe && k < sizeof losses / sizeof losses[0]; k++) {
+        if (!strstr(line, losses[k]))
+            continue;
+        if (!faulty)
             sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
+        // a liar or a stalled peer leaves when the engine says so: its stage
+        // may be left with nobody (a kill's is counted when it dies)
+        int st = sim_ready_on(s, p); // the line comes before the engine marks it
+        if (k < 3 && !pe->killed && st >= 0 && sim_healthy(s, st, p) == 0)
+            s->emptied++;
+        if (k < 3 && pe->lie && !pe->caught++)
+            s->liars_caught++;
+    }
     if (strstr(line, "lost every replica at step") && ++s->rollbacks > s->emptied)
         sim_violate(s, "a rollback no kill caused: %.*s", (int) strcspn(line, "\n"), line);
     if (strstr(line, "training from step") && s->train_from < 0) {
@@ -215,12 +227,31 @@ static void s_event(sim_t *s, event_t ev)
             sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
         }
         break;
-    case EV_KILL:
-        sim_kill(s);
+    case EV_KILL: { // a random live peer; a new one joins a second later
+        int p = sim_pick_live(s, -1);
+        if (p >= 0) {
+            sim_kill(s, p);
+            sim_push(s, s->now + 1000, EV_JOIN, -1, NULL);
+        }
         sim_push(s, s->now + (int64_t) (1000.0 * s->o->kill_every_s), EV_KILL, -1, NULL);
         break;
+    }
     case EV_JOIN:
-        sim_peer_new(s);
+        sim_peer_new(s, -1);
+        break;
+    case EV_STALL: {
+        int p = sim_pick_live(s, -1);
+        if (p >= 0 && s->now >= s->peers[p].stall_until)
+            sim_stall(s, p);
+        sim_push(s, s->now + (int64_t) (1000.0 * s->o->stall_every_s), EV_STALL, -1, NULL);
+        break;
+    }
+    case EV_RESUME:
+        if (pe->alive && s->now >= pe->stall_until)
+            sim_serve(s, ev.peer);
+        break;
+    case EV_CHURN:
+        sim_churn_event(s, ev.peer);
         break;
     case EV_GONE:
         swarm_engine_gone(s->e, s->now, &pe->who);
@@ -283,14 +314,18 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         free(s);
         return rc;
     }
-    for (int p = 0; p < o->peers; p++) {
+    for (int p = 0; p < o->peers && !o->churn; p++) {
         s->now = 10 * p; // they start within moments of each other
-        sim_peer_new(s);
+        sim_peer_new(s, -1);
     }
     s->now = 0;
+    if (o->churn)
+        sim_churn_start(s);
     sim_push(s, 0, EV_TICK, -1, NULL);
     if (o->kill_every_s > 0)
         sim_push(s, (int64_t) (1000.0 * o->kill_every_s), EV_KILL, -1, NULL);
+    if (o->stall_every_s > 0 && o->stall_s > 0)
+        sim_push(s, (int64_t) (1000.0 * o->stall_every_s), EV_STALL, -1, NULL);
     double bound_sum = 0.0, best_sum = 0.0;
     long samples = 0;
     int64_t next_sample = 0;
@@ -338,7 +373,10 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         }
         if (left > 0)
             sim_violate(s, "%d requests of the training left in flight at the end:%s", left, what);
-        if (sum.checksum_mismatches != 0)
+        int drifters = 0; // a drifting liar's checksum differs from its stage's by design
+        for (int p = 0; p < s->npeers; p++)
+            drifters += s->peers[p].lie == SIM_LIE_DRIFT;
+        if (sum.checksum_mismatches != 0 && drifters == 0)
             sim_violate(s, "%d replicas disagreed with their stage", sum.checksum_mismatches);
     }
     double secs = s->train_from >= 0 ? (double) (s->now - s->train_from) / 1000.0 : 0.0;
@@ -347,7 +385,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
         .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
         .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
-        .rollbacks = s->rollbacks,
+        .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
+        .liars_caught = s->liars_caught, .copies = s->ncopies,
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);
     while (s->nheap > 0) {
@@ -355,17 +394,15 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         net_msg_destroy(&ev.m);
     }
     free(s->heap);
-    for (int p = 0; p < s->npeers; p++) {
-        for (int i = 0; i < s->peers[p].queue.n; i++)
-            net_msg_destroy(&s->peers[p].queue.q[i]);
-        free(s->peers[p].queue.q);
-        free(s->peers[p].grad);
-        free(s->peers[p].count);
-    }
+    for (int p = 0; p < s->npeers; p++)
+        sim_peer_free(s, &s->peers[p]);
     free(s->peers);
     for (int st = 0; st < c->stages; st++)
         free(s->step_sum[st]);
     free(s->ones);
+    for (int k = 0; k < SIM_LIES; k++)
+        free(s->lies[k]);
+    free(s->copies);
     swarm_engine_destroy(&s->e);
     free(s);
     return 0;

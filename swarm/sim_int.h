@@ -11,7 +11,8 @@
 #define SIM_HEARTBEAT_MS 1000
 #define SIM_STATE_FLOATS 3   // a replica's state: the first 3 floats of its stage
 
-enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE };
+enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE,
+       EV_STALL, EV_RESUME, EV_CHURN };
 
 typedef struct {
     int64_t t;               // ms of virtual time
@@ -31,6 +32,13 @@ typedef struct {
     char name[32];           // crowdN
     int alive;               // not killed
     int killed;              // killed by the sim: its bans and deaths are expected
+    int stalled;             // stalled by the sim (now or before): the same
+    int64_t stall_until;     // ms: it serves nothing before this
+    int lie;                 // SIM_LIE_*: a liar's bans are expected too
+    long lie_from;           // the step it starts lying at
+    int caught;              // the engine banned or expelled it (a liar)
+    int copy;                // --churn: the copy of the trace it belongs to, -1 none
+    void *node;              // --numeric: its node (swarm_sim_nodes_t)
     int stage;               // from ASSIGN, -1 none
     int ready;               // a state is loaded
     long step;               // updates applied (as a node counts them)
@@ -58,8 +66,13 @@ typedef struct {
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     float *ones;             // (micro, T, C) ones: every activation a peer sends
+    float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
+    struct churn_copy *copies; // --churn: each copy's place in the trace
+    int ncopies;
+    double churn_f;          // machines of the trace to peers of a copy
     double mean_cost;        // mean of the stages' costs
-    int emptied;             // kills that left a stage with no live ready replica
+    int emptied;             // faults that left a stage with no live ready honest replica
+    int kills, stalls, joins, liars_caught;
     int rollbacks;           // the engine's, from its log
     char violation[512];     // the first invariant broken, "" none
     long requests;           // messages the engine sent
@@ -74,7 +87,18 @@ void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2
 // a simulated peer (sim_peer.c)
 void sim_serve(sim_t *s, int p);
 void sim_heartbeat(sim_t *s, int p);
-int sim_peer_new(sim_t *s);
-void sim_kill(sim_t *s);
+int sim_peer_new(sim_t *s, int copy);
+void sim_peer_free(sim_t *s, sim_peer_t *pe);
+// a random live peer (of churn copy `copy`, -1 any), -1 none
+int sim_pick_live(sim_t *s, int copy);
+void sim_kill(sim_t *s, int p);
+void sim_stall(sim_t *s, int p);
+// the stage the engine holds peer p ready on, -1 none
+int sim_ready_on(const sim_t *s, int p);
+// the honest replicas of stage st that are live, ready and answering, but not p
+int sim_healthy(const sim_t *s, int st, int p);
+// --churn (sim_churn.c)
+void sim_churn_start(sim_t *s);
+void sim_churn_event(sim_t *s, int copy);
 
 #endif

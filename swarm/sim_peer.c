@@ -7,6 +7,12 @@
  */
 #include "sim_int.h"
 
+// Whether pe lies in this way now.
+static int s_lying(const sim_peer_t *pe, int how)
+{
+    return pe->lie == how && pe->step >= pe->lie_from;
+}
+
 // Micro-batch i's gradient at stage s, element j: a small integer, so that
 // any sum of them is exact in fp32.
 static float s_grad_of(int i, int s, size_t j)
@@ -84,6 +90,8 @@ static void s_apply(sim_peer_t *pe, const float *sum, size_t n, long t, double s
         uint64_t x = h ^ s_bits(pe, k);
         pe->state[k] = (float) (swarm_splitmix64(&x) & 0x1fffff);
     }
+    if (s_lying(pe, SIM_LIE_DRIFT))
+        pe->state[0] += 1.0f; // parameters that drift from its replicas'
     memset(pe->grad, 0, n * sizeof(float));
     pe->step = t;
 }
@@ -110,19 +118,27 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
     return e;
 }
 
-// An activation-shaped tensor of ones (made once).
-static void s_add_acts(sim_t *s, net_msg_t *m)
+// An activation-shaped tensor of ones (made once), or as a liar sends it:
+// with a NaN in it, or 1000 times too large (raw f32, past the encoder's
+// checks, as a lying node's).
+static void s_add_acts(sim_t *s, const sim_peer_t *pe, net_msg_t *m)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
     size_t n = (size_t) dims[0] * dims[1] * dims[2];
-    if (!s->ones) {
-        if (!(s->ones = malloc(n * sizeof(float))))
+    int how = s_lying(pe, SIM_LIE_NAN) ? SIM_LIE_NAN : s_lying(pe, SIM_LIE_SCALE) ? SIM_LIE_SCALE : 0;
+    float **x = how ? &s->lies[how] : &s->ones;
+    if (!*x) {
+        if (!(*x = malloc(n * sizeof(float))))
             abort();
         for (size_t j = 0; j < n; j++)
-            s->ones[j] = 1.0f;
+            (*x)[j] = how == SIM_LIE_SCALE ? 1000.0f : 1.0f;
+        if (how == SIM_LIE_NAN)
+            (*x)[n / 2] = NAN;
     }
-    if (net_msg_add_tensor(m, s->c->wire, dims, 3, s->ones) != 0)
+    int rc = how ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
+                 : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
+    if (rc != 0)
         abort();
 }
 
@@ -135,12 +151,27 @@ static void s_add_checksum(const sim_peer_t *pe, net_msg_t *m, const char *more)
         abort();
 }
 
+// The answer of peer pe's real node to req (--numeric).
+static net_msg_t *s_node_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
+{
+    const swarm_sim_nodes_t *nodes = s->o->nodes;
+    const net_head_t *h = net_msg_head_const(req);
+    if (h->type != NET_MSG_ASSIGN // which answers HELLO
+        && (h->type == NET_MSG_ERROR || h->type == NET_MSG_BYE || (h->flags & NET_FLAG_REPLY)))
+        return NULL;
+    net_msg_t *r = nodes->answer(nodes->ctx, pe->node, req);
+    nodes->status(nodes->ctx, pe->node, &pe->stage, &pe->ready, &pe->step);
+    return r;
+}
+
 // The answer of peer pe to req, as a node gives it; NULL for none.
 static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
 {
     const net_head_t *h = net_msg_head_const(req);
     int S = s->c->stages;
     char why[128];
+    if (s->o->nodes)
+        return s_node_answer(s, pe, req);
     if (h->type == NET_MSG_ASSIGN) { // in its turn, as a node serves it
         pe->stage = (int) h->stage;
         pe->ready = 0;
@@ -198,9 +229,9 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             if (!eval)
                 s_accumulate(s, pe, (int) h->mb);
             if (S > 1 && !eval)
-                s_add_acts(s, r);
+                s_add_acts(s, pe, r);
         } else {
-            s_add_acts(s, r);
+            s_add_acts(s, pe, r);
         }
         return r;
     }
@@ -208,7 +239,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         s_accumulate(s, pe, (int) h->mb);
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (pe->stage > 0)
-            s_add_acts(s, r);
+            s_add_acts(s, pe, r);
         return r;
     }
     size_t n = s->c->stage_n[pe->stage];
@@ -311,7 +342,7 @@ static int s_next_index(const queue_t *q)
 void sim_serve(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    if (!pe->alive || pe->busy || pe->queue.n == 0)
+    if (!pe->alive || pe->busy || pe->queue.n == 0 || s->now < pe->stall_until)
         return;
     int i = s_next_index(&pe->queue);
     net_msg_t *req = pe->queue.q[i];
@@ -330,7 +361,8 @@ static void s_hello(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
     char meta[128];
-    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=sim\ntok_s=%.1f\n", pe->name, pe->speed);
+    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=sim\ntok_s=%.1f\n", pe->name,
+             pe->speed * (pe->lie == SIM_LIE_SPEED ? 1000.0 : 1.0));
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
@@ -341,16 +373,35 @@ void sim_heartbeat(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
     char meta[160];
+    if (s->now < pe->stall_until)
+        return; // a stopped process says nothing
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%.1f\nstep=%ld\nslots=%d", pe->stage,
-             pe->queue.n, pe->speed, pe->step, s->G);
+             pe->queue.n, pe->speed * (s_lying(pe, SIM_LIE_SPEED) ? 1000.0 : 1.0), pe->step, s->G);
     net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
     sim_push(s, s->now + s->o->latency_ms, EV_TO_ENGINE, p, m);
 }
 
-// A new peer joins: a key of its own, a speed from the mix.
-int sim_peer_new(sim_t *s)
+// The way peer p lies (0 honest): the last --liars of the peers that join
+// at the start (so that an honest replica joined its stage first), each
+// drawing one of --lies' ways and a step to start at.
+static void s_liar_maybe(sim_t *s, sim_peer_t *pe, int p)
+{
+    int ways[SIM_LIES], n = 0;
+    for (int k = 1; k < SIM_LIES; k++)
+        if (s->o->lies & (1u << k))
+            ways[n++] = k;
+    if (n == 0 || p >= s->o->peers || p < s->o->peers - s->o->liars)
+        return;
+    int k = (int) (sim_uniform(s) * n);
+    pe->lie = ways[k < n ? k : 0];
+    pe->lie_from = 1 + (long) (sim_uniform(s) * 4);
+}
+
+// A new peer joins (of churn copy `copy`, -1 none): a key of its own, a
+// speed from the mix.
+int sim_peer_new(sim_t *s, int copy)
 {
     if (s->npeers == s->cappeers) {
         s->cappeers = s->cappeers ? 2 * s->cappeers : 64;
@@ -360,45 +411,103 @@ int sim_peer_new(sim_t *s)
     }
     int p = s->npeers++;
     sim_peer_t *pe = &s->peers[p];
-    *pe = (sim_peer_t) { .alive = 1, .stage = -1 };
+    *pe = (sim_peer_t) { .alive = 1, .stage = -1, .copy = copy };
     snprintf(pe->who.key, sizeof pe->who.key, "%040d", p + 1);
     snprintf(pe->who.conn, sizeof pe->who.conn, "%040d/%016d", p + 1, p + 1);
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
     int k = s->o->nspeeds > 0 ? (int) (sim_uniform(s) * s->o->nspeeds) : 0;
     pe->speed = s->o->nspeeds > 0 ? s->o->speeds[k < s->o->nspeeds ? k : 0] : 20000.0;
-    pe->grad = calloc(s->e->max_stage_n, sizeof(float)); // the largest stage: it may move
-    pe->count = calloc((size_t) s->G, sizeof(int));
-    if (!pe->grad || !pe->count)
-        abort();
+    s_liar_maybe(s, pe, p);
+    if (s->o->nodes) {
+        const swarm_sim_nodes_t *nodes = s->o->nodes;
+        int lie = pe->lie == SIM_LIE_SPEED ? 0 : pe->lie; // the sim says its speed
+        if (!(pe->node = nodes->open(nodes->ctx, p, lie, pe->lie_from)))
+            abort(); // a bookkeeping allocation
+    } else {
+        pe->grad = calloc(s->e->max_stage_n, sizeof(float)); // the largest stage: it may move
+        pe->count = calloc((size_t) s->G, sizeof(int));
+        if (!pe->grad || !pe->count)
+            abort();
+    }
+    s->joins++;
     s_hello(s, p);
     sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL);
     return p;
 }
 
-// Kill a live peer at random (as SIGKILL does: it answers nothing more, and
-// the transport finds its connection gone); a new one joins a second later.
-void sim_kill(sim_t *s)
+void sim_peer_free(sim_t *s, sim_peer_t *pe)
 {
-    int live = 0;
-    for (int p = 0; p < s->npeers; p++)
-        live += s->peers[p].alive;
-    if (live == 0)
-        return;
-    int k = (int) (sim_uniform(s) * live), p = 0;
-    for (; p < s->npeers; p++)
-        if (s->peers[p].alive && k-- == 0)
-            break;
-    sim_peer_t *pe = &s->peers[p];
-    pe->alive = 0;
-    pe->killed = 1;
-    int left = 0;
-    for (int q = 0; q < s->npeers; q++)
-        left += s->peers[q].alive && s->peers[q].ready && s->peers[q].stage == pe->stage;
-    if (pe->ready && left == 0)
-        s->emptied++;
     for (int i = 0; i < pe->queue.n; i++)
         net_msg_destroy(&pe->queue.q[i]);
     pe->queue.n = 0;
+    free(pe->queue.q);
+    free(pe->grad);
+    free(pe->count);
+    pe->queue.q = NULL;
+    pe->grad = NULL;
+    pe->count = NULL;
+    if (pe->node)
+        s->o->nodes->close(s->o->nodes->ctx, pe->node);
+    pe->node = NULL;
+}
+
+int sim_pick_live(sim_t *s, int copy)
+{
+    int live = 0;
+    for (int p = 0; p < s->npeers; p++)
+        live += s->peers[p].alive && (copy < 0 || s->peers[p].copy == copy);
+    if (live == 0)
+        return -1;
+    int k = (int) (sim_uniform(s) * live);
+    for (int p = 0; p < s->npeers; p++)
+        if (s->peers[p].alive && (copy < 0 || s->peers[p].copy == copy) && k-- == 0)
+            return p;
+    return -1;
+}
+
+// A replica counts once the engine holds it ready there: one reloading
+// its stage (its STATE behind a stall) is not one yet.
+int sim_ready_on(const sim_t *s, int p)
+{
+    int e = engine_peer_find(s->e, &s->peers[p].who);
+    return e >= 0 && s->e->peers[e].state == P_READY ? s->e->peers[e].stage : -1;
+}
+
+int sim_healthy(const sim_t *s, int st, int p)
+{
+    int n = 0;
+    for (int q = 0; q < s->npeers; q++) {
+        const sim_peer_t *o = &s->peers[q];
+        n += q != p && o->alive && !o->lie && s->now >= o->stall_until && sim_ready_on(s, q) == st;
+    }
+    return n;
+}
+
+// Kill peer p, as SIGKILL does: it answers nothing more, and the transport
+// finds its connection gone.
+void sim_kill(sim_t *s, int p)
+{
+    sim_peer_t *pe = &s->peers[p];
+    int st = sim_ready_on(s, p);
+    if (st >= 0 && sim_healthy(s, st, p) == 0)
+        s->emptied++;
+    pe->alive = 0;
+    pe->killed = 1;
+    s->kills++;
+    sim_peer_free(s, pe);
     sim_push(s, s->now + SIM_GONE_MS, EV_GONE, p, NULL);
-    sim_push(s, s->now + 1000, EV_JOIN, -1, NULL);
+}
+
+// Stop peer p for --stall seconds, as SIGSTOP does: its connection stays,
+// what reaches it waits, and it answers nothing until it goes on.
+void sim_stall(sim_t *s, int p)
+{
+    sim_peer_t *pe = &s->peers[p];
+    int st = sim_ready_on(s, p);
+    if (st >= 0 && sim_healthy(s, st, p) == 0)
+        s->emptied++;
+    pe->stalled = 1;
+    pe->stall_until = s->now + (int64_t) (1000.0 * s->o->stall_s);
+    s->stalls++;
+    sim_push(s, pe->stall_until, EV_RESUME, p, NULL);
 }

@@ -277,6 +277,39 @@ void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *ou
 
 // ---- the simulator (swarm/sim.c; docs/architecture.md) ----
 
+// The nodes of --numeric: the caller's real node code (swarm/ knows no
+// model), one per simulated peer, answering the engine's messages as a
+// node does.
+typedef struct {
+    void *ctx;
+    // a fresh node for sim peer `peer` that lies in way `lie` (SIM_LIE_*:
+    // nan, scale, drift or shuffle; 0 honest) from step `from`
+    void *(*open)(void *ctx, int peer, int lie, long from);
+    // its answer to msg (ASSIGN, FWD, BWD, STEP, UPDATE, STATE, STATE_GET):
+    // a reply, an ERROR saying why, or NULL for none
+    net_msg_t *(*answer)(void *ctx, void *node, const net_msg_t *msg);
+    // what it holds: its stage (-1 none), whether a state is loaded, its step
+    void (*status)(void *ctx, void *node, int *stage, int *ready, long *step);
+    void (*close)(void *ctx, void *node);
+} swarm_sim_nodes_t;
+
+// How a simulated liar lies (tests/test_hostile.sh's liars): a NaN in its
+// activations, activations 1000x too large, the right values in the wrong
+// places (--numeric only: constants reversed are the same), parameters
+// that drift from its replicas' after each update, a speed 1000x its own.
+enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
+       SIM_LIES };
+
+// A churn trace (swarm_sim_churn_load): how many of its machines were up,
+// as a step function of time.
+typedef struct {
+    int64_t *t_ms;           // [n] ascending times of its changes, from the trace's start
+    int *up;                 // [n] machines up from t_ms[i] on
+    int n;
+    int64_t span_ms;         // the trace's length (its last time)
+    int most;                // the most machines up at once
+} swarm_sim_churn_t;
+
 typedef struct {
     int peers;               // peers that join at the start
     uint64_t seed;           // everything random in the run
@@ -286,6 +319,13 @@ typedef struct {
     double kill_every_s;     // a random live peer is killed this often (and a new one
                              // joins 1 s later); 0 never
     double limit_s;          // virtual seconds before the run counts as stuck
+    const swarm_sim_nodes_t *nodes; // --numeric: real nodes; NULL: synthetic peers
+    int liars;               // peers of the first `peers` that lie (drawn by the seed)
+    unsigned lies;           // the ways they may lie: bits 1 << SIM_LIE_*, each liar draws one
+    double stall_every_s;    // a random live peer stops answering this often; 0 never
+    double stall_s;          // for this long (its queue waits, as under SIGSTOP)
+    const swarm_sim_churn_t *churn; // machines come and go as this trace says; NULL none
+    double churn_scale;      // the trace runs this many times faster
 } swarm_sim_opts_t;
 
 typedef struct {
@@ -296,6 +336,9 @@ typedef struct {
     double best;             // the same for the best split of the live peers (an upper bound)
     double us_per_request;   // CPU microseconds in the engine per message it sent
     int rollbacks;           // the engine's
+    int kills, stalls, joins; // faults and joins the sim made
+    int liars_caught;        // liars the engine banned or expelled
+    int copies;              // --churn: copies of the trace tiled over the peers
     char violation[512];     // the first invariant broken, "" none
 } swarm_sim_result_t;
 
@@ -303,6 +346,13 @@ typedef struct {
 // clip_scale (and log, which sees every engine line after the sim);
 // c->params is taken, as by swarm_engine_new. 0 (res says how it went), or
 // -errno with a reason in err when the engine cannot be made.
+// Read a churn trace in either format of ../shared/data/traces/:
+// "time_ms,add|remove,NAME" lines, or "seconds,instances" (a step
+// function). 0, or -errno with a reason naming the file and line.
+__attribute__((warn_unused_result))
+int swarm_sim_churn_load(const char *path, swarm_sim_churn_t *out, char *err, size_t errlen);
+void swarm_sim_churn_free(swarm_sim_churn_t *churn);
+
 __attribute__((warn_unused_result))
 int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
                   const swarm_engine_io_t *model, swarm_sim_result_t *res, char *err,

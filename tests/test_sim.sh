@@ -1,11 +1,14 @@
 #!/bin/sh
 # test_sim.sh BUILD - swarm sim: the real router engine on simulated swarms.
-# 500 seeds of small swarms (scripts/sim-soak.sh: 3-12 peers on 2-4
-# stages, uneven speeds, slow links, kills and replacements, evaluations,
-# spot checks) must all hold every invariant; the seeds that found bugs
-# are kept as regression runs; the same seed gives the same bytes; a crowd
-# of 300 peers runs; bad flags get one line naming the problem.
-# Ends with "N passed, N failed".
+# 500 seeds of small synthetic swarms (scripts/sim-soak.sh: 3-12 peers on
+# 2-4 stages, uneven speeds, slow links, kills and replacements,
+# evaluations, spot checks) and 200 numeric ones (the node's real code;
+# kills and joins, stalls, liars) must all hold every invariant, and the
+# numeric ones' losses equal swarm train's; the seeds that found bugs are
+# kept as regression runs; churn from each trace of ../shared/data/traces/
+# (when it is there); the same seed gives the same bytes; a crowd of 300
+# peers runs; bad flags and bad churn files get one line naming the
+# problem. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
@@ -14,6 +17,11 @@ if sh scripts/sim-soak.sh "$BUILD" 1 500 >"$TMP/soak.out" 2>&1; then
     ok "$(tail -1 "$TMP/soak.out"): every invariant held"
 else
     bad "soak:"; grep -A1 "^FAIL" "$TMP/soak.out" | head -20; tail -1 "$TMP/soak.out"
+fi
+if sh scripts/sim-soak.sh "$BUILD" 1 200 --numeric >"$TMP/numeric.out" 2>&1; then
+    ok "$(tail -1 "$TMP/numeric.out"): every invariant held, every loss swarm train's to 1e-4"
+else
+    bad "numeric soak:"; grep -A1 "^FAIL" "$TMP/numeric.out" | head -20; tail -1 "$TMP/numeric.out"
 fi
 
 # sim_ok WHAT FLAGS...: swarm sim FLAGS ends with "invariants ok"
@@ -43,9 +51,45 @@ sim_ok "regression: a rollback at the last step runs the steps again" \
     --peers 3 --stages 2 --layers 4 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 \
     --iters 40 --eval-every 20 --eval-iters 2 --kill-every 5 --latency 50 --speeds 2000 \
     --limit 3000 --seed 22
+sim_ok "stalls: a peer stopped for 2 s every 3 s, 6 peers on 3 stages" \
+    --peers 6 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 --batch 12 --micro-batch 2 \
+    --iters 60 --eval-every 0 --stall-every 3 --stall 2 --speeds 2000,4000 --seed 3
+sim_ok "liars: 3 of 10 send NaNs or let their parameters drift, every forward verified" \
+    --peers 10 --stages 2 $TINY --batch 8 --iters 40 --liars 3 --lies nan,drift --verify 1 --seed 4
+if grep -q "3 liars (3 caught)" "$TMP/sim.out"; then
+    ok "every liar caught: $(grep "faults" "$TMP/sim.out")"
+else
+    bad "not every liar was caught: $(grep "faults" "$TMP/sim.out")"
+fi
 sim_ok "a crowd: 300 peers on 4 stages, GPUs among CPUs, one killed every 2 s" \
     --peers 300 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 --micro-batch 2 \
     --iters 10 --eval-every 0 --speeds 2000x9,50000 --kill-every 2 --save-every 5 --seed 5
+
+# churn from each real trace, tiled over 200 peers (../shared/data/traces)
+TRACES=../shared/data/traces
+if [ -d "$TRACES" ]; then
+    for trace in "$TRACES"/*.csv; do
+        sim_ok "churn from $(basename "$trace")" \
+            --peers 200 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 \
+            --micro-batch 2 --iters 30 --eval-every 0 --save-every 5 --speeds 2000x9,50000 \
+            --churn "$trace" --churn-scale 200 --seed 6
+        grep -q "^sim: churn from .* times faster" "$TMP/sim.out" \
+            || bad "no line saying how $trace was tiled"
+        if grep -q " 0 killed" "$TMP/sim.out"; then
+            bad "$(basename "$trace"): no machine left: $(grep faults "$TMP/sim.out")"
+        fi
+    done
+else
+    echo "skip churn from real traces: no $TRACES (the project's shared data)"
+fi
+
+# numeric: the node's real code through kills, checked against swarm train
+tiny_reference 40 1e-3 8
+# shellcheck disable=SC2086
+sim_ok "numeric: 8 peers on 2 stages, one killed every second" --numeric --peers 8 --stages 2 \
+    $TINY --kill-every 1 --save-every 5 --loss-log "$TMP/numeric.txt"
+grep -q " 0 killed" "$TMP/sim.out" && bad "nobody was killed: $(grep faults "$TMP/sim.out")"
+check_losses "$TMP/numeric.txt" "$TMP/train.txt" 40 "(numeric sim, $(grep -o "[0-9]* killed" "$TMP/sim.out"))"
 
 # the same seed, the same run: every byte but the engine's CPU time
 for i in 1 2; do
@@ -82,5 +126,23 @@ expect_error "a share that is no number" "--speeds 2000xa: expected a share" \
 expect_error "more stages than layers" "stages" --peers 4 --stages 5 $TINY
 expect_error "a negative kill rate" "--kill-every -1: expected virtual seconds" \
     --peers 2 --stages 2 --kill-every -1 $TINY
+expect_error "an unreadable churn file" "--churn $TMP/none.csv: No such file" \
+    --peers 4 --stages 2 --churn "$TMP/none.csv" $TINY
+printf '0,add,n1\n500,remove,n2\n' >"$TMP/bad-event.csv"
+expect_error "a churn file that removes a machine never added" "bad-event.csv line 2: n2 is removed" \
+    --peers 4 --stages 2 --churn "$TMP/bad-event.csv" $TINY
+printf '0,4\n30,many\n' >"$TMP/bad-count.csv"
+expect_error "a churn count that is no number" "bad-count.csv line 2: instances 'many'" \
+    --peers 4 --stages 2 --churn "$TMP/bad-count.csv" $TINY
+printf '10,4\n5,6\n' >"$TMP/bad-order.csv"
+expect_error "a churn file out of order" "bad-order.csv line 2: time 5 comes before" \
+    --peers 4 --stages 2 --churn "$TMP/bad-order.csv" $TINY
+head -c 4096 "$BUILD/swarm" >"$TMP/binary.csv"
+expect_error "a churn file that is not text" "binary.csv line" \
+    --peers 4 --stages 2 --churn "$TMP/binary.csv" $TINY
+expect_error "more liars than peers" "--liars 5: more than the 4 --peers" \
+    --peers 4 --stages 2 --liars 5 $TINY
+expect_error "a way to lie it does not know" "--lies often: expected ways from" \
+    --peers 4 --stages 2 --liars 1 --lies often $TINY
 
 lib_done

@@ -70,12 +70,24 @@ static int s_stage_sent(const swarm_engine_t *r, int s)
     return 1;
 }
 
+// Replicas of stage s whose gradient sum came in this step and that died
+// since (engine_step_unask keeps it): the stage's update is their sums and
+// the survivors', so no survivor may keep its own.
+static int s_dead_grads(const swarm_engine_t *r, int s)
+{
+    int n = 0;
+    for (int p = 0; p < r->npeers; p++)
+        n += r->peers[p].got_grad && r->peers[p].state == P_DEAD && r->peers[p].stage == s;
+    return n;
+}
+
 // STEP to every ready replica of stage s: send your gradient (a stage's
-// only replica keeps it and sends its norm).
+// only replica keeps it and sends its norm, unless a dead replica's sum is
+// in already).
 static void s_step_ask(swarm_engine_t *r, int s)
 {
     r->stepped[s] = 1;
-    int only = engine_ready_count(r, s) == 1;
+    int only = engine_ready_count(r, s) == 1 && s_dead_grads(r, s) == 0;
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY || r->peers[p].stage != s)
             continue;
@@ -281,7 +293,7 @@ void engine_step_update(swarm_engine_t *r)
 // 0 when it takes the ordinary STEP.
 static int s_apply_here(const swarm_engine_t *r, int s)
 {
-    if (s != 0 || engine_ready_count(r, s) != 1 || !s_update_pipelined(r))
+    if (s != 0 || engine_ready_count(r, s) != 1 || s_dead_grads(r, s) || !s_update_pipelined(r))
         return 0;
     for (int k = 0; k < r->stages; k++)
         if (k != s && !r->stepped[k])

@@ -51,6 +51,14 @@ sim_ok "regression: a rollback at the last step runs the steps again" \
     --peers 3 --stages 2 --layers 4 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 \
     --iters 40 --eval-every 20 --eval-iters 2 --kill-every 5 --latency 50 --speeds 2000 \
     --limit 3000 --seed 22
+# found by the sim: a stage's replica died after its gradient sum came in,
+# the step's STEPs were asked again, and the one survivor kept its own
+# gradient (norm_only) while the dead one's sum was dropped from the update:
+# a micro-batch lost (this failed before the fix)
+sim_ok "regression: a dead replica's gradient sum stays in the update" \
+    --peers 10 --stages 2 --layers 4 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 \
+    --iters 30 --warmup 2 --eval-every 0 --kill-every 0.3 --save-every 5 --stall-every 1 \
+    --stall 1 --latency 20 --speeds 2000 --sim-seed 80
 sim_ok "stalls: a peer stopped for 2 s every 3 s, 6 peers on 3 stages" \
     --peers 6 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 --batch 12 --micro-batch 2 \
     --iters 60 --eval-every 0 --stall-every 3 --stall 2 --speeds 2000,4000 --seed 3

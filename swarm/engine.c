@@ -83,7 +83,8 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->req_free);
     free(r->views);
     free(r->backlog);
-    free(r->ahead);
+    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+        free(r->ready[s].peer);
     for (int i = 0; r->mbs && i < r->G; i++)
         engine_mb_clear(r, &r->mbs[i]);
     free(r->mbs);

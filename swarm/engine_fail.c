@@ -131,10 +131,12 @@ static void s_rollback(swarm_engine_t *r, int s)
             engine_req_done(r, engine_req_at(r, i)); // (engine_req_done frees the slot: the loop goes on)
     for (int i = 0; i < r->G; i++)
         engine_mb_clear(r, &r->mbs[i]);
-    for (int p = 0; p < r->npeers; p++) {
+    // from the last peer down: each leaves the end of its stage's ready
+    // peers, and none of them is shifted
+    for (int p = r->npeers - 1; p >= 0; p--) {
         r->peers[p].inflight = r->peers[p].working = 0;
         if (r->peers[p].state == P_READY)
-            r->peers[p].state = P_JOINING; // reloads the checkpoint (engine_joins)
+            engine_peer_state(r, p, P_JOINING); // reloads the checkpoint (engine_joins)
     }
     r->pending = r->redo_pending = r->ckpt_pending = r->update_pending = 0;
     r->self_peer = -1;
@@ -158,7 +160,7 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
     snprintf(r->peers[p].why, sizeof r->peers[p].why, "%s", why);
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
-    r->peers[p].state = P_DEAD;
+    engine_peer_state(r, p, P_DEAD);
     for (int i = 0; i < r->req_slots; i++) {
         req_t q = *engine_req_at(r, i);
         if (q.id == 0 || q.peer != p)

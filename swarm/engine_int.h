@@ -79,6 +79,16 @@ typedef struct {
     int self_to;             // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
 } peer_t;
 
+// The ready peers of one stage (state P_READY, failed or not), kept as
+// their state and stage change (engine_peer_state), in ascending index: a
+// routing pick sees only these, and the policy breaks ties by index, so it
+// chooses exactly as it would over the whole table.
+typedef struct {
+    int *peer;               // [cap] indices into peers, ascending
+    int n;                   // of them in use
+    int cap;                 // allocated
+} engine_ready_t;
+
 typedef struct {
     uint64_t id;             // request id, 0 = free slot
     int kind;                // R_*
@@ -166,8 +176,10 @@ struct swarm_engine_s {
     int *key_index;          // [key_cap] the peers by key (engine_peer_find), open addressing
     int key_cap;             // its slots, a power of two, at most half used
     int key_used;            // of them holding a peer or a removed entry
-    swarm_peer_view_t *views; // [peers_cap] scratch of a routing pick (engine_pick_but, s_pick_fit)
-    double *backlog, *ahead; // [peers_cap] scratch of engine_views_as
+    engine_ready_t ready[SWARM_MAX_STAGES]; // each stage's ready peers
+    swarm_peer_view_t *views; // [peers_cap] scratch of engine_views_as and engine_views_stage
+    double *backlog;         // [peers_cap] scratch of engine_views_as and engine_views_stage,
+                             // by peer index
     int next_peer_id;        // ids for logs, in join order (entries may be reused)
     req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
                              // req_blocks[k / REQ_BLOCK][k % REQ_BLOCK]; id 0 = free slot
@@ -271,8 +283,13 @@ int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, in
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
+// Every change of a peer's state goes through here (its stage changes only
+// in engine_send_assign, which makes it P_JOINING first): ready[] follows.
+void engine_peer_state(swarm_engine_t *r, int p, int state);
+int engine_ready_at(const swarm_engine_t *r, int stage, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
+int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v);
 int engine_ready_count(const swarm_engine_t *r, int stage);
 void engine_sanitize(char *text);
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);

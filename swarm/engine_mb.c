@@ -151,15 +151,20 @@ static net_msg_t *s_bwd_msg(swarm_engine_t *r, int i, int s)
 // micro-batch's training work: 1/3 a forward alone; a forward and the
 // backward it brings, or a backward recomputed away from its activations,
 // 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
+// The policy sees the stage's ready peers only (engine_views_stage), in
+// index order as in the whole table, so it picks the same peer.
 int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot)
 {
     swarm_peer_view_t *views = r->views;
-    engine_views(r, views);
-    for (int k = 0; k < nnot; k++)
-        if (not[k] >= 0)
-            views[not[k]].ready = 0;
-    int p = swarm_policy_pick(views, r->npeers, s, prefer, work * r->hp.micro * r->hp.cfg.T);
-    return p < 0 ? -EAGAIN : p;
+    int n = engine_views_stage(r, s, views);
+    for (int k = 0; k < nnot; k++) {
+        int at = engine_ready_at(r, s, not[k]);
+        if (at >= 0)
+            views[at].ready = 0;
+    }
+    int k = swarm_policy_pick(views, n, s, engine_ready_at(r, s, prefer),
+                              work * r->hp.micro * r->hp.cfg.T);
+    return k < 0 ? -EAGAIN : r->ready[s].peer[k];
 }
 
 static int s_pick(swarm_engine_t *r, int s, int prefer, double work)
@@ -181,9 +186,9 @@ static int s_forwards_left(const swarm_engine_t *r, int s)
 static int s_pick_fit(swarm_engine_t *r, int s, int left)
 {
     swarm_peer_view_t *views = r->views;
-    engine_views(r, views);
-    int p = swarm_policy_pick_fit(views, r->npeers, s, r->hp.micro * r->hp.cfg.T, left);
-    return p < 0 ? -EAGAIN : p;
+    int n = engine_views_stage(r, s, views);
+    int k = swarm_policy_pick_fit(views, n, s, r->hp.micro * r->hp.cfg.T, left);
+    return k < 0 ? -EAGAIN : r->ready[s].peer[k];
 }
 
 // FWD of micro-batch i at stage s to the best ready peer.

@@ -1,8 +1,12 @@
 /* engine_peers.c - the peer table: HELLO, admission to a stage, the
- * entries of the dead and their reuse, the views the policy sees, and
- * joiners getting their stage's state. Deaths and bans: engine_fail.c.
+ * entries of the dead and their reuse, each stage's ready peers, the views
+ * the policy sees (of the whole table, or of one stage's ready peers for a
+ * routing pick), and joiners getting their stage's state. Deaths and bans:
+ * engine_fail.c.
  */
 #include "engine_int.h"
+
+#include <assert.h>
 
 // ---- the peers by key: open addressing, slots hold index + 1 (0 empty,
 // -1 a removed entry), at most half full: a lookup is O(1) ----
@@ -77,43 +81,142 @@ int engine_peer_find(swarm_engine_t *r, const net_peer_t *who)
     return found ? r->key_index[i] - 1 : -1;
 }
 
-// What each peer holds, in training tokens (swarm_peer_view_t.backlog):
-// its FWD/BWD requests in flight, and the backward it owes for every
-// forward it ran this step whose BWD is not sent yet (the router prefers to
-// send it there, where the activations are). ahead[]: the seconds of
-// compute its requests in flight take, as it reports them (the router's
-// own speed of a peer counts the time on its link too).
-static void s_backlog(const swarm_engine_t *r, double *backlog, double *ahead)
+// ---- each stage's ready peers (engine_ready_t): kept in ascending index
+// as peers come and go, so that finding them costs O(replicas), not a scan
+// of the table ----
+
+// Where p is or would go in l: the first entry not below it.
+static int s_ready_slot(const engine_ready_t *l, int p)
 {
-    double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    for (int p = 0; p < r->npeers; p++) {
-        const peer_t *pe = &r->peers[p];
-        backlog[p] = tokens * pe->held_thirds / 3.0;
-        ahead[p] = pe->held_kind[0] * pe->busy[0] + pe->held_kind[1] * pe->busy[1];
+    int lo = 0, hi = l->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->peer[mid] < p)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
+    return lo;
+}
+
+static void s_ready_add(engine_ready_t *l, int p)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        int *peer = realloc(l->peer, (size_t) cap * sizeof *peer);
+        if (!peer)
+            abort(); // bookkeeping (STYLE.md: small allocations may abort)
+        l->peer = peer;
+        l->cap = cap;
+    }
+    int k = s_ready_slot(l, p);
+    assert(k == l->n || l->peer[k] != p);
+    memmove(&l->peer[k + 1], &l->peer[k], (size_t) (l->n - k) * sizeof l->peer[0]);
+    l->peer[k] = p;
+    l->n++;
+}
+
+static void s_ready_del(engine_ready_t *l, int p)
+{
+    int k = s_ready_slot(l, p);
+    assert(k < l->n && l->peer[k] == p);
+    memmove(&l->peer[k], &l->peer[k + 1], (size_t) (l->n - k - 1) * sizeof l->peer[0]);
+    l->n--;
+}
+
+void engine_peer_state(swarm_engine_t *r, int p, int state)
+{
+    peer_t *pe = &r->peers[p];
+    assert(pe->state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
+    assert(state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
+    if (pe->state == P_READY)
+        s_ready_del(&r->ready[pe->stage], p);
+    pe->state = state;
+    if (state == P_READY)
+        s_ready_add(&r->ready[pe->stage], p);
+}
+
+// Peer p's place among the ready peers of `stage`, or -1 when it is not one.
+int engine_ready_at(const swarm_engine_t *r, int stage, int p)
+{
+    if (stage < 0 || stage >= r->stages || p < 0)
+        return -1;
+    const engine_ready_t *l = &r->ready[stage];
+    int k = s_ready_slot(l, p);
+    return k < l->n && l->peer[k] == p ? k : -1;
+}
+
+int engine_ready_count(const swarm_engine_t *r, int stage)
+{
+    if (stage >= 0)
+        return stage < r->stages ? r->ready[stage].n : 0;
+    int n = 0;
+    for (int s = 0; s < r->stages; s++)
+        n += r->ready[s].n;
+    return n;
+}
+
+// ---- the views the policy sees ----
+
+// What peer p holds, in training tokens (swarm_peer_view_t.backlog): its
+// FWD/BWD requests in flight; s_owed adds the rest.
+static double s_held(const swarm_engine_t *r, const peer_t *pe)
+{
+    return (double) r->hp.micro * r->hp.cfg.T * pe->held_thirds / 3.0;
+}
+
+// The backward each peer owes for every forward it ran this step whose
+// BWD is not sent yet (the router prefers to send it there, where the
+// activations are), added to backlog[peer]: of every peer (stage < 0), or
+// of stage's ready peers only (whose backlog[] is all that is set). In the
+// same order either way, so the sums are the same bits.
+static void s_owed(const swarm_engine_t *r, double *backlog, int stage)
+{
     if (r->evaluating || !r->mbs)
         return;
+    double tokens = (double) r->hp.micro * r->hp.cfg.T;
     int S = r->stages;
     for (int i = 0; i < r->G; i++) {
         const mb_t *b = &r->mbs[i];
         // stages whose forward ran (or runs) and whose backward is not sent:
         // in forward up to the stage it is at, in backward below it
         int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
-        for (int k = 0; k < owed && k < S - 1; k++)
-            if (b->fwd_peer[k] >= 0 && b->fwd_peer[k] < r->npeers)
-                backlog[b->fwd_peer[k]] += tokens * 2.0 / 3.0;
+        for (int k = 0; k < owed && k < S - 1; k++) {
+            int p = b->fwd_peer[k];
+            // (a peer that ran stage k's forward may serve another stage
+            // now: it moved, or its entry was reused)
+            if (p >= 0 && p < r->npeers
+                && (stage < 0 || (r->peers[p].state == P_READY && r->peers[p].stage == stage)))
+                backlog[p] += tokens * 2.0 / 3.0;
+        }
     }
+}
+
+// Peer p as the policy sees it, with its speed tok_s and backlog.
+static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
+{
+    return (swarm_peer_view_t) {
+        .stage = p->stage, .ready = p->state == P_READY && !p->failed,
+        .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
+        .backlog = backlog, .rtt = p->rtt, .tok_s = tok_s, .moved_at = p->moved_at,
+        // the seconds of compute its requests in flight take, as it reports
+        // them (the router's own speed of a peer counts its link's time too)
+        .ahead = p->held_kind[0] * p->busy[0] + p->held_kind[1] * p->busy[1],
+    };
 }
 
 // The peer table as the policy sees it. For routing (optimistic) a ready
 // peer the router has not measured yet is taken to be as fast as the
 // fastest measured peer of its stage, so that it gets work and is measured
 // (otherwise a first guess below the others' could starve it for the whole
-// run); rebalancing sees the speeds as measured.
+// run); rebalancing sees the speeds as measured. O(peers): for what runs
+// per event (admission, refills, rebalancing), not per request.
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[SWARM_MAX_STAGES] = {0}, *backlog = r->backlog, *ahead = r->ahead;
-    s_backlog(r, backlog, ahead);
+    double fastest[SWARM_MAX_STAGES] = {0}, *backlog = r->backlog;
+    for (int i = 0; i < r->npeers; i++)
+        backlog[i] = s_held(r, &r->peers[i]);
+    s_owed(r, backlog, -1);
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
         if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
@@ -124,12 +227,7 @@ void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimist
         double tok_s = p->tok_s;
         if (optimistic && p->samples == 0 && p->stage >= 0 && fastest[p->stage] > tok_s)
             tok_s = fastest[p->stage];
-        v[i] = (swarm_peer_view_t) {
-            .stage = p->stage, .ready = p->state == P_READY && !p->failed,
-            .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
-            .backlog = backlog[i], .ahead = ahead[i], .rtt = p->rtt, .tok_s = tok_s,
-            .moved_at = p->moved_at,
-        };
+        v[i] = s_view(p, tok_s, backlog[i]);
     }
 }
 
@@ -138,13 +236,28 @@ void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v)
     engine_views_as(r, v, 1);
 }
 
-int engine_ready_count(const swarm_engine_t *r, int stage)
+// What a routing pick sees: stage's ready peers only, v[k] being peer
+// ready[stage].peer[k], as engine_views (optimistic) would show them; their
+// number. O(replicas + the step's micro-batches times stages).
+int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v)
 {
-    int n = 0;
-    for (int i = 0; i < r->npeers; i++)
-        if (r->peers[i].state == P_READY && (stage < 0 || r->peers[i].stage == stage))
-            n++;
-    return n;
+    if (stage < 0 || stage >= r->stages)
+        return 0;
+    const engine_ready_t *l = &r->ready[stage];
+    double fastest = 0.0, *backlog = r->backlog;
+    for (int k = 0; k < l->n; k++) {
+        const peer_t *p = &r->peers[l->peer[k]];
+        backlog[l->peer[k]] = s_held(r, p);
+        if (p->samples > 0 && p->tok_s > fastest)
+            fastest = p->tok_s;
+    }
+    s_owed(r, backlog, stage);
+    for (int k = 0; k < l->n; k++) {
+        const peer_t *p = &r->peers[l->peer[k]];
+        double tok_s = p->samples == 0 && fastest > p->tok_s ? fastest : p->tok_s;
+        v[k] = s_view(p, tok_s, backlog[l->peer[k]]);
+    }
+    return l->n;
 }
 
 // Send a stage's state (params, m, v of the stage) to peer p.
@@ -193,8 +306,8 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     net_msg_destroy(&a);
     if (rc != 0)
         return rc;
+    engine_peer_state(r, p, P_JOINING); // out of its old stage's ready peers, if it was one
     pe->stage = stage;
-    pe->state = P_JOINING;
     engine_say(r, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
     return 0;
 }
@@ -211,7 +324,7 @@ static int s_cmp_double(const void *a, const void *b)
 // that one peer's false claim does not skew it).
 static double s_hello_speed(const swarm_engine_t *r, double hello)
 {
-    double *ratio = r->backlog; // scratch (engine_views_as does not run meanwhile)
+    double *ratio = r->backlog; // scratch (no views are made meanwhile)
     int n = 0;
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *pe = &r->peers[i];
@@ -309,12 +422,9 @@ static int s_peer_slot(swarm_engine_t *r)
         if (views)
             r->views = views;
         double *backlog = views ? realloc(r->backlog, (size_t) cap * sizeof *backlog) : NULL;
-        if (backlog)
-            r->backlog = backlog;
-        double *ahead = backlog ? realloc(r->ahead, (size_t) cap * sizeof *ahead) : NULL;
-        if (!ahead)
+        if (!backlog)
             return -ENOMEM;
-        r->ahead = ahead;
+        r->backlog = backlog;
         r->peers_cap = cap;
     }
     return r->npeers++;
@@ -349,7 +459,7 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *
         if (s_key_put(r, p) != 0) {
             engine_warn(r, "swarm router: out of memory for the peer index (%d peers); "
                         "ignoring %s\n", r->npeers, name);
-            r->peers[p].state = P_DEAD; // an entry no message can reach, reused later
+            engine_peer_state(r, p, P_DEAD); // an entry no message can reach, reused later
             return;
         }
     }
@@ -381,15 +491,13 @@ void engine_joins(swarm_engine_t *r)
             s_ignore(s_send_state(r, p, r->params, r->m, r->v));
             continue;
         }
-        for (int q = 0; q < r->npeers; q++) {
-            if (r->peers[q].state == P_READY && r->peers[q].stage == pe->stage) {
-                net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
-                net_msg_head(g)->stage = (uint32_t) pe->stage;
-                // the reply is forwarded to the joiner: remember it in mb
-                s_ignore(engine_send(r, q, &g, R_STATE_GET, p, pe->stage));
-                pe->inflight++; // held until its state arrives
-                break;
-            }
+        const engine_ready_t *from = &r->ready[pe->stage]; // the first ready replica
+        if (from->n > 0) {
+            net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
+            net_msg_head(g)->stage = (uint32_t) pe->stage;
+            // the reply is forwarded to the joiner: remember it in mb
+            s_ignore(engine_send(r, from->peer[0], &g, R_STATE_GET, p, pe->stage));
+            pe->inflight++; // held until its state arrives
         }
     }
 }
@@ -398,9 +506,10 @@ void engine_joins(swarm_engine_t *r)
 double engine_stage_capacity(const swarm_engine_t *r, int s)
 {
     double tok = 0.0;
-    for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].state == P_READY && r->peers[p].stage == s)
-            tok += r->peers[p].claim_doubted ? r->peers[p].tok_s : r->peers[p].node_tok_s;
+    for (int k = 0; k < r->ready[s].n; k++) {
+        const peer_t *pe = &r->peers[r->ready[s].peer[k]];
+        tok += pe->claim_doubted ? pe->tok_s : pe->node_tok_s;
+    }
     return tok;
 }
 

@@ -216,7 +216,7 @@ static void s_on_reply(swarm_engine_t *r, int p, const net_msg_t *m)
             // steps
             break;
         }
-        r->peers[p].state = P_READY;
+        engine_peer_state(r, p, P_READY);
         r->peers[p].moving = 0;
         s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
         engine_say(r, "swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,

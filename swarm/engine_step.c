@@ -253,7 +253,7 @@ void engine_consensus(swarm_engine_t *r, long step)
             // the next step may have begun (pipelined updates): what it did
             // there is redone by the others, as for a peer that died
             engine_peer_dead(r, p, why);
-            pe->state = P_JOINING; // engine_joins asks a replica that agrees
+            engine_peer_state(r, p, P_JOINING); // engine_joins asks a replica that agrees
         }
     }
 }

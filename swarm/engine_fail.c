@@ -161,6 +161,12 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
     engine_peer_state(r, p, P_DEAD);
+    if (!r->peers[p].got_grad) {
+        // no sum of its counts in this step: its buffer goes (one whose sum
+        // is in goes when the next step begins, engine_step_begin)
+        free(r->peers[p].grad);
+        r->peers[p].grad = NULL;
+    }
     for (int i = 0; i < r->req_slots; i++) {
         req_t q = *engine_req_at(r, i);
         if (q.id == 0 || q.peer != p)

@@ -71,7 +71,8 @@ typedef struct {
     int held_kind[2];        // its FWD [0] and BWD [1] requests in flight
     // its part in the current step (a fresh entry has none; the entry of a
     // dead peer whose part still counts is not reused before the step ends)
-    float *grad;             // its GRAD of this step (the largest stage's size: it may move)
+    float *grad;             // its GRAD of this step (the largest stage's size: it may move);
+                             // NULL once it is dead and no sum of its counts
     int got_grad;            // its GRAD arrived
     int in_step;             // it was sent this step's STEP
     int norm_only;           // its stage has no other replica: it keeps its gradient
@@ -335,5 +336,10 @@ void engine_reap(swarm_engine_t *r);
 int engine_all_stages_ready(const swarm_engine_t *r);
 void engine_rebalance(swarm_engine_t *r);
 void engine_turn(swarm_engine_t *r);
+// The bytes the engine holds now (engine_memory.c), and a bound of them
+// from the model, the step and live_peers, the most peers held at once
+// (docs/architecture.md, "The engine's memory").
+size_t engine_memory(const swarm_engine_t *r);
+size_t engine_memory_bound(const swarm_engine_t *r, int live_peers);
 
 #endif

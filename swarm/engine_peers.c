@@ -495,9 +495,11 @@ void engine_joins(swarm_engine_t *r)
         if (from->n > 0) {
             net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
             net_msg_head(g)->stage = (uint32_t) pe->stage;
-            // the reply is forwarded to the joiner: remember it in mb
-            s_ignore(engine_send(r, from->peer[0], &g, R_STATE_GET, p, pe->stage));
-            pe->inflight++; // held until its state arrives
+            // the reply is forwarded to the joiner: remember it in mb. Held
+            // until its state arrives; a send that failed holds nothing (the
+            // replica is found dead, and the joiner asks again)
+            if (engine_send(r, from->peer[0], &g, R_STATE_GET, p, pe->stage) == 0)
+                pe->inflight++;
         }
     }
 }

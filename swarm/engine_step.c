@@ -34,8 +34,14 @@ void engine_step_begin(swarm_engine_t *r)
 {
     for (int i = 0; i < r->G; i++)
         engine_mb_clear(r, &r->mbs[i]);
-    for (int p = 0; p < r->npeers; p++)
-        r->peers[p].got_grad = r->peers[p].in_step = 0; // nobody's gradient of this step is in yet
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        pe->got_grad = pe->in_step = 0; // nobody's gradient of this step is in yet
+        if (pe->state == P_DEAD) {
+            free(pe->grad); // the last step's sum of a peer that died: counted, done with
+            pe->grad = NULL;
+        }
+    }
     memset(r->stepped, 0, sizeof r->stepped);
     r->pending = 0;
     r->phase = PH_MB;

@@ -5,8 +5,10 @@
  * and leaving (the peer table grows past any fixed size and reuses the
  * entries of the dead), a peer gone with its entry kept for its ban, and
  * the STATUS document staying valid JSON for an expelled peer's endless ban.
- * One test looks inside (engine_int.h): each stage's ready peers, which a
- * routing pick sees instead of the whole table, held to the table itself.
+ * Two tests look inside (engine_int.h): each stage's ready peers, which a
+ * routing pick sees instead of the whole table, held to the table itself;
+ * and the engine's memory, answered as a swarm of nodes answers it through
+ * a thousand deaths, held to engine_memory_bound.
  */
 #include "engine_int.h"
 #include "swarm.h"
@@ -19,7 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define ANSWER_KEYS 4096     // peers (by the number in their key) a world can answer for
+#define ANSWER_STAGE_N 2000  // the most parameters a stage of an answered engine has
+
 // ---- a world for the engine: what it sends and logs, kept -------------------
+
+typedef struct {
+    net_peer_t from;             // the connection it comes from
+    net_msg_t *m;
+} reply_t;
 
 typedef struct {
     int sent[NET_MSG_TYPE_MAX + 1];   // messages sent, by type
@@ -28,12 +38,100 @@ typedef struct {
     int lines;                   // log lines
     char log[8192];              // the last of them
     swarm_data_t *data;          // the engine's training bytes
+    // a swarm that answers (the memory test): each request's reply, made as
+    // a node makes it, waits in q for the next round (s_round)
+    const swarm_engine_t *e;     // the engine it answers; NULL: it answers nothing
+    reply_t *q;                  // [nq] replies on their way
+    int nq, q_cap;
+    unsigned char gone[ANSWER_KEYS];   // peer i's connection is closed: 1 killed, 2 after a
+                                       // last reply (a refusal)
+    unsigned char refuse[ANSWER_KEYS]; // peer i refuses its next request, then closes
+    int live;                    // peers connected
+    int64_t now;                 // ms, of the round
+    int64_t died[ANSWER_KEYS];   // [ndied] when each peer that died did, in order
+    int ndied;
 } world_t;
+
+// ---- the answers of a swarm of nodes that do as they are asked ----
+
+static float s_ones[2 * 16 * 32];      // an activation tensor (micro, T, C) of the tests
+static float s_zeros[ANSWER_STAGE_N];  // a gradient, or a stage's state
+
+static void s_add(net_msg_t *m, const float *x, uint32_t *dims, int ndims)
+{
+    ck_assert_int_eq(net_msg_add_tensor(m, NET_DTYPE_F32, dims, ndims, x), 0);
+}
+
+static int s_flag(const net_msg_t *m, const char *key)
+{
+    char text[8];
+    return net_msg_meta_get(m, key, text, sizeof text) == 0 && !strcmp(text, "1");
+}
+
+#define CHECKSUM "checksum=" \
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+// Peer i's reply to req, or NULL for none (a message that is no request).
+// Every replica reports the same checksum; gradients and states are zeros,
+// activations ones; a refusing peer answers ERROR and closes.
+static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    int t = h->type, s = (int) h->stage, last = s == w->e->stages - 1;
+    if ((t != NET_MSG_FWD && t != NET_MSG_BWD && t != NET_MSG_STEP && t != NET_MSG_UPDATE
+         && t != NET_MSG_STATE && t != NET_MSG_STATE_GET) || (h->flags & NET_FLAG_REPLY))
+        return NULL;
+    ck_assert_int_lt(s, w->e->stages);
+    uint32_t acts[3] = { 2, 16, 32 }, stage[1] = { (uint32_t) w->e->stage_n[s] };
+    if (w->refuse[i]) {
+        net_msg_t *e = net_msg_reply(req, NET_MSG_ERROR);
+        ck_assert_int_eq(net_msg_set_meta(e, "reason=refused by the test"), 0);
+        w->refuse[i] = 0;
+        w->gone[i] = 2; // closed once this reply is out
+        w->live--;
+        w->died[w->ndied++] = w->now;
+        return e;
+    }
+    int apply = t == NET_MSG_STEP && s_flag(req, "apply");
+    int discard = t == NET_MSG_STEP && s_flag(req, "discard");
+    net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
+                                 : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
+    if (t == NET_MSG_FWD || t == NET_MSG_BWD)
+        s_add(a, s_ones, acts, 3);
+    const char *meta = t == NET_MSG_FWD && last ? "loss=1.5"
+                     : apply ? "sumsq=0\n" CHECKSUM
+                     : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? "sumsq=0"
+                     : t == NET_MSG_UPDATE || t == NET_MSG_STATE ? CHECKSUM : NULL;
+    if (meta)
+        ck_assert_int_eq(net_msg_set_meta(a, meta), 0);
+    else if (t == NET_MSG_STEP && !discard)
+        s_add(a, s_zeros, stage, 1); // its gradient sum
+    if (t == NET_MSG_STATE_GET) {
+        net_msg_head(a)->step = (uint64_t) w->e->step; // the state the step about to start needs
+        for (int k = 0; k < 3; k++)
+            s_add(a, s_zeros, stage, 1);
+    }
+    return a;
+}
 
 static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
 {
     world_t *w = ctx;
     const net_head_t *h = net_msg_head_const(*m);
+    int i = atoi(to->key);
+    if (w->e && i > 0 && i < ANSWER_KEYS) {
+        if (w->gone[i]) {
+            net_msg_destroy(m);
+            return -EHOSTUNREACH;
+        }
+        net_msg_t *a = s_answer(w, i, *m);
+        if (a && w->nq == w->q_cap) {
+            w->q_cap = w->q_cap ? 2 * w->q_cap : 256;
+            ck_assert_ptr_nonnull(w->q = realloc(w->q, (size_t) w->q_cap * sizeof *w->q));
+        }
+        if (a)
+            w->q[w->nq++] = (reply_t) { *to, a };
+    }
     if (h->type <= NET_MSG_TYPE_MAX)
         w->sent[h->type]++;
     snprintf(w->last_to, sizeof w->last_to, "%s", to->key);
@@ -79,29 +177,42 @@ static float s_clip(void *ctx, double norm)
 
 static const uint8_t s_bytes[4096] = { 1, 2, 3 };
 
-// An engine of `stages` stages of 100 parameters each, `batch` windows a
-// step in micro-batches of 2, waiting for min_nodes.
-static swarm_engine_t *s_engine_of(world_t *w, int min_nodes, int stages, int batch)
+// The config of an engine of `stages` stages of `per_stage` parameters
+// each, `batch` windows a step in micro-batches of 2, waiting for min_nodes.
+static swarm_engine_config_t s_config_of(world_t *w, int min_nodes, int stages, int batch,
+                                         size_t per_stage)
 {
     w->data = swarm_data_wrap(s_bytes, sizeof s_bytes, "test bytes");
     swarm_engine_config_t c = {
         .shape = { .V = 256, .T = 16, .C = 32, .L = stages, .H = 4 }, .stages = stages,
-        .nparams = 100 * (size_t) stages, .params = calloc(100 * (size_t) stages, sizeof(float)),
+        .nparams = per_stage * (size_t) stages,
+        .params = calloc(per_stage * (size_t) stages, sizeof(float)),
         .batch = batch, .micro = 2, .iters = 10, .seed = 1337, .data = w->data,
         .min_nodes = min_nodes, .window_mode = SWARM_WINDOW_ALL, .tensor_bound = 100,
         .verify = 0, .wire = NET_DTYPE_F32, .grad_wire = NET_DTYPE_F32,
     };
     for (int s = 0; s < stages; s++) {
-        c.stage_n[s] = 100;
-        c.stage_off[s] = 100 * (size_t) s;
+        c.stage_n[s] = per_stage;
+        c.stage_off[s] = per_stage * (size_t) s;
         c.stage_cost[s] = 1.0 + 0.5 * s;
     }
+    return c;
+}
+
+static swarm_engine_t *s_engine_from(world_t *w, const swarm_engine_config_t *c)
+{
     swarm_engine_io_t io = { .ctx = w, .send = s_send, .log = s_log, .lr_at = s_lr,
                              .clip_scale = s_clip };
     swarm_engine_t *e = NULL;
     char err[256];
-    ck_assert_msg(swarm_engine_new(&c, &io, 1000, &e, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(swarm_engine_new(c, &io, 1000, &e, err, sizeof err) == 0, "%s", err);
     return e;
+}
+
+static swarm_engine_t *s_engine_of(world_t *w, int min_nodes, int stages, int batch)
+{
+    swarm_engine_config_t c = s_config_of(w, min_nodes, stages, batch, 100);
+    return s_engine_from(w, &c);
 }
 
 static swarm_engine_t *s_engine(world_t *w, int min_nodes)
@@ -123,6 +234,9 @@ static void s_close(world_t *w, swarm_engine_t **e)
     swarm_engine_destroy(e);
     swarm_data_destroy(&w->data);
     free(w->status);
+    for (int k = 0; k < w->nq; k++)
+        net_msg_destroy(&w->q[k].m);
+    free(w->q);
 }
 
 static void s_hello(swarm_engine_t *e, int64_t now, int i)
@@ -328,6 +442,132 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
 }
 END_TEST
 
+// ---- the engine's memory ---------------------------------------------------
+
+// One round (10 ms) of an answering world: the replies queued in the last
+// one arrive, but those of a peer killed since, then the engine's tick.
+static void s_round(world_t *w, swarm_engine_t *e)
+{
+    int n = w->nq;
+    for (int k = 0; k < n; k++) {
+        reply_t a = w->q[k]; // (the engine's sends may move the queue)
+        if (w->gone[atoi(a.from.key)] != 1)
+            swarm_engine_message(e, w->now, &a.from, a.m);
+        net_msg_destroy(&a.m);
+    }
+    w->nq -= n;
+    if (n > 0)
+        memmove(w->q, w->q + n, (size_t) w->nq * sizeof *w->q);
+    swarm_engine_tick(e, w->now);
+}
+
+// An engine of 3 stages of ANSWER_STAGE_N parameters, 4 micro-batches a
+// step, checkpoints, evaluations and spot checks, answered by w, with
+// peers 1..live joined.
+static swarm_engine_t *s_engine_answered(world_t *w, int live)
+{
+    swarm_engine_config_t c = s_config_of(w, 3, 3, 8, ANSWER_STAGE_N);
+    c.iters = 1000000;
+    c.save = 1;
+    c.save_every = 25;
+    c.eval_every = 50;
+    c.eval_iters = 1;
+    c.verify = 0.25;
+    w->now = 1000;
+    swarm_engine_t *e = s_engine_from(w, &c);
+    w->e = e;
+    for (size_t j = 0; j < sizeof s_ones / sizeof s_ones[0]; j++)
+        s_ones[j] = 1.0f;
+    for (int i = 1; i <= live; i++)
+        s_hello(e, w->now, i);
+    w->live = live;
+    return e;
+}
+
+#define MEM_LIVE 40         // peers live
+#define MEM_KILL_EVERY 20   // rounds between deaths (each followed by a join)
+#define MEM_CHURN 20000     // rounds of churn: 1000 deaths
+#define MEM_SETTLE 1000     // rounds after it
+#define MEM_HELD_MS 6000    // a dead peer's entry is held at most this long (a 5 s ban, a step)
+
+// Peers the engine may hold now: live ones, and those dead within MEM_HELD_MS.
+static int s_held(const world_t *w)
+{
+    int recent = 0;
+    for (int k = w->ndied - 1; k >= 0 && w->now - w->died[k] <= MEM_HELD_MS; k--)
+        recent++;
+    return w->live + recent;
+}
+
+// A live peer dies: killed (its connection closes unannounced), or it
+// refuses its next request (banned 5 s) and closes. A newcomer joins, or
+// now and then one killed before comes back with its key.
+static void s_churn(world_t *w, swarm_engine_t *e, uint64_t *rng, int *next)
+{
+    int pick = -1, seen = 0, back = -1;
+    for (int i = 1; i < *next; i++) // uniformly among the live (a reservoir of one)
+        if (!w->gone[i] && !w->refuse[i] && swarm_splitmix64(rng) % (uint64_t) ++seen == 0)
+            pick = i;
+    if (pick > 0 && swarm_splitmix64(rng) % 2) {
+        w->gone[pick] = 1;
+        w->live--;
+        w->died[w->ndied++] = w->now;
+        net_peer_t who = s_who(pick);
+        swarm_engine_gone(e, w->now, &who);
+    } else if (pick > 0) {
+        w->refuse[pick] = 1;
+    }
+    int returns = swarm_splitmix64(rng) % 4 == 0;
+    for (int i = 1; returns && i < *next && back < 0; i++)
+        if (w->gone[i] == 1)
+            back = i; // the lowest-numbered of those killed
+    int i = back > 0 ? back : (*next)++;
+    w->gone[i] = 0;
+    w->live++;
+    s_hello(e, w->now, i);
+}
+
+// 1000 peers die and as many join over some 3,500 steps, 40 live at a time:
+// the engine never holds more than engine_memory_bound says for the most
+// peers held at once, and once the churn is over it holds what a fresh
+// engine with the same live peers holds, but for the entries the table
+// keeps for the dead: nothing grows with the peers ever seen or the
+// requests ever sent.
+START_TEST(test_engine_memory_stays_within_its_bound_through_churn)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, MEM_LIVE);
+    uint64_t rng = 7;
+    int next = MEM_LIVE + 1, most = 0;
+    for (int round = 0; round < MEM_CHURN + MEM_SETTLE; round++, w.now += 10) {
+        if (round < MEM_CHURN && round % MEM_KILL_EVERY == MEM_KILL_EVERY - 1)
+            s_churn(&w, e, &rng, &next);
+        s_round(&w, e);
+        int held = s_held(&w);
+        most = held > most ? held : most;
+        size_t mem = engine_memory(e), bound = engine_memory_bound(e, most);
+        ck_assert_msg(mem <= bound, "round %d, step %ld (%d peers seen, %d held at most): "
+                      "%zu bytes, over the bound %zu", round, e->step, next - 1, most, mem, bound);
+    }
+    ck_assert_int_gt(e->step, 1000); // it trained through the churn
+    ck_assert_int_eq(w.ndied, MEM_CHURN / MEM_KILL_EVERY);
+    world_t f = { 0 };
+    swarm_engine_t *fresh = s_engine_answered(&f, w.live);
+    for (int round = 0; round < MEM_SETTLE; round++, f.now += 10)
+        s_round(&f, fresh);
+    ck_assert_int_gt(fresh->step, 50);
+    // the churned table's extra room: the dead it keeps, doubled as the
+    // table grows, with their slots in the index by key
+    size_t entry = sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double) + 8 * sizeof(int);
+    size_t room = 2 * (size_t) (PEERS_KEEP_DEAD + most - w.live) * entry;
+    ck_assert_msg(engine_memory(e) <= engine_memory(fresh) + room, "after the churn %zu bytes, "
+                  "a fresh engine %zu: more than %zu above", engine_memory(e),
+                  engine_memory(fresh), room);
+    s_close(&f, &fresh);
+    s_close(&w, &e);
+}
+END_TEST
+
 START_TEST(test_engine_refuses_a_bad_config_by_name)
 {
     world_t w = { 0 };
@@ -353,6 +593,10 @@ static Suite *s_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");
     tcase_add_test(tc, test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("memory");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_engine_memory_stays_within_its_bound_through_churn);
     suite_add_tcase(s, tc);
     return s;
 }

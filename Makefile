@@ -279,7 +279,7 @@ FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-
 FUZZ_LIBS    := $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -lpthread
 FUZZ_SRC_wire   := tests/fuzz_wire.c net/wire.c net/codec.c
 FUZZ_SRC_keys   := tests/fuzz_keys.c $(NET_SRC)
-FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC)
+FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC) swarm/engine_decode.c
 FUZZ_SRC_files  := tests/fuzz_files.c node/files.c node/model.c
 FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/join.c $(NET_SRC)
 FUZZ_LIBS_status := $(JANSSON_LIBS)

@@ -129,6 +129,58 @@ typedef struct {
     int8_t dy_pow2[SWARM_MAX_STAGES];       // its 2^k scale
 } mb_t;
 
+// ---- a message from a peer, decoded once (engine_decode.c) ----
+// Each meta field the engine reads, parsed and checked there; a handler
+// reads these, never the meta text. What a field that fails its check
+// costs the peer is its handler's: the decoder only says so.
+
+// HELLO: who the node is. Text is sanitized (engine_sanitize).
+typedef struct {
+    int proto_ok;            // proto= is "1", the protocol this router speaks
+    char proto[16];          // proto= as said; "" when absent or longer than 15 chars
+    char name[64];           // name=; "?" when absent or longer than 63 chars
+    char device[128];        // device=; "?" when absent or longer than 127 chars
+    int has_tok_s;           // tok_s= is a number in (0, 1e12)
+    double tok_s;            // tokens per second it measured at start; 0 without has_tok_s
+} msg_hello_t;
+
+// HEARTBEAT: a field absent leaves what the peer said before; one present
+// but bad reads as the value noted.
+typedef struct {
+    int has_queue;           // queue= is there
+    int queue;               // requests waiting, 0..999999; 0 when not a whole number in range
+    int has_tok_s;           // tok_s= is there
+    double tok_s;            // tokens per second it says it sustains, [0, 1e12); 0 when bad
+    int has_slots;           // slots= is there
+    int slots;               // micro-batches its activation cache holds, >= 0; -1 when bad
+} msg_heartbeat_t;
+
+// Any other message (RESULT, GRAD, STATE, ERROR, and whatever a peer sends
+// as a reply): what a reply's check and its handler read. A field that
+// fails its check is absent.
+typedef struct {
+    int has_loss;            // loss= is a finite number >= 0 (fp32)
+    float loss;              // the last stage's loss; NAN without has_loss
+    int has_checksum;        // checksum= is 64 lowercase hex digits
+    char checksum[65];       // those digits; "" without has_checksum
+    int has_sumsq;           // sumsq= is a finite number >= 0
+    double sumsq;            // its gradient's sum of squares; 0 without has_sumsq
+    int has_timing;          // held= and busy= are both numbers in [0, 1e6)
+    double held;             // s the request spent at the node; 0 without has_timing
+    double busy;             // s of that it computed; 0 without has_timing
+    char reason[128];        // reason= (sanitized); "no reason given" when absent or longer
+} msg_reply_t;
+
+typedef struct {
+    const net_msg_t *msg;    // the message (borrowed): its tensors, and the request a reply answers
+    const net_head_t *head;  // its header (borrowed): type, flags, id, step, tensor shapes
+    union {                  // by head->type:
+        msg_hello_t hello;   // NET_MSG_HELLO
+        msg_heartbeat_t heartbeat; // NET_MSG_HEARTBEAT
+        msg_reply_t reply;   // any other
+    };
+} msg_in_t;
+
 // The run's numbers the engine reads (swarm_engine_config_t's, under the
 // names the code has always used: hp as the hyperparameters, o as the run).
 typedef struct {
@@ -265,6 +317,12 @@ static inline void s_ignore(int rc)
 
 // ---- across the router's files ----
 
+// Decode m (borrowed: it must outlive *out) into *out. Never fails: each
+// field is decoded or marked absent (the rules: engine_decode.c).
+void engine_msg_decode(const net_msg_t *m, msg_in_t *out);
+// Text from a peer, made printable ASCII without quotes (for logs, JSON).
+void engine_sanitize(char *text);
+
 int engine_loud(swarm_engine_t *r, const char *key, char *note, size_t cap);
 double engine_secs(const swarm_engine_t *r);
 int engine_emit(swarm_engine_t *r, const net_peer_t *to, net_msg_t **m);
@@ -292,10 +350,9 @@ void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimist
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
 int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v);
 int engine_ready_count(const swarm_engine_t *r, int stage);
-void engine_sanitize(char *text);
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
-void engine_on_dead_peer(swarm_engine_t *r, int p, const net_msg_t *m);
-void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *hello);
+void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e);
+void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e);
 void engine_joins(swarm_engine_t *r);
 void engine_window_update(swarm_engine_t *r);
 void *engine_dup_bytes(const void *src, size_t n);
@@ -310,16 +367,16 @@ int engine_spots_open(const swarm_engine_t *r);
 void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss);
 void engine_peer_expel(swarm_engine_t *r, int p, const char *why);
 net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta);
-void engine_spot_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_spot_lost(swarm_engine_t *r, const req_t *q);
-int engine_on_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_step_begin(swarm_engine_t *r);
 void engine_step_unask(swarm_engine_t *r);
 void engine_step_micro(swarm_engine_t *r);
-int engine_on_grad(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+int engine_on_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_step_update(swarm_engine_t *r);
-int engine_on_applied(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
-int engine_on_updated(swarm_engine_t *r, const req_t *q, const net_msg_t *m);
+int engine_on_applied(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
+int engine_on_updated(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_consensus(swarm_engine_t *r, long step);
 void engine_ckpt_wait(swarm_engine_t *r);
 void engine_ckpt_part(swarm_engine_t *r, int ok);

@@ -4,17 +4,13 @@
  */
 #include "engine_int.h"
 
-// A FWD/BWD reply's meta held= (s at the node) and busy= (s of compute):
-// the rest of its time dt was the network's round trip.
-static void s_peer_timing(peer_t *pe, int bwd, const net_msg_t *m, double dt)
+// A FWD/BWD reply's held= (s at the node) and busy= (s of compute): the
+// rest of its time dt was the network's round trip.
+static void s_peer_timing(peer_t *pe, int bwd, const msg_reply_t *y, double dt)
 {
-    char text[2][32];
-    if (net_msg_meta_get(m, "held", text[0], sizeof text[0]) != 0
-        || net_msg_meta_get(m, "busy", text[1], sizeof text[1]) != 0)
-        return; // a node that does not say
-    double held = strtod(text[0], NULL), busy = strtod(text[1], NULL);
-    if (!(held >= 0 && held < 1e6 && busy >= 0 && busy < 1e6))
-        return;
+    if (!y->has_timing)
+        return; // a node that does not say (or says nonsense)
+    double held = y->held, busy = y->busy;
     // a request that reached a busy node waited in its socket, which looks
     // like network: follow a lower sample at once, a higher one slowly
     double net = dt > held ? dt - held : 0.0;
@@ -338,11 +334,12 @@ static void s_work_done(swarm_engine_t *r, const req_t *q)
 }
 
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
-int engine_on_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
+    const net_msg_t *m = e->msg;
     int S = r->stages, s = q->stage;
     s_work_done(r, q);
-    s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, m,
+    s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, &e->reply,
                   (double) (r->now_ms - q->sent) / 1000.0);
     if (q->mb < 0)
         return 0; // of a step its stage finished itself (s_step_apply_ask): counted
@@ -361,12 +358,9 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
         return engine_next(r, q->mb, R_FWD, s + 1);
     }
     if (q->kind == R_FWD) {
-        char loss[64];
-        if (net_msg_meta_get(m, "loss", loss, sizeof loss) != 0)
-            return -EPROTO;
-        b->loss = strtof(loss, NULL);
-        if (!isfinite(b->loss))
-            return -EPROTO;
+        if (!e->reply.has_loss)
+            return -EPROTO; // (checked already: s_check_loss)
+        b->loss = e->reply.loss;
         engine_spot_begin(r, q, b->loss);
         if (S == 1 || r->evaluating) {
             b->stage = S;

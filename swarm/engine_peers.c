@@ -281,14 +281,6 @@ static int s_send_state(swarm_engine_t *r, int p, const float *params, const flo
     return engine_send(r, p, &msg, R_STATE, -1, s);
 }
 
-// Text from a peer goes into logs and JSON: printable ASCII only, no quotes.
-void engine_sanitize(char *text)
-{
-    for (char *c = text; *c; c++)
-        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
-            *c = '?';
-}
-
 // Assign peer p to `stage` (as the answer to req, or unasked when NULL);
 // its state follows between steps (engine_joins). 0 or -errno.
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
@@ -355,22 +347,22 @@ static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
 // A peer the router declared dead talks again (HELLO or HEARTBEAT): once
 // its ban is over it joins again, with fresh state; until then it is told
 // once why it waits.
-void engine_on_dead_peer(swarm_engine_t *r, int p, const net_msg_t *m)
+void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
 {
     peer_t *pe = &r->peers[p];
     double now = engine_secs(r);
     if (now >= pe->banned_until) {
         engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
                    pe->name, pe->why);
-        s_admit(r, p, net_msg_head_const(m)->type == NET_MSG_HELLO ? m : NULL);
+        s_admit(r, p, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
     } else if (!pe->ban_told) {
-        net_msg_t *e = net_msg_new(NET_MSG_ERROR);
+        net_msg_t *err = net_msg_new(NET_MSG_ERROR);
         int rc = isinf(pe->banned_until)
-                 ? engine_meta(e, "reason=expelled for the run: it %s", pe->why)
-                 : engine_meta(e, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
+                 ? engine_meta(err, "reason=expelled for the run: it %s", pe->why)
+                 : engine_meta(err, "reason=banned for %.0f s more: it %s", pe->banned_until - now, pe->why);
         if (rc == 0)
-            s_ignore(engine_emit(r, &pe->who, &e));
-        net_msg_destroy(&e);
+            s_ignore(engine_emit(r, &pe->who, &err));
+        net_msg_destroy(&err);
         pe->ban_told = 1;
     }
 }
@@ -432,12 +424,13 @@ static int s_peer_slot(swarm_engine_t *r)
 
 // A HELLO: check the protocol, assign a stage, answer ASSIGN. The state
 // follows when the swarm is between steps (engine_joins).
-void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *hello)
+void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e)
 {
-    char proto[16] = "", name[64] = "?", device[128] = "?", tok[32] = "0", note[64];
-    if (net_msg_meta_get(hello, "proto", proto, sizeof proto) != 0 || strcmp(proto, "1") != 0) {
-        net_msg_t *err = net_msg_reply(hello, NET_MSG_ERROR);
-        engine_sanitize(proto);
+    const msg_hello_t *hello = &e->hello;
+    char note[64];
+    if (!hello->proto_ok) {
+        const char *proto = hello->proto;
+        net_msg_t *err = net_msg_reply(e->msg, NET_MSG_ERROR);
         engine_meta(err, "reason=protocol version %s, router speaks 1; upgrade swarm", proto[0] ? proto : "?");
         if (engine_loud(r, who->key, note, sizeof note))
             engine_warn(r, "swarm router: refused %.8s...: protocol version %s, not 1%s\n",
@@ -445,38 +438,32 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *
         s_ignore(engine_emit(r, who, &err));
         return;
     }
-    s_ignore(net_msg_meta_get(hello, "name", name, sizeof name));
-    s_ignore(net_msg_meta_get(hello, "device", device, sizeof device));
-    s_ignore(net_msg_meta_get(hello, "tok_s", tok, sizeof tok));
     int p = engine_peer_find(r, who);
     if (p < 0) {
         if ((p = s_peer_slot(r)) < 0) {
             engine_warn(r, "swarm router: out of memory for the peer table (%d peers); "
-                        "ignoring %s\n", r->npeers, name);
+                        "ignoring %s\n", r->npeers, hello->name);
             return;
         }
         r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
         if (s_key_put(r, p) != 0) {
             engine_warn(r, "swarm router: out of memory for the peer index (%d peers); "
-                        "ignoring %s\n", r->npeers, name);
+                        "ignoring %s\n", r->npeers, hello->name);
             engine_peer_state(r, p, P_DEAD); // an entry no message can reach, reused later
             return;
         }
     }
     peer_t *pe = &r->peers[p];
-    engine_sanitize(name);
-    engine_sanitize(device);
-    snprintf(pe->name, sizeof pe->name, "%s", name);
-    snprintf(pe->device, sizeof pe->device, "%s", device);
-    double t = strtod(tok, NULL);
-    pe->hello_tok_s = isfinite(t) && t > 0 && t < 1e12 ? t : 1000.0;
+    snprintf(pe->name, sizeof pe->name, "%s", hello->name);
+    snprintf(pe->device, sizeof pe->device, "%s", hello->device);
+    pe->hello_tok_s = hello->has_tok_s ? hello->tok_s : 1000.0;
     pe->last_seen = r->now_ms;
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
     if (pe->state == P_DEAD)
-        engine_on_dead_peer(r, p, hello);
+        engine_on_dead_peer(r, p, e);
     else
-        s_admit(r, p, hello);
+        s_admit(r, p, e->msg);
 }
 
 // Between steps: hand joining peers their stage's state, from the router's

@@ -5,8 +5,9 @@
 #include "engine_int.h"
 
 // A STATE reply: for a checkpoint (q->mb < 0) or to forward to a joiner.
-static int s_on_state(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+static int s_on_state(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
+    const net_msg_t *m = e->msg;
     int s = q->stage;
     size_t n = r->stage_n[s], off = r->stage_off[s];
     if (q->mb >= 0) {
@@ -14,7 +15,7 @@ static int s_on_state(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
         joiner->inflight--;
         if (joiner->state != P_JOINING)
             return 0;
-        if (net_msg_head_const(m)->step != (uint64_t) r->step)
+        if (e->head->step != (uint64_t) r->step)
             return 0; // not the state this step starts from: asked again between steps
         net_msg_t *fwd = net_msg_dup(m); // its header step: the updates it holds
         if (!fwd)
@@ -66,43 +67,31 @@ static int s_check_values(swarm_engine_t *r, const net_msg_t *m, int i, size_t n
 }
 
 // The last stage's answer carries a finite, non-negative loss. 0 or -EPROTO.
-static int s_check_loss(const net_msg_t *m, char *why, size_t wn)
+static int s_check_loss(const msg_in_t *e, char *why, size_t wn)
 {
-    char text[64];
-    float loss = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
-    if (isfinite(loss) && loss >= 0)
+    if (e->reply.has_loss)
         return 0;
     snprintf(why, wn, "sent no finite loss");
     return -EPROTO;
 }
 
-// Check a reply to request q before anything uses it: the right type, and
-// every tensor of the shape the plan says, finite and of plausible size.
-// 0, or -EPROTO and why.
-// m's meta checksum= is 64 lowercase hex digits (a parameter checksum).
-static int s_has_checksum(const net_msg_t *m)
+// Check a reply to request q before anything uses it: the right type, its
+// fields (decoded: engine_decode.c), and every tensor of the shape the plan
+// says, finite and of plausible size. 0, or -EPROTO and why.
+static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, char *why, size_t wn)
 {
-    char text[80];
-    return net_msg_meta_get(m, "checksum", text, sizeof text) == 0 && strlen(text) == 64
-           && strspn(text, "0123456789abcdef") == 64;
-}
-
-static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, char *why, size_t wn)
-{
-    const net_head_t *h = net_msg_head_const(m);
+    const net_msg_t *m = e->msg;
+    const net_head_t *h = e->head;
+    const msg_reply_t *y = &e->reply;
     int S = r->stages, s = q->stage;
     size_t x_n = engine_acts_count(r);
-    char text[128];
     static const int want[] = { [R_FWD] = NET_MSG_RESULT, [R_BWD] = NET_MSG_RESULT,
                                 [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
                                 [R_STATE_GET] = NET_MSG_STATE, [R_STATE] = NET_MSG_RESULT,
                                 [R_ASSIGN] = NET_MSG_RESULT, [R_VERIFY] = NET_MSG_RESULT,
                                 [R_DISCARD] = NET_MSG_RESULT };
     if (h->type == NET_MSG_ERROR) {
-        if (net_msg_meta_get(m, "reason", text, sizeof text) != 0)
-            snprintf(text, sizeof text, "no reason given");
-        engine_sanitize(text);
-        snprintf(why, wn, "refused a request (%s)", text);
+        snprintf(why, wn, "refused a request (%s)", y->reason);
         return -EPROTO;
     }
     if (h->type != want[q->kind]) {
@@ -112,7 +101,7 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, 
     switch (q->kind) {
     case R_FWD:
         if (s == S - 1) {
-            if (s_check_loss(m, why, wn) != 0)
+            if (s_check_loss(e, why, wn) != 0)
                 return -EPROTO;
             if (q->redo || S == 1 || r->evaluating)
                 return 0;
@@ -122,16 +111,14 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, 
     case R_BWD:
         return q->redo || s == 0 ? 0 : s_check_values(r, m, 0, x_n, s, 1, why, wn);
     case R_VERIFY:
-        return s == S - 1 ? s_check_loss(m, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
+        return s == S - 1 ? s_check_loss(e, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
-        if (q->mb == MB_APPLY && !s_has_checksum(m)) {
+        if (q->mb == MB_APPLY && !y->has_checksum) {
             snprintf(why, wn, "sent no parameter checksum after applying its update");
             return -EPROTO;
         }
         if (r->peers[q->peer].norm_only || q->mb == MB_APPLY) {
-            double v = net_msg_meta_get(m, "sumsq", text, sizeof text) == 0 ? strtod(text, NULL)
-                                                                            : NAN;
-            if (isfinite(v) && v >= 0)
+            if (y->has_sumsq)
                 return 0;
             snprintf(why, wn, "sent no finite gradient norm");
             return -EPROTO;
@@ -154,7 +141,7 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, 
         return 0;
     case R_UPDATE:
     case R_STATE:
-        if (!s_has_checksum(m)) {
+        if (!y->has_checksum) {
             snprintf(why, wn, "sent no parameter checksum");
             return -EPROTO;
         }
@@ -174,14 +161,14 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const net_msg_t *m, 
 
 // A reply: checked first; a peer that answers wrongly fails (banned, and
 // the request's work goes to another replica with the rest of its work).
-static void s_on_reply(swarm_engine_t *r, int p, const net_msg_t *m)
+static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
 {
-    const net_head_t *h = net_msg_head_const(m);
+    const net_head_t *h = e->head;
     req_t *q = engine_req_find(r, h->id);
     if (!q || q->peer != p)
         return; // stale or not ours: dropped
     char why[160];
-    if (s_check_reply(r, q, m, why, sizeof why) != 0) {
+    if (s_check_reply(r, q, e, why, sizeof why) != 0) {
         engine_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
         return;
     }
@@ -191,19 +178,19 @@ static void s_on_reply(swarm_engine_t *r, int p, const net_msg_t *m)
     switch (copy.kind) {
     case R_FWD:
     case R_BWD:
-        rc = engine_on_result(r, &copy, m);
+        rc = engine_on_result(r, &copy, e);
         break;
     case R_STEP:
-        rc = copy.mb == MB_APPLY ? engine_on_applied(r, &copy, m) : engine_on_grad(r, &copy, m);
+        rc = copy.mb == MB_APPLY ? engine_on_applied(r, &copy, e) : engine_on_grad(r, &copy, e);
         break;
     case R_UPDATE:
-        rc = engine_on_updated(r, &copy, m);
+        rc = engine_on_updated(r, &copy, e);
         break;
     case R_STATE_GET:
-        rc = s_on_state(r, &copy, m);
+        rc = s_on_state(r, &copy, e);
         break;
     case R_VERIFY:
-        engine_spot_result(r, &copy, m);
+        engine_spot_result(r, &copy, e);
         break;
     case R_DISCARD:
         r->pending--;
@@ -218,7 +205,7 @@ static void s_on_reply(swarm_engine_t *r, int p, const net_msg_t *m)
         }
         engine_peer_state(r, p, P_READY);
         r->peers[p].moving = 0;
-        s_ignore(net_msg_meta_get(m, "checksum", r->peers[p].checksum, sizeof r->peers[p].checksum));
+        memcpy(r->peers[p].checksum, e->reply.checksum, sizeof r->peers[p].checksum); // checked
         engine_say(r, "swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,
                    r->peers[p].name, r->peers[p].stage, r->peers[p].checksum);
         break;
@@ -272,11 +259,11 @@ static void s_doubt_claim(swarm_engine_t *r, int p)
 // comes back. Nothing else the rival sends is the peer's: it is dropped.
 #define RIVAL_MS 3000
 
-static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const net_msg_t *m)
+static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const msg_in_t *e)
 {
     peer_t *pe = &r->peers[p];
     int64_t now = r->now_ms;
-    if (net_msg_head_const(m)->type != NET_MSG_HELLO)
+    if (e->head->type != NET_MSG_HELLO)
         return;
     if (strcmp(pe->rival.conn, who->conn) != 0) {
         pe->rival = *who;
@@ -285,12 +272,12 @@ static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const ne
         return;
     }
     if (pe->last_seen > pe->rival_since) {
-        net_msg_t *e = net_msg_reply(m, NET_MSG_ERROR);
-        engine_meta(e, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
+        net_msg_t *err = net_msg_reply(e->msg, NET_MSG_ERROR);
+        engine_meta(err, "reason=this node's key %.8s... is in use by peer %d (%s), which is connected; "
                     "each node needs a key of its own: start this one without --key (swarm picks a "
                "free one) or with --key NAME of another pair (swarm keygen NAME)\nfatal=1",
                who->key, pe->id, pe->name);
-        s_ignore(engine_emit(r, who, &e));
+        s_ignore(engine_emit(r, who, &err));
         if (pe->rival_told)
             return;
         pe->rival_told = 1;
@@ -311,19 +298,38 @@ static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const ne
         engine_peer_dead(r, p, "was replaced by a new process with its key");
     pe->who = *who;
     memset(&pe->rival, 0, sizeof pe->rival);
-    engine_on_hello(r, who, m);
+    engine_on_hello(r, who, e);
+}
+
+// A HEARTBEAT: what the node says of its queue, speed and cache (a field
+// it leaves out keeps what it said before), and a dead peer talking again.
+static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
+{
+    const msg_heartbeat_t *hb = &e->heartbeat;
+    if (hb->has_queue)
+        r->peers[p].queue = hb->queue;
+    if (hb->has_tok_s) {
+        r->peers[p].node_tok_s = hb->tok_s;
+        s_doubt_claim(r, p);
+    }
+    if (r->peers[p].state == P_DEAD)
+        engine_on_dead_peer(r, p, e);
+    if (hb->has_slots)
+        r->peers[p].slots = hb->slots >= 0 && hb->slots <= r->G ? hb->slots : r->G;
 }
 
 void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
 {
-    const net_head_t *h = net_msg_head_const(m);
+    msg_in_t e;
+    engine_msg_decode(m, &e); // once, here: from now on fields, never text
+    const net_head_t *h = e.head;
     int p = engine_peer_find(r, who);
     char note[64];
     if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
         // a dead peer's key on a new connection speaks for it, unless the
         // old connection (a banned node, alive) is still heard from
         if (r->peers[p].state != P_DEAD || r->now_ms - r->peers[p].last_seen < RIVAL_MS) {
-            s_on_rival(r, p, who, m);
+            s_on_rival(r, p, who, &e);
             return;
         }
         r->peers[p].who = *who;
@@ -333,7 +339,7 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
     if (p >= 0 && s_flooding(r, p, h))
         return;
     if (h->type == NET_MSG_HELLO) {
-        engine_on_hello(r, who, m);
+        engine_on_hello(r, who, &e);
     } else if (h->type == NET_MSG_STATUS) {
         engine_status_reply(r, who, m);
     } else if (p < 0) {
@@ -341,21 +347,10 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
             engine_warn(r, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
                         net_msg_type_name(h->type), who->key, note);
     } else if (h->type == NET_MSG_HEARTBEAT) {
-        char q[32];
-        if (net_msg_meta_get(m, "queue", q, sizeof q) == 0)
-            r->peers[p].queue = atoi(q) >= 0 && atoi(q) < 1000000 ? atoi(q) : 0;
-        if (net_msg_meta_get(m, "tok_s", q, sizeof q) == 0) {
-            double t = strtod(q, NULL);
-            r->peers[p].node_tok_s = isfinite(t) && t >= 0 && t < 1e12 ? t : 0.0;
-            s_doubt_claim(r, p);
-        }
-        if (r->peers[p].state == P_DEAD)
-            engine_on_dead_peer(r, p, m);
-        if (net_msg_meta_get(m, "slots", q, sizeof q) == 0)
-            r->peers[p].slots = atoi(q) >= 0 && atoi(q) <= r->G ? atoi(q) : r->G;
+        s_on_heartbeat(r, p, &e);
     } else if (h->type == NET_MSG_BYE) {
         engine_peer_dead(r, p, "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
-        s_on_reply(r, p, m);
+        s_on_reply(r, p, &e);
     }
 }

@@ -132,15 +132,14 @@ static void s_step_restart(swarm_engine_t *r, const char *why)
 }
 
 // A verifying replica's answer (checked; outputs decoded in scratch).
-void engine_spot_result(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     spot_t *c = s_spot_of(r, q);
-    char text[64];
     if (!c || c->n > 2)
         return; // stale
     int k = c->n++, s = q->stage;
     c->peer[k] = q->peer;
-    c->loss[k] = net_msg_meta_get(m, "loss", text, sizeof text) == 0 ? strtof(text, NULL) : NAN;
+    c->loss[k] = e->reply.loss; // NAN when it sent none (compared at the last stage only)
     c->out[k] = c->out[0] ? engine_dup_bytes(r->scratch, engine_acts_count(r) * sizeof(float)) : NULL;
     const peer_t *a = &r->peers[c->peer[0]], *v = &r->peers[q->peer];
     if (k == 1 && s_spot_same(r, c, 0, 1)) {

@@ -127,11 +127,10 @@ void engine_step_unask(swarm_engine_t *r)
 }
 
 // A GRAD (checked, and decoded into peer_grad by s_check_reply).
-int engine_on_grad(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
-    char text[64];
-    if (r->peers[q->peer].norm_only && net_msg_meta_get(m, "sumsq", text, sizeof text) == 0)
-        r->peers[q->peer].sumsq = strtod(text, NULL);
+    if (r->peers[q->peer].norm_only && e->reply.has_sumsq) // (s_check_reply made sure)
+        r->peers[q->peer].sumsq = e->reply.sumsq;
     r->peers[q->peer].got_grad = 1;
     r->pending--;
     return 0;
@@ -404,13 +403,11 @@ void engine_step_micro(swarm_engine_t *r)
 
 // The reply to STEP apply=1: that replica has updated; the others get
 // their UPDATE with the clip factor formed from the same two numbers.
-int engine_on_applied(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_applied(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
-    char text[64];
     peer_t *pe = &r->peers[q->peer];
-    s_ignore(net_msg_meta_get(m, "sumsq", text, sizeof text)); // checked
-    double sumsq = strtod(text, NULL);
-    s_ignore(net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum));
+    double sumsq = e->reply.sumsq; // checked, as its checksum
+    memcpy(pe->checksum, e->reply.checksum, sizeof pe->checksum);
     pe->updated = pe->state == P_READY;
     float scale = r->io.clip_scale(r->io.ctx, sqrt(r->self_others + sumsq));
     r->self_peer = -1;
@@ -423,12 +420,12 @@ int engine_on_applied(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
     return 0;
 }
 
-int engine_on_updated(swarm_engine_t *r, const req_t *q, const net_msg_t *m)
+int engine_on_updated(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     peer_t *pe = &r->peers[q->peer];
-    if (net_msg_meta_get(m, "checksum", pe->checksum, sizeof pe->checksum) != 0
-        || strlen(pe->checksum) != 64)
-        return -EPROTO;
+    if (!e->reply.has_checksum)
+        return -EPROTO; // (checked already)
+    memcpy(pe->checksum, e->reply.checksum, sizeof pe->checksum);
     pe->updated = pe->state == P_READY; // not one moved to another stage since
     if (q->mb != 1) {
         r->pending--;

@@ -2,17 +2,21 @@
  * "key=value" lines of HELLO, HEARTBEAT, RESULT, GRAD, ERROR, STATUS...):
  * any bytes as a received meta frame, through the frame decoder
  * (net_msg_from_frames), then net_msg_meta_get for every key the router
- * and the node read, with buffers of many sizes.
+ * and the node read, with buffers of many sizes, and the router engine's
+ * decoder of those fields (swarm/engine_decode.c).
  *
  * Input: the meta frame. Every lookup must give what a plain reading of
  * the lines gives (the first line "key=..." wins; -ENOBUFS when the value
  * does not fit, -ENOENT when absent), NUL-terminated within the buffer;
- * anything else aborts.
+ * every field the engine's decoder hands on must keep its rule; anything
+ * else aborts.
  */
+#include "engine_int.h"
 #include "fuzz.h"
 #include "wire.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +68,47 @@ static void s_check(const net_msg_t *m, const char *text, size_t len, const char
     }
 }
 
+// NUL-terminated within cap, printable ASCII without quotes or backslashes
+// (what engine_sanitize leaves).
+static int s_clean(const char *text, size_t cap)
+{
+    size_t n = strnlen(text, cap);
+    for (size_t i = 0; i < n; i++)
+        if (text[i] < 0x20 || text[i] > 0x7e || text[i] == '"' || text[i] == '\\')
+            return 0;
+    return n < cap;
+}
+
+// The engine's decoder on m as a HELLO, a HEARTBEAT and a reply: whatever
+// the text, each field it hands on is within its rule.
+static void s_check_engine(net_msg_t *m)
+{
+    msg_in_t e;
+    net_msg_head(m)->type = NET_MSG_HELLO;
+    engine_msg_decode(m, &e);
+    const msg_hello_t *he = &e.hello;
+    if (!s_clean(he->proto, sizeof he->proto) || !s_clean(he->name, sizeof he->name)
+        || !s_clean(he->device, sizeof he->device) || (he->proto_ok && strcmp(he->proto, "1"))
+        || (he->has_tok_s && !(he->tok_s > 0 && he->tok_s < 1e12)))
+        abort();
+    net_msg_head(m)->type = NET_MSG_HEARTBEAT;
+    engine_msg_decode(m, &e);
+    const msg_heartbeat_t *hb = &e.heartbeat;
+    if (hb->queue < 0 || hb->queue >= 1000000 || !(hb->tok_s >= 0 && hb->tok_s < 1e12)
+        || hb->slots < -1)
+        abort();
+    net_msg_head(m)->type = NET_MSG_RESULT;
+    engine_msg_decode(m, &e);
+    const msg_reply_t *y = &e.reply;
+    int hex = strlen(y->checksum) == 64 && strspn(y->checksum, "0123456789abcdef") == 64;
+    if ((y->has_loss ? !(isfinite(y->loss) && y->loss >= 0) : !isnan(y->loss))
+        || (y->has_checksum ? !hex : y->checksum[0] != '\0')
+        || (y->has_sumsq && !(isfinite(y->sumsq) && y->sumsq >= 0))
+        || (y->has_timing && !(y->held >= 0 && y->held < 1e6 && y->busy >= 0 && y->busy < 1e6))
+        || !s_clean(y->reason, sizeof y->reason))
+        abort();
+}
+
 int fuzz_meta_one(const uint8_t *data, size_t size)
 {
     net_head_t head = {.type = NET_MSG_HELLO, .meta_len = (uint32_t) size};
@@ -102,6 +147,7 @@ int fuzz_meta_one(const uint8_t *data, size_t size)
     memcpy(key, data, klen);
     key[klen] = '\0';
     s_check(m, (const char *) data, size, key);
+    s_check_engine(m);
     net_msg_destroy(&m);
     return 0;
 }
@@ -134,6 +180,12 @@ static const struct {
     {"ok-equals-in-value", "reason=a=b=c\n=empty key\n==", 0},
     {"ok-long-value", "name=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 0},
     {"ok-control-codes", "name=\033[2J\033[31mred\a\nproto=1", 0},
+    {"ok-result", "loss=4.60517025\nheld=0.250000\nbusy=0.125000", 0},
+    {"ok-grad-applied", "samples=4\nsumsq=0x1.8p+3\nchecksum="
+                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 0},
+    {"ok-heartbeat-slots", "stage=1\nqueue=3\ntok_s=1234.5\nstep=17\nslots=8", 0},
+    {"ok-bad-numbers", "loss=nan\nsumsq=-1\nheld=1e6\nbusy=abc\nqueue=-1\nslots=x\ntok_s=inf\n"
+                       "checksum=ABC\nproto=1x", 0},
     {"bad-nul-inside", "proto=1\0name=x", 14},
 };
 

@@ -30,7 +30,8 @@ static void s_help(FILE *out)
 {
     fprintf(out,
         "usage: swarm sim --peers N --stages S [--steps K] [--seed X] [--numeric]\n"
-        "                 [--speeds LIST] [--latency MS] [--kill-every S] [--stall-every S]\n"
+        "                 [--speeds LIST] [--latency MS] [--bandwidth MBIT] [--jitter MS]\n"
+        "                 [--loss F] [--kill-every S] [--stall-every S]\n"
         "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
         "                 [router and training flags of swarm router]\n"
         "Train on a simulated swarm, in virtual time, deterministic from --seed: the real\n"
@@ -47,6 +48,10 @@ static void s_help(FILE *out)
         "                     TOKS or TOKSxSHARE, comma-separated: 20000x9,400000 is nine\n"
         "                     CPUs to one GPU (default 20000)\n"
         "  --latency MS       one way between the router and each peer (default 20)\n"
+        "  --bandwidth MBIT   each peer's link, each way, Mbit/s (default 0: unlimited)\n"
+        "  --jitter MS        up to this much more latency a message, in order (default 0)\n"
+        "  --loss F           the fraction of messages that lose a segment and wait 200 ms,\n"
+        "                     with what follows them on the link (default 0)\n"
         "  --kill-every S     kill a random peer every S virtual seconds; a new one joins\n"
         "                     1 s later (default 0: never)\n"
         "  --stall-every S    stop a random peer every S virtual seconds, as SIGSTOP does\n"
@@ -132,7 +137,7 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     int out = 1;
     static const char *const takes_value[] = { "--peers", "--speeds", "--latency",
         "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
-        "--churn-scale", "--sim-seed" };
+        "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss" };
     f->o.latency_ms = 20;
     f->o.limit_s = 36000;
     f->o.stall_s = 3;
@@ -177,6 +182,18 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
                 return s_bad(err, n, a, v, a[7] == '-' ? "virtual seconds, 0 (never) or more"
                                                        : "virtual seconds, 0 or more");
             *(a[7] == '-' ? &f->o.stall_every_s : &f->o.stall_s) = x;
+        } else if (!strcmp(a, "--bandwidth")) {
+            if (!number || x < 0 || x > 1e6)
+                return s_bad(err, n, a, v, "Mbit/s, 0 (unlimited) or more");
+            f->o.bandwidth_mbit = x;
+        } else if (!strcmp(a, "--jitter")) {
+            if (!number || x < 0 || x > 10000)
+                return s_bad(err, n, a, v, "milliseconds, 0..10000");
+            f->o.jitter_ms = (int64_t) x;
+        } else if (!strcmp(a, "--loss")) {
+            if (!number || x < 0 || x > 0.5)
+                return s_bad(err, n, a, v, "a fraction of messages, 0..0.5");
+            f->o.loss = x;
         } else if (!strcmp(a, "--sim-seed")) {
             if (!number || x < 0 || x > 9e15 || x != (long long) x)
                 return s_bad(err, n, a, v, "a whole number, 0 or more");
@@ -351,9 +368,10 @@ int cmd_sim(int argc, char **argv)
     } else if (rc == 0) {
         if (router_tty())
             fprintf(stderr, "\n");
-        printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined\n",
+        printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined; "
+               "engine memory at most %.1f MB (its formula: %.1f)\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
-               res.liars_caught, res.joins);
+               res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6);
         printf("sim | peers %d | stages %d | steps %ld | seed %llu | tok/s %.0f | bound %.0f | "
                "best %.0f | /bound %.2f | /best %.2f | us/request %.1f | rollbacks %d | ",
                f.o.peers, r->c.stages, res.steps, (unsigned long long) f.o.seed, res.tok_s,

@@ -79,6 +79,34 @@ void sim_violate(sim_t *s, const char *fmt, ...)
     va_end(ap);
 }
 
+// ---- links ------------------------------------------------------------------
+
+// A link is one TCP stream each way: a message waits for the wire to be free
+// of what went before it, takes its bytes' time on it (--bandwidth), then
+// the latency and a draw of --jitter; one that loses a segment (--loss)
+// waits a retransmission, and nothing behind it on the stream arrives
+// before it does.
+int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent)
+{
+    sim_peer_t *pe = &s->peers[p];
+    const swarm_sim_opts_t *o = s->o;
+    int64_t start = sent > pe->wire_free[way] ? sent : pe->wire_free[way];
+    if (o->bandwidth_mbit > 0) {
+        size_t bytes = engine_payload(m) + 64; // the header and meta, about
+        start += (int64_t) ceil((double) bytes * 8.0 / (o->bandwidth_mbit * 1e3));
+    }
+    pe->wire_free[way] = start;
+    int64_t t = start + o->latency_ms;
+    if (o->jitter_ms > 0)
+        t += (int64_t) (sim_uniform(s) * (double) (o->jitter_ms + 1));
+    if (o->loss > 0 && sim_uniform(s) < o->loss)
+        t += SIM_RTO_MS;
+    if (t < pe->last_in[way])
+        t = pe->last_in[way];
+    pe->last_in[way] = t;
+    return t;
+}
+
 // ---- the engine's world -----------------------------------------------------
 
 // The sim peer a connection is: its number follows the '/' (sim_peer_new).
@@ -98,7 +126,7 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
         net_msg_destroy(m);
         return -EHOSTUNREACH; // its connection is gone
     }
-    sim_push(s, s->now + s->o->latency_ms, EV_TO_PEER, p, *m);
+    sim_push(s, sim_arrival(s, p, LINK_DOWN, *m, s->now), EV_TO_PEER, p, *m);
     *m = NULL;
     return 0;
 }
@@ -202,9 +230,11 @@ static void s_event(sim_t *s, event_t ev)
             if (q->n == q->cap) {
                 q->cap = q->cap ? 2 * q->cap : 16;
                 q->q = realloc(q->q, (size_t) q->cap * sizeof *q->q);
-                if (!q->q)
+                q->at = realloc(q->at, (size_t) q->cap * sizeof *q->at);
+                if (!q->q || !q->at)
                     abort();
             }
+            q->at[q->n] = s->now;
             q->q[q->n++] = ev.m;
             sim_serve(s, ev.peer);
         }
@@ -257,6 +287,29 @@ static void s_event(sim_t *s, event_t ev)
         swarm_engine_gone(s->e, s->now, &pe->who);
         break;
     }
+}
+
+// The engine's memory against its formula (engine_memory_bound), for P the
+// most peers it may hold at once so far: the live ones, the liars (banned
+// or expelled, their entries kept for it), and the killed ones whose
+// entries may still count in the step they died in (a step here is done
+// in well under 30 s of virtual time).
+static void s_memory(sim_t *s)
+{
+    int held = 0;
+    for (int p = 0; p < s->npeers; p++) {
+        const sim_peer_t *pe = &s->peers[p];
+        held += pe->alive || pe->lie || s->now - pe->killed_at < 30000;
+    }
+    s->peers_held = held > s->peers_held ? held : s->peers_held;
+    size_t mem = engine_memory(s->e), bound = engine_memory_bound(s->e, s->peers_held);
+    if (mem > s->memory) {
+        s->memory = mem;
+        s->memory_bound = bound;
+    }
+    if (mem > bound)
+        sim_violate(s, "the engine holds %zu bytes, more than its formula's %zu for %d peers "
+                    "(docs/architecture.md, \"The engine's memory\")", mem, bound, s->peers_held);
 }
 
 // The best bound any assignment of the live peers could reach, from above:
@@ -343,6 +396,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         if (s->train_from >= 0 && s->now >= next_sample) {
             bound_sum += s_bound(s);
             best_sum += s_best(s);
+            s_memory(s);
             samples++;
             next_sample = s->now + 1000;
         }
@@ -386,7 +440,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
         .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
         .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
-        .liars_caught = s->liars_caught, .copies = s->ncopies,
+        .liars_caught = s->liars_caught, .copies = s->ncopies, .memory = s->memory,
+        .memory_bound = s->memory_bound,
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);
     while (s->nheap > 0) {

@@ -10,6 +10,7 @@
 #define SIM_GONE_MS 200      // a killed peer's connection is found gone after this
 #define SIM_HEARTBEAT_MS 1000
 #define SIM_STATE_FLOATS 3   // a replica's state: the first 3 floats of its stage
+#define SIM_RTO_MS 200       // a lost segment's retransmission (Linux's least RTO)
 
 enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE,
        EV_STALL, EV_RESUME, EV_CHURN };
@@ -24,14 +25,18 @@ typedef struct {
 
 typedef struct {
     net_msg_t **q;           // requests waiting, in arrival order
+    int64_t *at;             // [cap] when each arrived, ms
     int n, cap;
 } queue_t;
+
+enum { LINK_DOWN, LINK_UP }; // router -> peer, peer -> router
 
 typedef struct {
     net_peer_t who;          // its key and connection
     char name[32];           // crowdN
     int alive;               // not killed
     int killed;              // killed by the sim: its bans and deaths are expected
+    int64_t killed_at;       // ms: when
     int stalled;             // stalled by the sim (now or before): the same
     int64_t stall_until;     // ms: it serves nothing before this
     int lie;                 // SIM_LIE_*: a liar's bans are expected too
@@ -39,6 +44,8 @@ typedef struct {
     int caught;              // the engine banned or expelled it (a liar)
     int copy;                // --churn: the copy of the trace it belongs to, -1 none
     void *node;              // --numeric: its node (swarm_sim_nodes_t)
+    int64_t wire_free[2];    // ms: each direction of its link is free to send from then
+    int64_t last_in[2];      // ms: the last arrival each way (a stream keeps its order)
     int stage;               // from ASSIGN, -1 none
     int ready;               // a state is loaded
     long step;               // updates applied (as a node counts them)
@@ -73,6 +80,8 @@ typedef struct {
     double mean_cost;        // mean of the stages' costs
     int emptied;             // faults that left a stage with no live ready honest replica
     int kills, stalls, joins, liars_caught;
+    int peers_held;          // the most peers the engine may hold at once so far (sim_memory)
+    size_t memory, memory_bound; // the engine's bytes at its fullest, and its formula's then
     int rollbacks;           // the engine's, from its log
     char violation[512];     // the first invariant broken, "" none
     long requests;           // messages the engine sent
@@ -82,6 +91,8 @@ typedef struct {
 } sim_t;
 
 void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m);
+// When m, sent at `sent` on peer p's link one way (LINK_*), arrives
+int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent);
 double sim_uniform(sim_t *s);
 void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // a simulated peer (sim_peer.c)

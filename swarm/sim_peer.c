@@ -344,17 +344,33 @@ void sim_serve(sim_t *s, int p)
     sim_peer_t *pe = &s->peers[p];
     if (!pe->alive || pe->busy || pe->queue.n == 0 || s->now < pe->stall_until)
         return;
-    int i = s_next_index(&pe->queue);
-    net_msg_t *req = pe->queue.q[i];
-    memmove(&pe->queue.q[i], &pe->queue.q[i + 1], (size_t) (pe->queue.n - i - 1) * sizeof req);
-    pe->queue.n--;
+    queue_t *q = &pe->queue;
+    int i = s_next_index(q);
+    net_msg_t *req = q->q[i];
+    int64_t arrived = q->at[i];
+    memmove(&q->q[i], &q->q[i + 1], (size_t) (q->n - i - 1) * sizeof *q->q);
+    memmove(&q->at[i], &q->at[i + 1], (size_t) (q->n - i - 1) * sizeof *q->at);
+    q->n--;
     net_msg_t *reply = s_answer(s, pe, req);
     int64_t took = s_cost_ms(s, pe, req);
+    int type = net_msg_head_const(req)->type;
     net_msg_destroy(&req);
     pe->busy = 1;
     sim_push(s, s->now + took, EV_PEER_FREE, p, NULL);
+    if (reply && (type == NET_MSG_FWD || type == NET_MSG_BWD)
+        && net_msg_head_const(reply)->type == NET_MSG_RESULT) {
+        // how long it held the request and how much of that was work, as
+        // a node says (the router tells the link's round trip from them)
+        char meta[1024];
+        size_t len = 0;
+        const char *old = net_msg_meta(reply, &len);
+        snprintf(meta, sizeof meta, "%.*s%sheld=%.6f\nbusy=%.6f", (int) len, old ? old : "",
+                 len ? "\n" : "", (double) (s->now + took - arrived) / 1000.0, took / 1000.0);
+        if (net_msg_set_meta(reply, meta) != 0)
+            abort();
+    }
     if (reply)
-        sim_push(s, s->now + took + s->o->latency_ms, EV_TO_ENGINE, p, reply);
+        sim_push(s, sim_arrival(s, p, LINK_UP, reply, s->now + took), EV_TO_ENGINE, p, reply);
 }
 
 static void s_hello(sim_t *s, int p)
@@ -441,9 +457,11 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe)
         net_msg_destroy(&pe->queue.q[i]);
     pe->queue.n = 0;
     free(pe->queue.q);
+    free(pe->queue.at);
     free(pe->grad);
     free(pe->count);
     pe->queue.q = NULL;
+    pe->queue.at = NULL;
     pe->grad = NULL;
     pe->count = NULL;
     if (pe->node)
@@ -493,6 +511,7 @@ void sim_kill(sim_t *s, int p)
         s->emptied++;
     pe->alive = 0;
     pe->killed = 1;
+    pe->killed_at = s->now;
     s->kills++;
     sim_peer_free(s, pe);
     sim_push(s, s->now + SIM_GONE_MS, EV_GONE, p, NULL);

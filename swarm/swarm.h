@@ -316,6 +316,12 @@ typedef struct {
     const double *speeds;    // device speeds (training tokens/s on a stage of mean cost),
     int nspeeds;             // each peer draws one; none: 20,000 each
     int64_t latency_ms;      // one way, router <-> each peer
+    double bandwidth_mbit;   // each peer's link, each way (a message takes its bytes' time
+                             // on the wire, one after another); 0 unlimited
+    int64_t jitter_ms;       // up to this much more latency, drawn per message (a link
+                             // keeps its order: one TCP stream)
+    double loss;             // the fraction of messages that lose a segment: they and
+                             // what follows them on the link wait a retransmission
     double kill_every_s;     // a random live peer is killed this often (and a new one
                              // joins 1 s later); 0 never
     double limit_s;          // virtual seconds before the run counts as stuck
@@ -339,6 +345,8 @@ typedef struct {
     int kills, stalls, joins; // faults and joins the sim made
     int liars_caught;        // liars the engine banned or expelled
     int copies;              // --churn: copies of the trace tiled over the peers
+    size_t memory;           // the engine's bytes at its fullest
+    size_t memory_bound;     // what its formula allowed then
     char violation[512];     // the first invariant broken, "" none
 } swarm_sim_result_t;
 

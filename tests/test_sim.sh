@@ -5,7 +5,8 @@
 # evaluations, spot checks) and 200 numeric ones (the node's real code;
 # kills and joins, stalls, liars) must all hold every invariant, and the
 # numeric ones' losses equal swarm train's; the seeds that found bugs are
-# kept as regression runs; churn from each trace of ../shared/data/traces/
+# kept as regression runs; slow, jittery and lossy links; churn from each
+# trace of ../shared/data/traces/
 # (when it is there); the same seed gives the same bytes; a crowd of 300
 # peers runs; bad flags and bad churn files get one line naming the
 # problem. Ends with "N passed, N failed".
@@ -72,6 +73,23 @@ fi
 sim_ok "a crowd: 300 peers on 4 stages, GPUs among CPUs, one killed every 2 s" \
     --peers 300 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 --micro-batch 2 \
     --iters 10 --eval-every 0 --speeds 2000x9,50000 --kill-every 2 --save-every 5 --seed 5
+
+# links: a slow wire, jitter and lost segments, with kills; each slows the
+# swarm in virtual time (the same seed without them is faster)
+LINKS="--peers 8 --stages 2 --layers 4 --heads 4 --embd 32 --block 16 --batch 16 --micro-batch 2
+    --iters 40 --eval-every 0 --kill-every 3 --save-every 10 --speeds 20000 --seed 8"
+# shellcheck disable=SC2086
+sim_ok "links: 10 Mbit/s, 30 ms of jitter, 2% of messages losing a segment, kills" $LINKS \
+    --bandwidth 10 --jitter 30 --loss 0.02
+slow=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $LINKS >"$TMP/fast.out" 2>&1
+fast=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/fast.out")
+if [ -n "$slow" ] && [ -n "$fast" ] && [ "$slow" -lt "$fast" ]; then
+    ok "the slow links cost what they should: $slow tok/s against $fast on plain ones"
+else
+    bad "slow links did not slow the swarm: '$slow' against '$fast' tok/s"
+fi
 
 # churn from each real trace, tiled over 200 peers (../shared/data/traces)
 TRACES=../shared/data/traces
@@ -148,6 +166,10 @@ expect_error "a churn file out of order" "bad-order.csv line 2: time 5 comes bef
 head -c 4096 "$BUILD/swarm" >"$TMP/binary.csv"
 expect_error "a churn file that is not text" "binary.csv line" \
     --peers 4 --stages 2 --churn "$TMP/binary.csv" $TINY
+expect_error "a loss rate that is no fraction" "--loss 2: expected a fraction" \
+    --peers 4 --stages 2 --loss 2 $TINY
+expect_error "a negative bandwidth" "--bandwidth -5: expected Mbit/s" \
+    --peers 4 --stages 2 --bandwidth -5 $TINY
 expect_error "more liars than peers" "--liars 5: more than the 4 --peers" \
     --peers 4 --stages 2 --liars 5 $TINY
 expect_error "a way to lie it does not know" "--lies often: expected ways from" \

@@ -288,12 +288,6 @@ static net_msg_t *s_msg_new(int type)
     return msg;
 }
 
-static void s_meta_set(net_msg_t *msg, const char *text)
-{
-    if (net_msg_set_meta(msg, text) != 0)
-        abort(); // our own meta is short
-}
-
 // Add "key=value" lines to msg's meta, after what it has.
 static void s_hello_send(daemon_t *d)
 {
@@ -302,7 +296,7 @@ static void s_hello_send(daemon_t *d)
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
              d->o.name, d->be->device, d->be->threads, d->be->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
-    s_meta_set(msg, meta);
+    node_meta_set(msg, meta);
     uint64_t id = d->next_id;
     if (s_send(d, &msg, 0) == 0) {
         d->hello_ids[d->hello_next] = id;
@@ -322,7 +316,7 @@ static void s_heartbeat_send(daemon_t *d)
              st.stage, d->queued, tok_s, st.step, st.slots);
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
         net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
-        s_meta_set(msg, meta);
+        node_meta_set(msg, meta);
         (void) s_send(d, &msg, 0);
     }
 }

@@ -48,7 +48,7 @@ static net_msg_t *s_msg_reply(const net_msg_t *req, int type)
     return msg;
 }
 
-static void s_meta_set(net_msg_t *msg, const char *text)
+void node_meta_set(net_msg_t *msg, const char *text)
 {
     if (net_msg_set_meta(msg, text) != 0)
         abort(); // our own meta is short
@@ -64,7 +64,7 @@ void node_meta_add(net_msg_t *msg, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(text + used, sizeof text - (size_t) used, fmt, ap);
     va_end(ap);
-    s_meta_set(msg, text);
+    node_meta_set(msg, text);
 }
 
 net_msg_t *node_worker_error(const net_msg_t *req, const char *reason)
@@ -75,7 +75,7 @@ net_msg_t *node_worker_error(const net_msg_t *req, const char *reason)
         if (*p == '\n')
             *p = ' ';
     net_msg_t *msg = s_msg_reply(req, NET_MSG_ERROR);
-    s_meta_set(msg, meta);
+    node_meta_set(msg, meta);
     return msg;
 }
 
@@ -85,7 +85,7 @@ static net_msg_t *s_checksum_reply(node_worker_t *w, const net_msg_t *req, char 
     node_stage_checksum(w->stage, hex);
     snprintf(meta, sizeof meta, "checksum=%s", hex);
     net_msg_t *msg = s_msg_reply(req, NET_MSG_RESULT);
-    s_meta_set(msg, meta);
+    node_meta_set(msg, meta);
     return msg;
 }
 
@@ -245,7 +245,7 @@ static int s_on_fwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
     if (last) {
         char meta[64];
         snprintf(meta, sizeof meta, "loss=%.9g", loss);
-        s_meta_set(*reply, meta);
+        node_meta_set(*reply, meta);
         w->samples += scale != 0.0f;
         slot->seq = 0; // nothing to keep: its backward already ran (or none will)
     }
@@ -412,7 +412,7 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
     else
         snprintf(meta, sizeof meta, "samples=%ld", w->samples);
     *reply = s_msg_reply(req, NET_MSG_GRAD);
-    s_meta_set(*reply, meta);
+    node_meta_set(*reply, meta);
     if (w->norm_only && net_msg_meta_get(req, "apply", apply, sizeof apply) == 0
         && !strcmp(apply, "1"))
         return s_step_apply(w, req, sumsq, *reply, err, n);
@@ -468,15 +468,12 @@ static int s_on_state(node_worker_t *w, const net_msg_t *req, net_msg_t **reply,
 {
     const net_head_t *h = net_msg_head_const(req);
     char hex[65];
-    int rc = -EPROTO;
-    if (!w->stage)
-        snprintf(err, n, "no stage assigned yet");
-    else if (h->stage != (uint32_t) node_stage_index(w->stage))
-        snprintf(err, n, "stage %" PRIu32 ", this node holds stage %d", h->stage,
-                 node_stage_index(w->stage));
-    else if (h->step > LONG_MAX)
+    int rc = worker_check_stage(w, req, err, n);
+    if (rc == 0 && h->step > LONG_MAX) {
         snprintf(err, n, "step %" PRIu64 " is out of range", h->step);
-    else if ((rc = s_state_load(w, req, err, n)) != 0)
+        rc = -EPROTO;
+    }
+    if (rc == 0 && (rc = s_state_load(w, req, err, n)) != 0)
         w->ready = 0; // a half-loaded stage is not ready
     if (rc != 0)
         return rc;

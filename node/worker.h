@@ -55,8 +55,9 @@ int node_worker_serve(node_worker_t *self, const net_msg_t *req, net_msg_t **rep
 // The ERROR reply to req: reason=TEXT on one line.
 net_msg_t *node_worker_error(const net_msg_t *req, const char *reason);
 void node_worker_status(const node_worker_t *self, node_worker_status_t *out);
-// "key=value" lines added to msg's meta, after what it has (aborts when
-// its meta cannot hold them: our own metas are short).
+// msg's meta set to text, or "key=value" lines added after what it has
+// (both abort when the meta cannot hold them: our own metas are short).
+void node_meta_set(net_msg_t *msg, const char *text);
 void node_meta_add(net_msg_t *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -82,6 +82,8 @@ int worker_grad_get(node_worker_t *w, const net_msg_t *req, int i, float *dst, c
                     size_t n);
 // The stage input, tensor 0: tokens on stage 0, else x, into w's buffers.
 int worker_input_get(node_worker_t *w, const net_msg_t *req, char *err, size_t n);
+// A request for the stage we hold.
+int worker_check_stage(const node_worker_t *w, const net_msg_t *req, char *err, size_t n);
 // A request for our stage (and, need_step, our step) with a state loaded.
 int worker_check_request(node_worker_t *w, const net_msg_t *req, int need_step, char *err,
                          size_t n);

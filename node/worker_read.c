@@ -167,17 +167,29 @@ int worker_input_get(node_worker_t *w, const net_msg_t *req, char *err, size_t n
     return worker_acts_get(w, req, 0, w->x, "x", err, n);
 }
 
-// A request for our stage (and, need_step, our step) with a state loaded.
-int worker_check_request(node_worker_t *w, const net_msg_t *req, int need_step, char *err, size_t n)
+// A request for the stage we hold.
+int worker_check_stage(const node_worker_t *w, const net_msg_t *req, char *err, size_t n)
 {
     const net_head_t *h = net_msg_head_const(req);
-    int rc = -EPROTO;
     if (!w->stage)
         snprintf(err, n, "no stage assigned yet");
     else if (h->stage != (uint32_t) node_stage_index(w->stage))
         snprintf(err, n, "stage %" PRIu32 ", this node holds stage %d", h->stage,
                  node_stage_index(w->stage));
-    else if (!w->ready)
+    else
+        return 0;
+    return -EPROTO;
+}
+
+// A request for our stage (and, need_step, our step) with a state loaded.
+int worker_check_request(node_worker_t *w, const net_msg_t *req, int need_step, char *err, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(req);
+    int rc = worker_check_stage(w, req, err, n);
+    if (rc != 0)
+        return rc;
+    rc = -EPROTO;
+    if (!w->ready)
         snprintf(err, n, "stage %d has no state loaded yet (STATE first)",
                  node_stage_index(w->stage));
     else if (need_step && h->step != (uint64_t) w->step)

@@ -427,6 +427,9 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         }
         if (left > 0)
             sim_violate(s, "%d requests of the training left in flight at the end:%s", left, what);
+        if (s->e->update_pending != 0) // each step's vote on its checksums waits for these
+            sim_violate(s, "%d pipelined UPDATEs still counted at the end (a step's checksums "
+                        "were never compared)", s->e->update_pending);
         int drifters = 0; // a drifting liar's checksum differs from its stage's by design
         for (int p = 0; p < s->npeers; p++)
             drifters += s->peers[p].lie == SIM_LIE_DRIFT;

@@ -151,7 +151,10 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
             return 1;
         if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric")) {
-            *(a[2] == 'v' ? &f->verbose : &f->numeric) = 1;
+            if (!strcmp(a, "--verbose"))
+                f->verbose = 1;
+            else
+                f->numeric = 1;
             continue;
         }
         if (!takes) {
@@ -177,11 +180,14 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             if (!number || x < 0 || x > 1000000 || x != (int) x)
                 return s_bad(err, n, a, v, "a whole number of liars, 0 or more");
             f->o.liars = (int) x;
-        } else if (!strcmp(a, "--stall-every") || !strcmp(a, "--stall")) {
+        } else if (!strcmp(a, "--stall-every")) {
             if (!number || x < 0 || x > 1e6)
-                return s_bad(err, n, a, v, a[7] == '-' ? "virtual seconds, 0 (never) or more"
-                                                       : "virtual seconds, 0 or more");
-            *(a[7] == '-' ? &f->o.stall_every_s : &f->o.stall_s) = x;
+                return s_bad(err, n, a, v, "virtual seconds, 0 (never) or more");
+            f->o.stall_every_s = x;
+        } else if (!strcmp(a, "--stall")) {
+            if (!number || x < 0 || x > 1e6)
+                return s_bad(err, n, a, v, "virtual seconds, 0 or more");
+            f->o.stall_s = x;
         } else if (!strcmp(a, "--bandwidth")) {
             if (!number || x < 0 || x > 1e6)
                 return s_bad(err, n, a, v, "Mbit/s, 0 (unlimited) or more");

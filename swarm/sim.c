@@ -145,7 +145,7 @@ static int s_named(const sim_t *s, const char *line)
 }
 
 // What the engine logs is read for what must never happen: an honest peer
-// lost, banned, expelled or resynced; a rollback no kill caused.
+// lost, banned, expelled or resynced; a rollback no fault caused.
 static void s_io_log(void *ctx, int to_stderr, const char *line)
 {
     sim_t *s = ctx;
@@ -159,16 +159,15 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
             continue;
         if (!faulty)
             sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
-        // a liar or a stalled peer leaves when the engine says so: its stage
-        // may be left with nobody (a kill's is counted when it dies)
-        int st = sim_ready_on(s, p); // the line comes before the engine marks it
-        if (k < 3 && !pe->killed && st >= 0 && sim_healthy(s, st, p) == 0)
-            s->emptied++;
+        // a liar or a stalled peer leaves when the engine says so (the line
+        // comes before the engine marks it); a kill's is counted when it dies
+        if (k < 3 && !pe->killed)
+            sim_leaves(s, p);
         if (k < 3 && pe->lie && !pe->caught++)
             s->liars_caught++;
     }
     if (strstr(line, "lost every replica at step") && ++s->rollbacks > s->emptied)
-        sim_violate(s, "a rollback no kill caused: %.*s", (int) strcspn(line, "\n"), line);
+        sim_violate(s, "a rollback no fault caused: %.*s", (int) strcspn(line, "\n"), line);
     if (strstr(line, "training from step") && s->train_from < 0) {
         s->train_from = s->now;
         s->train_from_step = s->c->step;

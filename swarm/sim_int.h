@@ -108,6 +108,8 @@ void sim_stall(sim_t *s, int p);
 int sim_ready_on(const sim_t *s, int p);
 // the honest replicas of stage st that are live, ready and answering, but not p
 int sim_healthy(const sim_t *s, int st, int p);
+// p no longer counts as a replica: its stage emptied if nobody healthy is left
+void sim_leaves(sim_t *s, int p);
 // --churn (sim_churn.c)
 void sim_churn_start(sim_t *s);
 void sim_churn_event(sim_t *s, int copy);

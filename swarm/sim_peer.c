@@ -491,6 +491,15 @@ int sim_ready_on(const sim_t *s, int p)
     return e >= 0 && s->e->peers[e].state == P_READY ? s->e->peers[e].stage : -1;
 }
 
+// Peer p leaves the replicas that count (killed, stopped, banned): a stage
+// it leaves with none is one a rollback may follow.
+void sim_leaves(sim_t *s, int p)
+{
+    int st = sim_ready_on(s, p);
+    if (st >= 0 && sim_healthy(s, st, p) == 0)
+        s->emptied++;
+}
+
 int sim_healthy(const sim_t *s, int st, int p)
 {
     int n = 0;
@@ -506,9 +515,7 @@ int sim_healthy(const sim_t *s, int st, int p)
 void sim_kill(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    int st = sim_ready_on(s, p);
-    if (st >= 0 && sim_healthy(s, st, p) == 0)
-        s->emptied++;
+    sim_leaves(s, p);
     pe->alive = 0;
     pe->killed = 1;
     pe->killed_at = s->now;
@@ -522,9 +529,7 @@ void sim_kill(sim_t *s, int p)
 void sim_stall(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    int st = sim_ready_on(s, p);
-    if (st >= 0 && sim_healthy(s, st, p) == 0)
-        s->emptied++;
+    sim_leaves(s, p);
     pe->stalled = 1;
     pe->stall_until = s->now + (int64_t) (1000.0 * s->o->stall_s);
     s->stalls++;

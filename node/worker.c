@@ -225,15 +225,57 @@ static int s_fwd_inputs(node_worker_t *w, const net_msg_t *req, float *scale, ch
     return rc;
 }
 
+// audit=1 on a FWD (the last stage) or BWD: recompute another replica's
+// share of this step, whose gradient sum the router holds, so that it can
+// compare the two (docs/swarm.md, "Audits"). This node has sent its own sum
+// already, so the gradient buffer is free: the first audit request of the
+// step clears it, and STEP audit=1 sends what they accumulated. 0, or
+// -EPROTO and why.
+static int s_audit_open(node_worker_t *w, const net_msg_t *req, int *audit, char *err, size_t n)
+{
+    char v[8];
+    *audit = net_msg_meta_get(req, "audit", v, sizeof v) == 0 && !strcmp(v, "1");
+    if (!*audit)
+        return 0;
+    if (w->grad_sent != w->step || w->norm_only) {
+        snprintf(err, n, "an audit of step %ld before this node sent its own gradient sum", w->step);
+        return -EPROTO;
+    }
+    if (w->audit_step != w->step || !w->audit_open) { // a new audit
+        node_stage_grads_zero(w->stage);
+        w->audit_step = w->step;
+        w->audit_samples = 0;
+        w->audit_open = 1;
+    }
+    return 0;
+}
+
+// The gradient buffer holds an audit's, not this node's own sum.
+static int s_audited(const node_worker_t *w)
+{
+    return w->audit_step == w->step;
+}
+
 static int s_on_fwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
 {
     const net_head_t *h = net_msg_head_const(req);
     slot_t *slot = NULL;
     float scale = 0.0f, loss = 0.0f;
     double t0 = s_now();
+    int audit = 0;
     int rc = worker_check_request(w, req, 1, err, n);
     if (rc == 0)
         rc = s_fwd_inputs(w, req, &scale, err, n);
+    if (rc == 0)
+        rc = s_audit_open(w, req, &audit, err, n);
+    if (rc == 0 && audit && (!node_stage_is_last(w->stage) || scale == 0.0f)) {
+        snprintf(err, n, "an audit FWD is a training FWD of the last stage (BWD audits the others)");
+        rc = -EPROTO;
+    }
+    if (rc == 0 && !audit && s_audited(w)) {
+        snprintf(err, n, "a FWD of step %ld after an audit of it", w->step);
+        rc = -EPROTO;
+    }
     if (rc == 0)
         rc = s_slot_take(w, h->step, h->mb, &slot, err, n);
     if (rc == 0)
@@ -246,7 +288,7 @@ static int s_on_fwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
         char meta[64];
         snprintf(meta, sizeof meta, "loss=%.9g", loss);
         node_meta_set(*reply, meta);
-        w->samples += scale != 0.0f;
+        *(audit ? &w->audit_samples : &w->samples) += scale != 0.0f;
         slot->seq = 0; // nothing to keep: its backward already ran (or none will)
     }
     if (!(last && first) && !(last && scale == 0.0f))
@@ -279,10 +321,18 @@ static int s_on_bwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
     const net_head_t *h = net_msg_head_const(req);
     double t0 = s_now();
     float loss;
+    int audit = 0;
     int rc = s_bwd_inputs(w, req, err, n);
+    if (rc == 0)
+        rc = s_audit_open(w, req, &audit, err, n);
+    if (rc == 0 && !audit && s_audited(w)) {
+        snprintf(err, n, "a BWD of step %ld after an audit of it", w->step);
+        rc = -EPROTO;
+    }
     if (rc != 0)
         return rc;
-    slot_t *slot = s_slot_find(w, h->step, h->mb);
+    // an audit recomputes the forward: another replica ran this one's
+    slot_t *slot = audit ? NULL : s_slot_find(w, h->step, h->mb);
     if (!slot) { // evicted or never seen: recompute the forward from the input
         rc = s_slot_take(w, h->step, h->mb, &slot, err, n);
         if (rc == 0)
@@ -294,7 +344,7 @@ static int s_on_bwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
         slot->seq = 0; // its backward ran (or failed): the activations are spent
     if (rc != 0)
         return rc;
-    w->samples++;
+    (*(audit ? &w->audit_samples : &w->samples))++;
     *reply = s_msg_reply(req, NET_MSG_RESULT);
     if (!node_stage_is_first(w->stage))
         rc = worker_acts_add(w, *reply, w->out, "dx", err, n);
@@ -342,6 +392,7 @@ static int s_apply(node_worker_t *w, const node_adamw_t *opt, char hex[65], char
     s_slots_drop(w);
     w->samples_total += w->samples;
     w->samples = 0;
+    w->grad_sent = w->audit_step = -1;
     w->step = opt->t;
     if (rc != 0) {
         w->ready = 0; // the device copy is stale: wait for STATE
@@ -393,9 +444,20 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
         node_stage_grads_zero(w->stage);
         s_slots_drop(w);
         w->samples = 0;
+        w->grad_sent = w->audit_step = -1;
         *reply = s_msg_reply(req, NET_MSG_RESULT);
         return 0;
     }
+    char audit[8];
+    int auditing = rc == 0 && net_msg_meta_get(req, "audit", audit, sizeof audit) == 0
+                   && !strcmp(audit, "1");
+    if (rc == 0 && (auditing ? !s_audited(w) || !w->audit_open : s_audited(w))) {
+        snprintf(err, n, auditing ? "STEP audit=1 of step %ld, but no audit of it is open here"
+                                  : "a STEP of step %ld after an audit replaced its sum", w->step);
+        rc = -EPROTO;
+    }
+    if (auditing)
+        w->audit_open = 0; // the next audit request starts another
     if (rc == 0 && (rc = node_stage_grads_fetch(w->stage)) != 0)
         snprintf(err, n, "cannot read the gradients from %s: %s", w->c.be->device, strerror(-rc));
     if (rc != 0)
@@ -404,13 +466,18 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
     char meta[96], only[8], apply[8];
     // the only replica of its stage keeps its gradient: the router needs
     // just its sum of squares (for the global norm), and UPDATE brings none
-    w->norm_only = net_msg_meta_get(req, "norm_only", only, sizeof only) == 0 && !strcmp(only, "1");
+    w->norm_only = !auditing && net_msg_meta_get(req, "norm_only", only, sizeof only) == 0
+                   && !strcmp(only, "1");
     double sumsq = w->norm_only ? node_sumsq(node_stage_grads(w->stage),
                                              node_stage_param_count(w->stage)) : 0.0;
+    if (worker_lying(w, NODE_LIE_SUMSQ))
+        sumsq = 1e300; // a norm that clips every stage's update to nothing
     if (w->norm_only)
         snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", w->samples, sumsq);
     else
-        snprintf(meta, sizeof meta, "samples=%ld", w->samples);
+        snprintf(meta, sizeof meta, "samples=%ld", auditing ? w->audit_samples : w->samples);
+    if (!auditing && !w->norm_only)
+        w->grad_sent = w->step;
     *reply = s_msg_reply(req, NET_MSG_GRAD);
     node_meta_set(*reply, meta);
     if (w->norm_only && net_msg_meta_get(req, "apply", apply, sizeof apply) == 0
@@ -418,8 +485,13 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
         return s_step_apply(w, req, sumsq, *reply, err, n);
     if (w->norm_only)
         return 0;
+    const float *g = node_stage_grads(w->stage);
+    float *lie = worker_lying(w, NODE_LIE_GRAD) ? malloc(dims[0] * sizeof(float)) : NULL;
+    for (size_t j = 0; lie && j < dims[0]; j++)
+        lie[j] = -g[j]; // of the right size, pointing the other way
     int pow2 = 0;
-    rc = net_tensor_add(*reply, w->as.grad_wire, dims, 1, node_stage_grads(w->stage), &pow2);
+    rc = net_tensor_add(*reply, w->as.grad_wire, dims, 1, lie ? lie : g, &pow2);
+    free(lie);
     if (rc != 0)
         snprintf(err, n, "cannot send the gradient: %s",
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));
@@ -480,6 +552,7 @@ static int s_on_state(node_worker_t *w, const net_msg_t *req, net_msg_t **reply,
     node_stage_grads_zero(w->stage);
     s_slots_drop(w);
     w->samples = 0;
+    w->grad_sent = w->audit_step = -1;
     w->step = (long) h->step;
     w->ready = 1;
     *reply = s_checksum_reply(w, req, hex);
@@ -546,6 +619,7 @@ static int s_assign_build(node_worker_t *w, const assign_t *a, char *err, size_t
     }
     w->as = *a;
     w->step = a->step;
+    w->grad_sent = w->audit_step = -1;
     w->tok_s = w->work_tok = w->work_s = 0.0;
     return 0;
 }
@@ -557,6 +631,7 @@ node_worker_t *node_worker_new(const node_worker_config_t *c)
     if (!w)
         return NULL;
     w->c = *c;
+    w->grad_sent = w->audit_step = -1;
     if (!(w->c.slowdown >= 1.0))
         w->c.slowdown = 1.0;
     return w;

@@ -13,8 +13,11 @@
 
 // Ways a worker lies (tests/test_hostile.sh, swarm sim --liars): a NaN in
 // its activations, activations 1000x too large, the right values in the
-// wrong places, parameters that drift from its replicas' after each update.
-enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE };
+// wrong places, parameters that drift from its replicas' after each update;
+// a gradient sum pointing the other way (grad), a norm-only sum of squares
+// of 1e300 (sumsq), the true loss with its input gradient reversed (dx).
+enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE,
+       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX };
 
 typedef struct node_worker_s node_worker_t;
 

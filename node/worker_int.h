@@ -39,6 +39,11 @@ struct node_worker_s {
     long samples;                          // micro-batches accumulated since UPDATE
     long samples_total;                    // micro-batches of gradient computed here, all steps
     int norm_only;                         // the last STEP asked only for the sum of squares
+    long grad_sent;                        // the step whose gradient sum STEP sent, -1 none
+    long audit_step;                       // the step an audit recomputes into the gradient
+                                           // buffer (its own sum sent), -1 none
+    long audit_samples;                    // micro-batches of that audit
+    int audit_open;                        // it accumulates (the next audit starts afresh)
     int32_t *tokens, *targets;             // (micro, T)
     float *x, *dy, *out;                   // (micro, T, C)
     slot_t slots[WORKER_SLOTS_MAX];        // activation cache, nslots used

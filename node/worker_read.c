@@ -200,17 +200,19 @@ int worker_check_request(node_worker_t *w, const net_msg_t *req, int need_step, 
 }
 
 // A lie about an activation: a NaN in it (sent raw, past the encoder's
-// check), every value 1000 times too large, or the right values in the
-// wrong places (reversed: finite, of the right size, and wrong).
+// check), every value 1000 times too large, the right values in the wrong
+// places (reversed: finite, of the right size, and wrong), or an input
+// gradient pointing the other way (of the same size: only an audit tells).
 static int s_lie_acts(node_worker_t *w, net_msg_t *msg, const float *src, const uint32_t *dims)
 {
+    float sign = worker_lying(w, NODE_LIE_DX) ? -1.0f : 1.0f;
     size_t count = (size_t) dims[0] * dims[1] * dims[2];
     float *lie = malloc(count * sizeof(float));
     if (!lie)
         return -ENOMEM;
     for (size_t i = 0; i < count; i++)
         lie[i] = worker_lying(w, NODE_LIE_SCALE) ? 1000.0f * src[i]
-               : worker_lying(w, NODE_LIE_SHUFFLE) ? src[count - 1 - i] : src[i];
+               : worker_lying(w, NODE_LIE_SHUFFLE) ? src[count - 1 - i] : sign * src[i];
     if (worker_lying(w, NODE_LIE_NAN))
         lie[count / 2] = NAN;
     int rc = net_msg_add_raw(msg, NET_DTYPE_F32, dims, 3, lie, count * sizeof(float));
@@ -223,7 +225,8 @@ int worker_acts_add(node_worker_t *w, net_msg_t *msg, const float *src, const ch
                       size_t n)
 {
     uint32_t dims[3] = { (uint32_t) w->as.micro, (uint32_t) w->as.cfg.T, (uint32_t) w->as.cfg.C };
-    if (worker_lying(w, NODE_LIE_NAN) || worker_lying(w, NODE_LIE_SCALE) || worker_lying(w, NODE_LIE_SHUFFLE))
+    if (worker_lying(w, NODE_LIE_NAN) || worker_lying(w, NODE_LIE_SCALE) || worker_lying(w, NODE_LIE_SHUFFLE)
+        || (worker_lying(w, NODE_LIE_DX) && !strcmp(what, "dx")))
         return s_lie_acts(w, msg, src, dims); // as f32, which the router decodes too
     int pow2 = 0, rc = net_tensor_add(msg, w->as.wire, dims, 3, src, &pow2);
     if (rc != 0)

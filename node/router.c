@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +206,11 @@ static void s_help(FILE *out)
         "  --verify F      run a fraction F of forwards again on a second replica and\n"
         "                  compare; a third decides a disagreement and the peer it\n"
         "                  contradicts is expelled (default 0.05; 0 = never)\n"
+        "  --audit F       have a fraction F of the replicas' gradient sums (at stages\n"
+        "                  with two replicas or more) recomputed, with their input\n"
+        "                  gradients, by another replica, drawn with a key no peer knows;\n"
+        "                  a third decides a disagreement and the liar is expelled\n"
+        "                  (default 0.3; 0 = never)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
         "training flags (as swarm train, but without --micro-batch the router chooses it from\n"
@@ -315,6 +321,13 @@ static int s_engine(router_t *r, char *err, size_t n)
         snprintf(err, n, "out of memory for the loss curve (%ld steps)", r->hp.iters);
         return -ENOMEM;
     }
+    // the key of the spot checks' and audits' draws: this run's own, from
+    // libsodium's generator, never sent (a peer cannot tell what is checked)
+    if (sodium_init() < 0) {
+        snprintf(err, n, "libsodium cannot start: no random numbers for the checks' key");
+        return -EIO;
+    }
+    randombytes_buf(&r->c.secret, sizeof r->c.secret);
     int rc = swarm_engine_new(&r->c, &io, net_clock_ms(), &r->engine, err, n);
     if (rc == 0)
         r->c.params = r->c.m = r->c.v = NULL; // the engine's now
@@ -349,8 +362,10 @@ static void s_summary(router_t *r)
            "checksum mismatches %d (resynced %d, expelled %d)\n", steps, s_secs() - r->t_start,
            sum.train_time, sum.tok_s, sum.ready, sum.checksum_mismatches, sum.resyncs,
            sum.expelled);
-    printf("checks | forwards verified %d, undecided %d | steps started over %d\n", sum.spot_checks,
-           sum.spot_undecided, sum.restarts);
+    printf("checks | forwards verified %d, undecided %d | gradient sums audited %d, liars caught %d, "
+           "undecided %d, given up %d | steps started over %d\n", sum.spot_checks,
+           sum.spot_undecided, sum.audits, sum.audit_caught, sum.audit_undecided, sum.audit_lost,
+           sum.restarts);
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? sum.bytes_in / 1e6 / steps : 0.0,
            steps ? sum.bytes_out / 1e6 / steps : 0.0);

@@ -91,6 +91,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     r->c.rebalance_every = 5.0;
     r->c.tensor_bound = 100.0;
     r->c.verify = 0.05;
+    r->c.audit = SWARM_AUDIT_DEFAULT;
     r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
     r->c.window_mode = SWARM_WINDOW_ALL;
     for (int i = 1; i < *argc; i++) {
@@ -99,7 +100,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
         int takes = !strcmp(a, "--listen") || !strcmp(a, "--key") || !strcmp(a, "--allow")
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
-                 || !strcmp(a, "--verify") || !strcmp(a, "--assign")
+                 || !strcmp(a, "--verify") || !strcmp(a, "--audit") || !strcmp(a, "--assign")
                  || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
@@ -129,13 +130,16 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return -EINVAL;
             }
             *(!strcmp(a, "--tensor-bound") ? &r->c.tensor_bound : &r->c.rebalance_every) = x;
-        } else if (!strcmp(a, "--verify")) {
+        } else if (!strcmp(a, "--verify") || !strcmp(a, "--audit")) {
             char *end;
-            r->c.verify = strtod(v, &end);
-            if (*v == '\0' || *end || !(r->c.verify >= 0 && r->c.verify <= 1)) {
-                snprintf(err, n, "--verify %s: expected a fraction 0..1 of forwards to check", v);
+            int audit = !strcmp(a, "--audit");
+            double x = strtod(v, &end);
+            if (*v == '\0' || *end || !(x >= 0 && x <= 1)) {
+                snprintf(err, n, "%s %s: expected a fraction 0..1 of %s", a, v,
+                         audit ? "steps to audit a gradient sum in" : "forwards to check");
                 return -EINVAL;
             }
+            *(audit ? &r->c.audit : &r->c.verify) = x;
         } else if (!strcmp(a, "--assign")) {
             if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
                 snprintf(err, n, "--assign %s: expected speed or even", v);

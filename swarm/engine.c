@@ -45,6 +45,9 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->window_mode = c->window_mode;
     r->assign_even = c->assign_even;
     r->verify = c->verify;
+    r->audit_rate = c->audit;
+    r->secret = c->secret;
+    engine_audits_reset(r);
     r->tensor_bound = c->tensor_bound;
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
@@ -94,6 +97,8 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->v);
     free(r->grad_sum);
     free(r->scratch);
+    free(r->audit_sum);
+    free(r->audit_dx);
     free(r);
     *self_p = NULL;
 }
@@ -174,7 +179,8 @@ void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
         .ready = engine_ready_count(r, -1), .checksum_mismatches = r->checksum_mismatches,
         .resyncs = r->resyncs, .expelled = r->expelled, .rollbacks = r->rollbacks,
         .spot_checks = r->spot_checks, .spot_undecided = r->spot_undecided,
-        .restarts = r->restarts, .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
+        .restarts = r->restarts, .audits = r->audits, .audit_caught = r->audit_caught,
+        .audit_undecided = r->audit_undecided, .audit_lost = r->audit_lost, .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
         .window_mean = r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window,
         .micro_batches = r->G,
     };

@@ -19,6 +19,7 @@
 // loss     replies     a finite fp32 number >= 0                 has_loss 0, NAN
 // checksum replies     64 lowercase hex digits                   has_checksum 0, ""
 // sumsq    replies     a finite number >= 0                      has_sumsq 0
+// samples  replies     a whole number in 0..INT_MAX              has_samples 0
 // held,    replies     both numbers in [0, 1e6)                  has_timing 0
 //   busy
 // reason   replies     text of at most 127 chars                 "no reason given"
@@ -125,6 +126,9 @@ static void s_reply(const net_msg_t *m, msg_reply_t *y)
     double v = 0.0;
     y->has_sumsq = s_number(m, "sumsq", 128, &v) && isfinite(v) && v >= 0;
     y->sumsq = y->has_sumsq ? v : 0.0;
+    long k = 0;
+    y->has_samples = s_whole(m, "samples", &k) && k >= 0 && k <= INT_MAX;
+    y->samples = y->has_samples ? k : 0;
     double held = 0.0, busy = 0.0;
     y->has_timing = s_number(m, "held", 32, &held) && s_number(m, "busy", 32, &busy)
                     && held >= 0 && held < 1e6 && busy >= 0 && busy < 1e6;

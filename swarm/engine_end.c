@@ -215,7 +215,9 @@ void engine_turn(swarm_engine_t *r)
         engine_step_micro(r);
         break;
     case PH_GRAD:
-        if (r->pending <= 0 && engine_spots_open(r) == 0) // a lie caught starts the step over
+        // the step's checks first: a lie caught starts the step over
+        if (r->pending <= 0 && engine_spots_open(r) == 0 && engine_audits_open(r) == 0
+            && r->phase == PH_GRAD)
             engine_step_update(r);
         break;
     case PH_UPDATE:

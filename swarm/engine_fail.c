@@ -185,6 +185,8 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
             r->pending--;
         else if (q.kind == R_VERIFY)
             engine_spot_lost(r, &q);
+        else if (q.kind == R_AUDIT || q.kind == R_AUDIT_SUM)
+            engine_audit_lost(r, &q);
         else if (q.kind == R_STATE_GET && q.mb < 0)
             engine_ckpt_part(r, 0); // the checkpoint of this step is skipped
         else if (q.kind == R_STATE_GET)
@@ -293,6 +295,7 @@ void engine_reap(swarm_engine_t *r)
                   : now - q->sent > s_deadline_ms(r, q->peer))
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
+                        : q->kind == R_AUDIT ? "audit" : q->kind == R_AUDIT_SUM ? "audit STEP"
                         : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
                         : q->kind == R_STATE ? "STATE" : "STATE_GET");
     }

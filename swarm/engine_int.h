@@ -23,7 +23,25 @@
 #define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
-enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD };
+enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD,
+       R_AUDIT, R_AUDIT_SUM };
+
+// An audit of one replica's gradient sum (engine_audit.c), kept in the
+// target's entry.
+#define AUDIT_NORMS 32       // accepted norms a stage's bound is the median of
+typedef struct {
+    int want;                // drawn: its sum of this step is to be recomputed
+    int forced;              // whatever the draw (engine_audit_force)
+    int open;                // a verifier recomputes it now
+    int done;                // settled (or its verdict given)
+    int by[2];               // the replicas recomputing it: the second decides a dispute
+    int n;                   // of them asked
+    int agree[2];            // each one's result matched the target's
+    int next;                // the next micro-batch of the share to send, G all sent
+    int inflight;            // the current verifier's requests not answered yet
+    int asked_sum;           // its STEP audit=1 is sent
+    int dx_bad;              // an input gradient (or the last stage's loss) differed
+} audit_t;
 
 typedef struct {
     net_peer_t who;          // identity: public key, and the connection that speaks for it
@@ -78,6 +96,8 @@ typedef struct {
     int norm_only;           // its stage has no other replica: it keeps its gradient
     double sumsq;            // with norm_only: its gradient's sum of squares
     int self_to;             // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
+    audit_t audit;           // the audit of its sum of this step
+    int audit_of;            // the peer whose share it recomputes now, -1 none
 } peer_t;
 
 // The ready peers of one stage (state P_READY, failed or not), kept as
@@ -118,6 +138,7 @@ typedef struct {
     int32_t *targets;        // (micro, T)
     void *dy[SWARM_MAX_STAGES]; // wire bytes of the output gradient each stage's BWD got
     int grad_peer[SWARM_MAX_STAGES]; // who accumulated its gradient at each stage, -1 none
+    int dx_peer[SWARM_MAX_STAGES]; // who returned the input gradient of each stage (dy[s - 1])
     int retry_kind;          // R_FWD/R_BWD that could not be sent yet, 0 none
     int retry_stage;         // its stage
     unsigned char redo_wanted[SWARM_MAX_STAGES]; // stage work to re-run once a peer is free
@@ -128,6 +149,7 @@ typedef struct {
     uint8_t dy_dtype[SWARM_MAX_STAGES];     // NET_DTYPE_* of dy[s]
     int8_t dy_pow2[SWARM_MAX_STAGES];       // its 2^k scale
 } mb_t;
+
 
 // ---- a message from a peer, decoded once (engine_decode.c) ----
 // Each meta field the engine reads, parsed and checked there; a handler
@@ -164,6 +186,8 @@ typedef struct {
     int has_checksum;        // checksum= is 64 lowercase hex digits
     char checksum[65];       // those digits; "" without has_checksum
     int has_sumsq;           // sumsq= is a finite number >= 0
+    int has_samples;         // samples= is a whole number >= 0
+    long samples;            // micro-batches in a gradient sum; 0 without has_samples
     double sumsq;            // its gradient's sum of squares; 0 without has_sumsq
     int has_timing;          // held= and busy= are both numbers in [0, 1e6)
     double held;             // s the request spent at the node; 0 without has_timing
@@ -286,6 +310,18 @@ struct swarm_engine_s {
     double rms[2][SWARM_MAX_STAGES]; // running RMS of each stage's outputs (0) and input gradients (1)
     long rms_n[2][SWARM_MAX_STAGES]; // tensors it has seen
     double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
+    uint64_t secret;         // the key of the checks' draws (spot checks, audits): no peer's
+    double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
+    unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
+    int audit_any;           // some stage's are
+    float *audit_sum;        // [max_stage_n] a verifier's sum, decoded (NULL before the first)
+    float *audit_dx;         // (micro, T, C): the target's input gradient, decoded
+    int audits;              // audits settled
+    int audit_caught;        // of them, a liar expelled
+    int audit_undecided;     // disputes no third replica could decide (the step redone)
+    int audit_lost;          // given up: the verifier died
+    double norms[SWARM_MAX_STAGES][AUDIT_NORMS]; // accepted gradient norms a micro-batch
+    long norms_n[SWARM_MAX_STAGES]; // of each stage, all told
     int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
     double verify;           // --verify: fraction of FWDs re-run on a second replica
     int spot_checks;         // FWDs verified
@@ -341,6 +377,12 @@ int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, in
                     char *meta, size_t cap);
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// "key=value" lines added after what m's meta has: 0 or -errno.
+int engine_meta_add(net_msg_t *m, const char *line);
+// A uniform draw in [0, 1) from the run's secret key, the step, the
+// attempt at it and (what, a, b): DRAW_*.
+enum { DRAW_SPOT = 1, DRAW_AUDIT };
+double engine_draw(const swarm_engine_t *r, int what, long a, long b);
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
 // Every change of a peer's state goes through here (its stage changes only
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.
@@ -358,6 +400,7 @@ void engine_window_update(swarm_engine_t *r);
 void *engine_dup_bytes(const void *src, size_t n);
 void engine_mb_clear(swarm_engine_t *r, mb_t *b);
 net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s);
+net_msg_t *engine_bwd_msg(swarm_engine_t *r, int i, int s);
 int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot);
 int engine_fwd(swarm_engine_t *r, int i, int s);
 int engine_next(swarm_engine_t *r, int i, int kind, int s);
@@ -369,6 +412,19 @@ void engine_peer_expel(swarm_engine_t *r, int p, const char *why);
 net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta);
 void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_spot_lost(swarm_engine_t *r, const req_t *q);
+// Start the current step over: every replica drops what it accumulated.
+void engine_step_restart(swarm_engine_t *r, const char *why);
+int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, char *why,
+                          size_t wn);
+int engine_share(const swarm_engine_t *r, int p, int s);
+void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
+void engine_audits_turn(swarm_engine_t *r);
+int engine_audits_open(swarm_engine_t *r);
+void engine_audits_reset(swarm_engine_t *r);
+int engine_audits_begun(const swarm_engine_t *r);
+void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
+void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
+void engine_audit_lost(swarm_engine_t *r, const req_t *q);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_step_begin(swarm_engine_t *r);
 void engine_step_unask(swarm_engine_t *r);

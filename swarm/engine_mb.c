@@ -88,7 +88,7 @@ void engine_mb_clear(swarm_engine_t *r, mb_t *b)
     free(b->spot);
     *b = (mb_t) { .stage = -1 };
     for (int s = 0; s < r->stages; s++)
-        b->grad_peer[s] = -1;
+        b->grad_peer[s] = b->dx_peer[s] = -1;
 }
 
 // The FWD message of micro-batch i at stage s.
@@ -121,7 +121,7 @@ net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s)
 }
 
 // The BWD message of micro-batch i at stage s (< S-1): its input and dy.
-static net_msg_t *s_bwd_msg(swarm_engine_t *r, int i, int s)
+net_msg_t *engine_bwd_msg(swarm_engine_t *r, int i, int s)
 {
     mb_t *b = &r->mbs[i];
     int T = r->hp.cfg.T, micro = r->hp.micro;
@@ -213,7 +213,7 @@ static int s_bwd(swarm_engine_t *r, int i, int s)
                     && s_forwards_left(r, s) > 0
                 ? holder
                 : s_pick(r, s, holder, 1.0);
-    net_msg_t *m = p >= 0 ? s_bwd_msg(r, i, s) : NULL;
+    net_msg_t *m = p >= 0 ? engine_bwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
     r->mbs[i].stage = s;
@@ -227,7 +227,7 @@ static int s_redo(swarm_engine_t *r, int i, int s)
 {
     int last = s == r->stages - 1;
     int p = s_pick(r, s, -1, 1.0);
-    net_msg_t *m = p < 0 ? NULL : last ? engine_fwd_msg(r, i, s) : s_bwd_msg(r, i, s);
+    net_msg_t *m = p < 0 ? NULL : last ? engine_fwd_msg(r, i, s) : engine_bwd_msg(r, i, s);
     if (!m)
         return p < 0 ? p : -ENOMEM;
     r->mbs[i].grad_peer[s] = -1;
@@ -368,6 +368,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         }
         if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
             return -EPROTO;
+        b->dx_peer[S - 1] = q->peer;
         return engine_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
@@ -376,5 +377,6 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     }
     if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)
         return -EPROTO;
+    b->dx_peer[s] = q->peer;
     return engine_next(r, q->mb, R_BWD, s - 1);
 }

@@ -42,6 +42,8 @@ size_t engine_memory(const swarm_engine_t *r)
     floats += r->grad_sum ? r->nparams : 0;
     floats += r->ck_state ? 3 * r->nparams : 0;
     floats += r->scratch ? engine_acts_count(r) : 0;
+    floats += r->audit_sum ? r->max_stage_n : 0;
+    floats += r->audit_dx ? engine_acts_count(r) : 0;
     // each peer's gradient sum of this step, where one came (or a live peer keeps it)
     for (int p = 0; p < r->npeers; p++)
         floats += r->peers[p].grad ? r->max_stage_n : 0;
@@ -86,6 +88,8 @@ static size_t s_doubled(size_t first, size_t n)
 //                                 the next step its backwards still in flight
 //   work a dead peer held, redone G * S: one a micro-batch and stage
 //   spot checks (VERIFY)          G * S: one open check a micro-batch and stage
+//   audits (audit FWD/BWD, STEP)  G * S + peers: a verifier at a time for each sum,
+//                                 holding at most its share and a STEP
 //   STEP, or a waited-for UPDATE, or DISCARD   one a peer
 //   UPDATE the next step does not wait for     one a peer
 //   a joiner's state (STATE_GET, then STATE)   one a peer (a joiner's counts)
@@ -94,7 +98,7 @@ static size_t s_doubled(size_t first, size_t n)
 static size_t s_requests_max(const swarm_engine_t *r, size_t peers)
 {
     size_t G = (size_t) r->G, S = (size_t) r->stages;
-    return G * (2 + 2 * S) + 3 * peers + 1 + S;
+    return G * (2 + 3 * S) + 4 * peers + 1 + S;
 }
 
 // A bound of the bytes engine_memory counts. live_peers: the most peers
@@ -111,8 +115,8 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     size_t G = (size_t) r->G, N = r->nparams, A = engine_acts_count(r) * sizeof(float);
     size_t n = sizeof *r;
     // params, m, v, grad_sum; a checkpoint's params, m, v once one is taken;
-    // the scratch a reply is decoded in
-    n += (4 + (r->o.save ? 3 : 0)) * N * sizeof(float) + A;
+    // the scratch a reply is decoded in; an audit's sum and input gradient
+    n += (4 + (r->o.save ? 3 : 0)) * N * sizeof(float) + 2 * A + r->max_stage_n * sizeof(float);
     // each micro-batch: its struct, tokens and targets, an input to each
     // stage after the first and an output gradient to each before the last
     // (wire bytes: at most f32), a spot check at each stage, with three

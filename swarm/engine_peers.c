@@ -445,7 +445,8 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
                         "ignoring %s\n", r->npeers, hello->name);
             return;
         }
-        r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30 };
+        r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30,
+                                 .audit_of = -1 };
         if (s_key_put(r, p) != 0) {
             engine_warn(r, "swarm router: out of memory for the peer index (%d peers); "
                         "ignoring %s\n", r->npeers, hello->name);

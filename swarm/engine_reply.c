@@ -75,6 +75,69 @@ static int s_check_loss(const msg_in_t *e, char *why, size_t wn)
     return -EPROTO;
 }
 
+// Tensor i of m: n finite values into dst. 0, or -EPROTO and why.
+static int s_check_finite(const swarm_engine_t *r, const net_msg_t *m, int i, float *dst, size_t n,
+                          const char *what, char *why, size_t wn)
+{
+    (void) r;
+    int rc = net_tensor_get(m, i, dst, n);
+    if (rc != 0) {
+        snprintf(why, wn, rc == -EPROTO ? "sent %s with a non-finite value"
+                                        : "sent %s of the wrong shape or type", what);
+        return -EPROTO;
+    }
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(dst[j])) {
+            snprintf(why, wn, "sent %s with a non-finite value (element %zu)", what, j);
+            return -EPROTO;
+        }
+    }
+    return 0;
+}
+
+// A GRAD (STEP's reply): the count of micro-batches the router had the
+// replica accumulate (a stage's own update applied: its next step's work
+// is under way, not counted), finite values, and a norm the stage's
+// history allows (engine_grad_plausible); decoded into the peer's buffer,
+// or, norm only, its sum of squares.
+static int s_check_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e, char *why, size_t wn)
+{
+    const msg_reply_t *y = &e->reply;
+    peer_t *pe = &r->peers[q->peer];
+    int s = q->stage;
+    if (!y->has_samples) {
+        snprintf(why, wn, "sent a gradient sum without its count of micro-batches");
+        return -EPROTO;
+    }
+    long want = q->mb == MB_APPLY ? y->samples : engine_share(r, q->peer, s);
+    if (y->samples != want) {
+        snprintf(why, wn, "sent a gradient sum of %ld micro-batches, the router had it do %ld",
+                 y->samples, want);
+        return -EPROTO;
+    }
+    if (pe->norm_only || q->mb == MB_APPLY) {
+        if (!y->has_sumsq) {
+            snprintf(why, wn, "sent no finite gradient norm");
+            return -EPROTO;
+        }
+        return engine_grad_plausible(r, s, y->samples, y->sumsq, why, wn) ? -EPROTO : 0;
+    }
+    // the largest stage's size: a peer may move between stages
+    if (!pe->grad && !(pe->grad = malloc(r->max_stage_n * sizeof(float))))
+        abort();
+    if (s_check_finite(r, e->msg, 0, pe->grad, r->stage_n[s], "a gradient", why, wn) != 0)
+        return -EPROTO;
+    double sumsq = 0.0;
+    for (size_t j = 0; j < r->stage_n[s]; j++)
+        sumsq += (double) pe->grad[j] * pe->grad[j];
+    int rc = engine_grad_plausible(r, s, y->samples, sumsq, why, wn);
+    if (rc == -ERANGE && r->audit_rate > 0.0 && engine_ready_count(r, s) >= 2) {
+        engine_audit_force(r, q->peer, s, why); // its inputs may be what lied
+        return 0;
+    }
+    return rc ? -EPROTO : 0;
+}
+
 // Check a reply to request q before anything uses it: the right type, its
 // fields (decoded: engine_decode.c), and every tensor of the shape the plan
 // says, finite and of plausible size. 0, or -EPROTO and why.
@@ -89,7 +152,8 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
                                 [R_STEP] = NET_MSG_GRAD, [R_UPDATE] = NET_MSG_RESULT,
                                 [R_STATE_GET] = NET_MSG_STATE, [R_STATE] = NET_MSG_RESULT,
                                 [R_ASSIGN] = NET_MSG_RESULT, [R_VERIFY] = NET_MSG_RESULT,
-                                [R_DISCARD] = NET_MSG_RESULT };
+                                [R_DISCARD] = NET_MSG_RESULT, [R_AUDIT] = NET_MSG_RESULT,
+                                [R_AUDIT_SUM] = NET_MSG_GRAD };
     if (h->type == NET_MSG_ERROR) {
         snprintf(why, wn, "refused a request (%s)", y->reason);
         return -EPROTO;
@@ -117,28 +181,19 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
             snprintf(why, wn, "sent no parameter checksum after applying its update");
             return -EPROTO;
         }
-        if (r->peers[q->peer].norm_only || q->mb == MB_APPLY) {
-            if (y->has_sumsq)
-                return 0;
-            snprintf(why, wn, "sent no finite gradient norm");
+        return s_check_grad(r, q, e, why, wn);
+    case R_AUDIT:
+        if (s == S - 1 && s_check_loss(e, why, wn) != 0)
+            return -EPROTO;
+        return s == 0 ? 0 : s_check_finite(r, m, 0, r->scratch, x_n, "an input gradient", why, wn);
+    case R_AUDIT_SUM:
+        if (!y->has_samples) {
+            snprintf(why, wn, "sent a recomputed gradient sum without its count");
             return -EPROTO;
         }
-        // the largest stage's size: a peer may move between stages
-        if (!r->peers[q->peer].grad && !(r->peers[q->peer].grad = malloc(r->max_stage_n * sizeof(float))))
-            abort();
-        int rc = net_tensor_get(m, 0, r->peers[q->peer].grad, r->stage_n[s]);
-        if (rc != 0) {
-            snprintf(why, wn, rc == -EPROTO ? "sent a non-finite gradient"
-                                            : "sent a gradient of the wrong shape or type");
-            return -EPROTO;
-        }
-        for (size_t j = 0; j < r->stage_n[s]; j++) {
-            if (!isfinite(r->peers[q->peer].grad[j])) {
-                snprintf(why, wn, "sent a non-finite gradient (element %zu)", j);
-                return -EPROTO;
-            }
-        }
-        return 0;
+        if (!r->audit_sum)
+            abort(); // (made when the audit began)
+        return s_check_finite(r, m, 0, r->audit_sum, r->stage_n[s], "a recomputed gradient", why, wn);
     case R_UPDATE:
     case R_STATE:
         if (!y->has_checksum) {
@@ -159,8 +214,21 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
     return 0;
 }
 
+// Whether this step has used outputs of peer p: a stage input it made, or
+// an input gradient it returned.
+static int s_outputs_used(const swarm_engine_t *r, int p)
+{
+    for (int i = 0; r->mbs && i < r->G; i++)
+        for (int s = 0; s < r->stages; s++)
+            if ((r->mbs[i].fwd_peer[s] == p && r->mbs[i].in[s + 1]) || r->mbs[i].dx_peer[s] == p)
+                return 1;
+    return 0;
+}
+
 // A reply: checked first; a peer that answers wrongly fails (banned, and
 // the request's work goes to another replica with the rest of its work).
+// One whose answer was a lie (not a refusal) may have lied before in the
+// step: when the step used any of its outputs, the step starts over.
 static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
 {
     const net_head_t *h = e->head;
@@ -169,7 +237,10 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
         return; // stale or not ours: dropped
     char why[160];
     if (s_check_reply(r, q, e, why, sizeof why) != 0) {
+        int lied = h->type != NET_MSG_ERROR && !r->evaluating && s_outputs_used(r, p);
         engine_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
+        if (lied && (r->phase == PH_MB || r->phase == PH_GRAD))
+            engine_step_restart(r, "a peer whose outputs it used sent a value it refused");
         return;
     }
     req_t copy = *q;
@@ -191,6 +262,12 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
         break;
     case R_VERIFY:
         engine_spot_result(r, &copy, e);
+        break;
+    case R_AUDIT:
+        engine_audit_result(r, &copy, e);
+        break;
+    case R_AUDIT_SUM:
+        engine_audit_sum(r, &copy, e);
         break;
     case R_DISCARD:
         r->pending--;

@@ -86,6 +86,8 @@ static int s_req_thirds(const swarm_engine_t *r, int kind, int stage)
         return 2;
     if (kind == R_VERIFY)
         return 1;
+    if (kind == R_AUDIT) // a forward and its backward
+        return 3;
     if (kind == R_FWD)
         return stage == r->stages - 1 && !r->evaluating ? 3 : 1;
     return 0;
@@ -253,6 +255,37 @@ int engine_meta(net_msg_t *m, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     return net_msg_set_meta(m, text);
+}
+
+int engine_meta_add(net_msg_t *m, const char *line)
+{
+    char text[1024];
+    size_t len = 0;
+    const char *old = net_msg_meta(m, &len);
+    if (old && len > 0 && old[len - 1] != '\n')
+        snprintf(text, sizeof text, "%.*s\n%s\n", (int) len, old, line);
+    else
+        snprintf(text, sizeof text, "%.*s%s\n", old ? (int) len : 0, old ? old : "", line);
+    return net_msg_set_meta(m, text);
+}
+
+static uint64_t s_mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+double engine_draw(const swarm_engine_t *r, int what, long a, long b)
+{
+    uint64_t x = s_mix(r->secret ^ (uint64_t) what * 0x9e3779b97f4a7c15ull);
+    x = s_mix(x ^ (uint64_t) r->step);
+    x = s_mix(x ^ (uint64_t) r->restarts);
+    x = s_mix(x ^ (uint64_t) a);
+    x = s_mix(x ^ (uint64_t) b);
+    return (double) (x >> 11) * 0x1p-53;
 }
 
 void *engine_dup_bytes(const void *src, size_t n)

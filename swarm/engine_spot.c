@@ -14,20 +14,12 @@
 // it. With no third replica the disagreement is logged and counted, and
 // the run goes on.
 
-// Whether FWD of micro-batch i at stage s of this step is verified: a fixed
-// draw from (seed, step, i, s), so that a replay checks the same ones.
+// Whether FWD of micro-batch i at stage s of this step is verified: a draw
+// from the run's secret key (no peer can tell which are), fixed for the
+// attempt at the step, so that a replay checks the same ones.
 static int s_spot_sampled(const swarm_engine_t *r, int i, int s)
 {
-    if (r->verify <= 0.0 || r->evaluating)
-        return 0;
-    uint64_t x = (uint64_t) r->hp.seed * 0x9e3779b97f4a7c15ull ^ (uint64_t) r->step << 24
-               ^ (uint64_t) i << 8 ^ (uint64_t) s;
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return (double) (x >> 11) * 0x1p-53 < r->verify;
+    return r->verify > 0.0 && !r->evaluating && engine_draw(r, DRAW_SPOT, i, s) < r->verify;
 }
 
 // The FWD of micro-batch i at stage s again, to peer p: at the last stage
@@ -35,7 +27,7 @@ static int s_spot_sampled(const swarm_engine_t *r, int i, int s)
 static int s_spot_send(swarm_engine_t *r, int i, int s, int p)
 {
     net_msg_t *m = engine_fwd_msg(r, i, s);
-    if (m && s == r->stages - 1 && net_msg_set_meta(m, "eval=1\n") != 0)
+    if (m && s == r->stages - 1 && engine_meta_add(m, "eval=1") != 0)
         net_msg_destroy(&m);
     if (!m)
         return -ENOMEM;
@@ -109,7 +101,7 @@ static int s_spot_same(const swarm_engine_t *r, const spot_t *c, int x, int y)
 
 // Start the current step over: every replica drops what it accumulated
 // (STEP discard=1) and every micro-batch runs again from the start.
-static void s_step_restart(swarm_engine_t *r, const char *why)
+void engine_step_restart(swarm_engine_t *r, const char *why)
 {
     engine_warn(r, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
     for (int i = 0; i < r->req_slots; i++) {
@@ -128,6 +120,7 @@ static void s_step_restart(swarm_engine_t *r, const char *why)
             r->pending++;
     }
     r->restarts++;
+    engine_audits_reset(r);
     r->phase = PH_DISCARD;
 }
 
@@ -171,7 +164,7 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     snprintf(why, sizeof why, "returned a stage %d forward that two replicas contradict", s);
     engine_peer_expel(r, liar, why);
     if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsion
-        s_step_restart(r, "a peer whose outputs it used was caught lying");
+        engine_step_restart(r, "a peer whose outputs it used was caught lying");
 }
 
 // A verifying replica is gone before it answered: go on without it.

@@ -43,6 +43,7 @@ void engine_step_begin(swarm_engine_t *r)
         }
     }
     memset(r->stepped, 0, sizeof r->stepped);
+    engine_audits_reset(r);
     r->pending = 0;
     r->phase = PH_MB;
     r->step_t0 = engine_secs(r);
@@ -112,6 +113,11 @@ static void s_step_ask(swarm_engine_t *r, int s)
 // the survivors' sums must include it): they are asked again.
 void engine_step_unask(swarm_engine_t *r)
 {
+    if (engine_audits_begun(r)) {
+        // the verifiers' buffers hold the audits' sums, not their own
+        engine_step_restart(r, "a replica's work was lost during the step's audits");
+        return;
+    }
     for (int k = 0; k < r->req_slots; k++) {
         req_t *q = engine_req_at(r, k);
         if (q->id && q->kind == R_STEP && q->mb != MB_APPLY)
@@ -396,6 +402,7 @@ void engine_step_micro(swarm_engine_t *r)
         }
         stepped += r->stepped[s];
     }
+    engine_audits_turn(r); // a stage whose sums are all in is audited while the others work
     if (done < r->G || r->redo_pending > 0 || stepped < S)
         return;
     r->phase = PH_GRAD;

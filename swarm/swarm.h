@@ -172,6 +172,11 @@ enum { SWARM_WINDOW_FIXED = 0, SWARM_WINDOW_AUTO, SWARM_WINDOW_ALL }; // --windo
 
 typedef struct swarm_engine_s swarm_engine_t;
 
+// --audit's default: the fraction of replicas' gradient sums that another
+// replica recomputes (docs/swarm.md, "Audits"): a liar that lies in every
+// sum is caught within 20 steps with probability 1 - 0.7^20 > 0.999
+#define SWARM_AUDIT_DEFAULT 0.3
+
 typedef struct {
     int V, T, C, L, H;       // vocabulary, block (tokens), channels, layers, heads
 } swarm_shape_t;
@@ -203,6 +208,10 @@ typedef struct {
     int window_mode;         // SWARM_WINDOW_*
     int assign_even;         // joiners fill stages by count, speeds unheard
     double verify;           // fraction of training forwards re-run on a second replica
+    double audit;            // fraction of replicas' gradient sums (of stages with two
+                             // replicas or more) recomputed by another (engine_audit.c)
+    uint64_t secret;         // the key the checks are drawn with: the caller draws it at
+                             // random and tells no peer (the sim: from its seed)
     double tensor_bound;     // a reply's RMS above this times the running RMS fails
     int wire, grad_wire;     // NET_DTYPE_* of activations; of gradient sums
 } swarm_engine_config_t;
@@ -244,6 +253,7 @@ typedef struct {
     int ready;               // ready peers now
     int checksum_mismatches, resyncs, expelled, rollbacks;
     int spot_checks, spot_undecided, restarts;
+    int audits, audit_caught, audit_undecided, audit_lost;
     uint64_t bytes_in, bytes_out;      // tensor bytes received, sent
     uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
     double window_mean;      // micro-batches in flight, on average over the steps
@@ -296,9 +306,11 @@ typedef struct {
 // How a simulated liar lies (tests/test_hostile.sh's liars): a NaN in its
 // activations, activations 1000x too large, the right values in the wrong
 // places (--numeric only: constants reversed are the same), parameters
-// that drift from its replicas' after each update, a speed 1000x its own.
+// that drift from its replicas' after each update, a speed 1000x its own,
+// a gradient sum pointing the other way, a norm-only sum of squares of
+// 1e300, input gradients pointing the other way (NODE_LIE_* of worker.h).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
-       SIM_LIES };
+       SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIES };
 
 // A churn trace (swarm_sim_churn_load): how many of its machines were up,
 // as a step function of time.
@@ -344,6 +356,9 @@ typedef struct {
     int rollbacks;           // the engine's
     int kills, stalls, joins; // faults and joins the sim made
     int liars_caught;        // liars the engine banned or expelled
+    int lies_applied;        // UPDATEs a lying gradient sum reached (not audited)
+    long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
+    int liars_loose;         // liars that sent a lying sum and were never caught
     int copies;              // --churn: copies of the trace tiled over the peers
     size_t memory;           // the engine's bytes at its fullest
     size_t memory_bound;     // what its formula allowed then

@@ -46,6 +46,7 @@ typedef struct {
     unsigned char gone[ANSWER_KEYS];   // peer i's connection is closed: 1 killed, 2 after a
                                        // last reply (a refusal)
     unsigned char refuse[ANSWER_KEYS]; // peer i refuses its next request, then closes
+    int acc[ANSWER_KEYS];        // micro-batches peer i accumulated since its last update
     int live;                    // peers connected
     int64_t now;                 // ms, of the round
     int64_t died[ANSWER_KEYS];   // [ndied] when each peer that died did, in order
@@ -94,6 +95,13 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
     }
     int apply = t == NET_MSG_STEP && s_flag(req, "apply");
     int discard = t == NET_MSG_STEP && s_flag(req, "discard");
+    // a gradient sum says how many micro-batches it holds, as a node's does
+    if (t == NET_MSG_BWD || (t == NET_MSG_FWD && last && !s_flag(req, "eval")))
+        w->acc[i]++;
+    char samples[32];
+    snprintf(samples, sizeof samples, "samples=%d\n", w->acc[i]);
+    if (discard || t == NET_MSG_UPDATE || t == NET_MSG_STATE || apply)
+        w->acc[i] = 0;
     net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
                                  : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
     if (t == NET_MSG_FWD || t == NET_MSG_BWD)
@@ -102,9 +110,12 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
                      : apply ? "sumsq=0\n" CHECKSUM
                      : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? "sumsq=0"
                      : t == NET_MSG_UPDATE || t == NET_MSG_STATE ? CHECKSUM : NULL;
-    if (meta)
-        ck_assert_int_eq(net_msg_set_meta(a, meta), 0);
-    else if (t == NET_MSG_STEP && !discard)
+    char text[160];
+    snprintf(text, sizeof text, "%s%s", t == NET_MSG_STEP && !discard ? samples : "",
+             meta ? meta : "");
+    if (text[0])
+        ck_assert_int_eq(net_msg_set_meta(a, text), 0);
+    if (!meta && t == NET_MSG_STEP && !discard)
         s_add(a, s_zeros, stage, 1); // its gradient sum
     if (t == NET_MSG_STATE_GET) {
         net_msg_head(a)->step = (uint64_t) w->e->step; // the state the step about to start needs

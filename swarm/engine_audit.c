@@ -1,0 +1,398 @@
+/* engine_audit.c - what a replica's gradient sum is checked against: the
+ * micro-batches the router had it accumulate, a norm within the stage's
+ * honest history, and, for a secret random draw of the step's sums, another
+ * replica recomputing the whole share and its input gradients (an audit).
+ */
+#include "engine_int.h"
+
+// ---- the norm bound ----------------------------------------------------------
+
+// A stage's gradient sums are judged by their norm per micro-batch against
+// the median of the last AUDIT_NORMS accepted ones of the stage (norm-only
+// sums of squares count as the same quantity). Above NORM_CEIL times the
+// median, or below the median over NORM_FLOOR, a sum fails; only sums
+// within NORM_LEARN of the median are learned from, so a liar cannot walk
+// the bound up (or down) with borderline values. With fewer than 4 in the
+// window there is no bound yet (audits still check).
+#define NORM_CEIL 16.0
+#define NORM_FLOOR 256.0
+#define NORM_LEARN 4.0
+
+static double s_norm_median(const swarm_engine_t *r, int s)
+{
+    int n = r->norms_n[s] < AUDIT_NORMS ? (int) r->norms_n[s] : AUDIT_NORMS;
+    double v[AUDIT_NORMS];
+    for (int i = 0; i < n; i++)
+        v[i] = r->norms[s][i];
+    for (int i = 1; i < n; i++) // insertion sort: AUDIT_NORMS values
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A sum of `samples` micro-batches of stage s whose sum of squares is
+// sumsq: 0, or -ERANGE (outside the norm bound) or -EPROTO, and why.
+int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, char *why,
+                          size_t wn)
+{
+    if (samples <= 0) {
+        if (sumsq == 0.0)
+            return 0;
+        snprintf(why, wn, "sent a gradient sum of no micro-batches that is not zero");
+        return -EPROTO;
+    }
+    double norm = sqrt(sumsq) / (double) samples;
+    int known = r->norms_n[s] >= 4;
+    double med = known ? s_norm_median(r, s) : 0.0;
+    if (known && r->tensor_bound > 0 && (norm > NORM_CEIL * med || norm < med / NORM_FLOOR)) {
+        snprintf(why, wn, "sent a gradient sum of norm %.3g a micro-batch, %.3gx the stage's "
+                 "median %.3g", norm, med > 0 ? norm / med : INFINITY, med);
+        return -ERANGE;
+    }
+    if (!known || (norm <= NORM_LEARN * med && norm >= med / NORM_LEARN))
+        r->norms[s][r->norms_n[s]++ % AUDIT_NORMS] = norm;
+    return 0;
+}
+
+// Replica p of stage s sent a sum outside the norm bound (why) while its
+// stage has other replicas: an honest replica's sum is that large when its
+// input gradients were, so instead of refusing it the router audits it,
+// and the replicas of stage s + 1 whose input gradients went into it (a
+// liar among them is caught there). A sum its audit reproduces is used.
+void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why)
+{
+    peer_t *pe = &r->peers[p];
+    engine_warn(r, "swarm router: step %ld: peer %d (%s) %s: it is audited, and the replicas whose "
+                "input gradients went into it\n", r->step, pe->id, pe->name, why);
+    pe->audit.forced = pe->audit.want = 1;
+    for (int i = 0; s + 1 < r->stages && i < r->G; i++) {
+        int d = r->mbs[i].grad_peer[s] == p ? r->mbs[i].dx_peer[s + 1] : -1;
+        if (d >= 0 && r->peers[d].state == P_READY && r->peers[d].stage == s + 1
+            && !r->peers[d].audit.done)
+            r->peers[d].audit.forced = r->peers[d].audit.want = 1;
+    }
+}
+
+// Micro-batches of this step whose gradient peer p accumulated at stage s.
+int engine_share(const swarm_engine_t *r, int p, int s)
+{
+    int n = 0;
+    for (int i = 0; i < r->G; i++)
+        n += r->mbs[i].grad_peer[s] == p;
+    return n;
+}
+
+// ---- audits ----------------------------------------------------------------------
+
+// Once every replica of a stage with two or more has sent its gradient sum
+// (the other stages may still be working), each of those sums is audited
+// with probability --audit, drawn for each with the run's secret key,
+// which no peer knows (a liar cannot tell which of its sums are checked):
+// another replica, idle by then, recomputes the target's share of the step
+// (the micro-batches it accumulated, whose inputs and output gradients the
+// router holds) with BWD audit=1 (the last stage: FWD audit=1, which runs
+// its backward), at most AUDIT_INFLIGHT requests at a time, then STEP
+// audit=1 for the sum, which the node serves after them. A replica recomputes one share at a time (its
+// gradient buffer holds one); a stage's audits run side by side on as many
+// replicas as are free. The step's update waits for them all. The two
+// agree when every input gradient the target returned is within 1e-3
+// relative L2 of the recomputed one (the last stage's loss within 1e-4),
+// the micro-batch counts are equal, and the sums are within 1e-3 relative
+// L2 (1e-2 over fp16 or int8 gradients). When they do not, a third replica
+// recomputes the share: the replica two of the three contradict is
+// expelled, and, since its sum or its input gradients are in the step, the
+// step starts over without it. With no third replica the disagreement
+// cannot be attributed: the step starts over, both stay, and it is counted.
+#define AUDIT_INFLIGHT 16
+
+static double s_sum_tolerance(const swarm_engine_t *r)
+{
+    return r->grad_wire == NET_DTYPE_F32 ? 1e-3 : 1e-2;
+}
+
+static int s_close(const float *a, const float *b, size_t n, double tol)
+{
+    double d = 0.0, m = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        double e = (double) a[j] - b[j];
+        d += e * e;
+        m += (double) b[j] * b[j];
+    }
+    return d <= tol * tol * (m > 1e-30 ? m : 1e-30);
+}
+
+// The next micro-batch of target t's share at stage s after index i, or G.
+static int s_next_mb(const swarm_engine_t *r, int t, int s, int i)
+{
+    while (++i < r->G && r->mbs[i].grad_peer[s] != t)
+        ;
+    return i;
+}
+
+// The audit peer v recomputes (as its verifier), or NULL.
+static audit_t *s_audit_by(swarm_engine_t *r, int v)
+{
+    int t = v >= 0 && v < r->npeers ? r->peers[v].audit_of : -1;
+    return t >= 0 && r->peers[t].audit.open ? &r->peers[t].audit : NULL;
+}
+
+// Send target t's current verifier what it may hold of the share, then the
+// STEP that asks for its sum. A send that fails leaves the verifier failed:
+// engine_reap finds it, and engine_audit_lost gives the audit to another.
+static void s_audit_feed(swarm_engine_t *r, int t)
+{
+    audit_t *a = &r->peers[t].audit;
+    int s = r->peers[t].stage, v = a->by[a->n - 1], last = s == r->stages - 1;
+    while (a->inflight < AUDIT_INFLIGHT && a->next < r->G) {
+        net_msg_t *m = last ? engine_fwd_msg(r, a->next, s) : engine_bwd_msg(r, a->next, s);
+        if (m && engine_meta_add(m, "audit=1") != 0)
+            net_msg_destroy(&m);
+        if (!m || engine_send(r, v, &m, R_AUDIT, a->next, s) != 0)
+            return;
+        a->inflight++;
+        a->next = s_next_mb(r, t, s, a->next);
+    }
+    if (a->next < r->G || a->asked_sum)
+        return; // (STEP queues behind the share's requests at the node: no round trip)
+    net_msg_t *m = engine_step_msg(r, s, "audit=1\n");
+    if (m && engine_send(r, v, &m, R_AUDIT_SUM, -1, s) == 0)
+        a->asked_sum = 1;
+}
+
+// A free replica of stage s to recompute target t's share: the fastest
+// ready one that is not t, recomputes nothing now, and is not among not[]
+// (nnot of them). -1 none.
+static int s_verifier(const swarm_engine_t *r, int s, int t, const int *not, int nnot)
+{
+    int best = -1;
+    for (int k = 0; k < r->ready[s].n; k++) {
+        int p = r->ready[s].peer[k], skip = p == t || r->peers[p].audit_of >= 0
+                                         || r->peers[p].failed;
+        for (int j = 0; j < nnot; j++)
+            skip |= p == not[j];
+        if (!skip && (best < 0 || r->peers[p].tok_s > r->peers[best].tok_s))
+            best = p;
+    }
+    return best;
+}
+
+// Ask replica v to recompute target t's share.
+static void s_audit_ask(swarm_engine_t *r, int t, int v)
+{
+    audit_t *a = &r->peers[t].audit;
+    a->by[a->n++] = v;
+    a->next = s_next_mb(r, t, r->peers[t].stage, -1);
+    a->inflight = a->asked_sum = a->dx_bad = 0;
+    r->peers[v].audit_of = t;
+    s_audit_feed(r, t);
+}
+
+// Target t's audit is over (settled or given up): its verifier is free.
+static void s_audit_end(swarm_engine_t *r, int t)
+{
+    audit_t *a = &r->peers[t].audit;
+    for (int k = 0; k < a->n; k++)
+        if (r->peers[a->by[k]].audit_of == t)
+            r->peers[a->by[k]].audit_of = -1;
+    *a = (audit_t) { .done = 1 };
+}
+
+// Whether stage s's sums are all in: every ready replica's, none norm only.
+static int s_stage_in(const swarm_engine_t *r, int s)
+{
+    if (!r->stepped[s] || r->ready[s].n < 2)
+        return 0;
+    for (int k = 0; k < r->ready[s].n; k++) {
+        const peer_t *pe = &r->peers[r->ready[s].peer[k]];
+        if (!pe->got_grad || pe->norm_only)
+            return 0;
+    }
+    return 1;
+}
+
+// Start what can start: the draws of each stage whose sums are all in
+// (once per attempt at the step), and each drawn sum's audit as soon as a
+// replica is free for it.
+void engine_audits_turn(swarm_engine_t *r)
+{
+    if (r->audit_rate <= 0.0 || r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD))
+        return;
+    for (int s = 0; s < r->stages; s++) {
+        if (!r->audit_drawn[s]) {
+            if (!s_stage_in(r, s))
+                continue;
+            r->audit_drawn[s] = 1;
+            r->audit_any = 1;
+            for (int k = 0; k < r->ready[s].n; k++) {
+                peer_t *pe = &r->peers[r->ready[s].peer[k]];
+                int forced = pe->audit.forced; // (engine_audit_force)
+                pe->audit = (audit_t) {
+                    .want = (forced || engine_draw(r, DRAW_AUDIT, s, pe->id) < r->audit_rate)
+                            && pe->grad && engine_share(r, r->ready[s].peer[k], s) > 0,
+                    .forced = forced,
+                };
+            }
+        }
+        for (int k = 0; k < r->ready[s].n; k++) {
+            int t = r->ready[s].peer[k];
+            audit_t *a = &r->peers[t].audit;
+            if (!a->want || a->open || a->done)
+                continue;
+            int v = s_verifier(r, s, t, a->by, a->n); // a second (or third) one
+            if (v < 0)
+                continue; // when one is free
+            if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
+                abort();
+            if (!r->audit_dx && !(r->audit_dx = malloc(engine_acts_count(r) * sizeof(float))))
+                abort();
+            a->open = 1;
+            s_audit_ask(r, t, v);
+        }
+    }
+}
+
+// Audits of this step still to settle: the update waits for them.
+int engine_audits_open(swarm_engine_t *r)
+{
+    engine_audits_turn(r);
+    int n = 0;
+    for (int s = 0; s < r->stages && r->audit_rate > 0.0 && !r->evaluating; s++) {
+        if (!r->audit_drawn[s]) {
+            n += s_stage_in(r, s); // (drawn on the next turn)
+            continue;
+        }
+        for (int k = 0; k < r->ready[s].n; k++) {
+            const audit_t *a = &r->peers[r->ready[s].peer[k]].audit;
+            n += a->want && !a->done;
+        }
+    }
+    return n;
+}
+
+// Forget the step's audits: a new step, or this one starts over (their
+// requests are gone with it).
+void engine_audits_reset(swarm_engine_t *r)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        r->peers[p].audit = (audit_t) {0};
+        r->peers[p].audit_of = -1;
+    }
+    memset(r->audit_drawn, 0, sizeof r->audit_drawn);
+    r->audit_any = 0;
+}
+
+int engine_audits_begun(const swarm_engine_t *r)
+{
+    return r->audit_any;
+}
+
+// Verifier q->peer's result for micro-batch q->mb (checked: its input
+// gradient decoded in scratch, at the last stage its loss in e): does it
+// match what the target returned?
+void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
+{
+    audit_t *a = s_audit_by(r, q->peer);
+    if (!a || q->peer != a->by[a->n - 1])
+        return; // stale
+    int s = q->stage, t = r->peers[q->peer].audit_of;
+    a->inflight--;
+    const mb_t *b = &r->mbs[q->mb];
+    size_t n = engine_acts_count(r);
+    if (s > 0 && b->dx_peer[s] == t && b->dy[s - 1]) {
+        // what the target sent the stage before, decoded as that stage's BWD did
+        int bad = net_codec_decode(b->dy_dtype[s - 1], b->dy[s - 1],
+                                   (size_t) net_codec_bytes(b->dy_dtype[s - 1], n), r->audit_dx, n);
+        for (size_t j = 0; !bad && b->dy_pow2[s - 1] && j < n; j++)
+            r->audit_dx[j] = ldexpf(r->audit_dx[j], -b->dy_pow2[s - 1]);
+        if (bad || !s_close(r->scratch, r->audit_dx, n, 1e-3))
+            a->dx_bad = 1;
+    }
+    if (s == r->stages - 1 && b->dx_peer[s] == t
+        && !(fabsf(e->reply.loss - b->loss) <= 1e-4f * fmaxf(1.0f, fabsf(b->loss))))
+        a->dx_bad = 1;
+    s_audit_feed(r, t);
+}
+
+// Target t's audit found the replica `liar` out (-1: nobody can tell).
+static void s_audit_verdict(swarm_engine_t *r, int t, int liar)
+{
+    audit_t *a = &r->peers[t].audit;
+    int s = r->peers[t].stage, v = a->by[0], mbs = engine_share(r, t, s);
+    s_audit_end(r, t);
+    if (liar < 0) {
+        r->audit_undecided++;
+        engine_warn(r, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
+                    "the gradient of %d micro-batches; no third replica to decide\n", r->step, s,
+                    r->peers[t].id, r->peers[t].name, r->peers[v].id, r->peers[v].name, mbs);
+        engine_step_restart(r, "a gradient sum in it is disputed");
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof why, "%s a stage %d gradient that two replicas contradict",
+             liar == t ? "returned" : "recomputed", s);
+    r->audit_caught++;
+    engine_peer_expel(r, liar, why);
+    if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsion
+        engine_step_restart(r, "a peer whose gradient it used was caught lying");
+    else
+        engine_audits_reset(r);
+}
+
+// Verifier q->peer's sum of the share (checked: decoded in audit_sum, its
+// count in e).
+void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
+{
+    audit_t *a = s_audit_by(r, q->peer);
+    if (!a || q->peer != a->by[a->n - 1])
+        return; // stale
+    int t = r->peers[q->peer].audit_of, s = q->stage;
+    const peer_t *pt = &r->peers[t];
+    int agree = !a->dx_bad && e->reply.samples == engine_share(r, t, s)
+                && s_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
+    a->agree[a->n - 1] = agree;
+    r->peers[q->peer].audit_of = -1; // free for another audit
+    if (a->n == 1 && agree) {
+        r->audits++;
+        s_audit_end(r, t);
+        engine_audits_turn(r);
+        return;
+    }
+    if (a->n == 1) {
+        int thirds = 0; // replicas that could decide, free now or not
+        for (int k = 0; k < r->ready[s].n; k++) {
+            int p = r->ready[s].peer[k];
+            thirds += p != t && p != a->by[0] && !r->peers[p].failed;
+        }
+        engine_warn(r, "swarm router: step %ld: stage %d: peer %d (%s) does not reproduce the "
+                    "gradient of peer %d (%s)%s\n", r->step, s, r->peers[a->by[0]].id,
+                    r->peers[a->by[0]].name, pt->id, pt->name,
+                    thirds > 0 ? "; asking a third replica" : "");
+        if (thirds == 0) {
+            s_audit_verdict(r, t, -1);
+            return;
+        }
+        a->open = 0; // for the third, once one is free
+        engine_audits_turn(r);
+        return;
+    }
+    r->audits++;
+    // two of three: the third agrees with the target (the first verifier
+    // lied), or with the first verifier against it (the target lied)
+    s_audit_verdict(r, t, a->agree[1] ? a->by[0] : t);
+}
+
+// A verifier is gone before it answered: the audit goes to another when one
+// is free (engine_audits_turn), from the start.
+void engine_audit_lost(swarm_engine_t *r, const req_t *q)
+{
+    audit_t *a = s_audit_by(r, q->peer);
+    if (!a)
+        return;
+    int t = r->peers[q->peer].audit_of;
+    r->peers[q->peer].audit_of = -1;
+    r->audit_lost++;
+    r->peers[t].audit = (audit_t) { .want = 1 };
+}

@@ -24,7 +24,8 @@ typedef struct {
     swarm_sim_churn_t churn; // read from it
 } sim_flags_t;
 
-static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed" };
+static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
+                                                    "grad", "sumsq", "dx" };
 
 static void s_help(FILE *out)
 {
@@ -59,7 +60,8 @@ static void s_help(FILE *out)
         "  --stall S          for this long (default 3)\n"
         "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
-        "                     drift, shuffle (--numeric only), speed (default: all of them)\n"
+        "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx\n"
+        "                     (default: all of them)\n"
         "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
         "                     tiled over --peers (copies at phases of the trace)\n"
         "  --churn-scale X    the trace runs X times faster (default 1)\n"
@@ -122,7 +124,7 @@ static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
             k++;
         if (k == SIM_LIES)
             return s_bad(err, n, "--lies", v, "ways from nan, scale, drift, shuffle, speed, "
-                         "comma-separated");
+                         "grad, sumsq, dx, comma-separated");
         f->o.lies |= 1u << k;
         p += len + (p[len] == ',');
     }
@@ -257,7 +259,8 @@ static void *s_node_open(void *ctx, int peer, int lie, long from)
 {
     static const int lies[SIM_LIES] = { [SIM_LIE_NAN] = NODE_LIE_NAN,
         [SIM_LIE_SCALE] = NODE_LIE_SCALE, [SIM_LIE_DRIFT] = NODE_LIE_DRIFT,
-        [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE };
+        [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE, [SIM_LIE_GRAD] = NODE_LIE_GRAD,
+        [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX };
     (void) peer;
     node_worker_config_t c = { .be = ctx, .cache_mb = 512, .slowdown = 1.0 };
     node_worker_t *w = node_worker_new(&c);
@@ -336,6 +339,8 @@ int cmd_sim(int argc, char **argv)
     swarm_sim_result_t res;
     if (rc == 0) {
         f.o.seed = f.sim_seed >= 0 ? (uint64_t) f.sim_seed : r->hp.seed;
+        uint64_t key = f.o.seed ^ 0x5eC2e7ull; // the checks' key: the sim's own draw
+        r->c.secret = swarm_splitmix64(&key);
         if (r->o.save_every > 0)
             r->c.save = 1; // checkpoints in memory (written only with --save DIR)
         if (r->c.min_nodes == 0) // with --churn, whoever is up at the start
@@ -374,10 +379,15 @@ int cmd_sim(int argc, char **argv)
     } else if (rc == 0) {
         if (router_tty())
             fprintf(stderr, "\n");
+        char lies[160] = "";
+        if (res.catch_steps >= 0 || res.lies_applied > 0 || res.liars_loose > 0)
+            snprintf(lies, sizeof lies, "; lying gradient sums: caught at most %ld steps after "
+                     "the first, %d unaudited applied, %d liars never caught",
+                     res.catch_steps, res.lies_applied, res.liars_loose);
         printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined; "
-               "engine memory at most %.1f MB (its formula: %.1f)\n",
+               "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
-               res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6);
+               res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6, lies);
         printf("sim | peers %d | stages %d | steps %ld | seed %llu | tok/s %.0f | bound %.0f | "
                "best %.0f | /bound %.2f | /best %.2f | us/request %.1f | rollbacks %d | ",
                f.o.peers, r->c.stages, res.steps, (unsigned long long) f.o.seed, res.tok_s,

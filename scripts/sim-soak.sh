@@ -67,13 +67,13 @@ if [ $numeric = 1 ]; then
 fi
 
 # the numeric swarm of seed $1: its faults are one of none, kills (and the
-# joins that replace them), stalls (3 s, as SIGSTOP), both, or liars (a NaN
-# in their activations, parameters that drift, a speed 1000x their own;
-# every forward verified). Liars come without kills: a liar left alone on
-# its stage by a kill is one no check can tell (its replicas' consensus is
-# what catches a drift). Liars that send wrong finite activations are not
-# in the mix: at the last stage only the loss is verified (not its dx), so
-# they pass unseen there.
+# joins that replace them), stalls (3 s, as SIGSTOP), both, or liars (every
+# way of swarm sim --lies: NaNs, 1000x or reversed activations, drifting
+# parameters, a false speed, reversed gradient sums or input gradients, a
+# huge norm; every forward verified and every gradient sum audited, so
+# that no lie reaches an update and the losses stay swarm train's). Liars
+# come without kills: a liar left alone on its stage by a kill is one no
+# check can tell (its replicas' consensus is what catches a drift).
 numeric_flags_of() {
     h=$(( ($1 * 2654435761 + 777) % 4294967296 ))
     stages=$(pick $(( h % 89 )) 2 2 3 4)
@@ -90,7 +90,7 @@ numeric_flags_of() {
         stalls|both) more="$more --stall-every $(pick $(( h / 137 )) 2 4 8) --stall $(pick $(( h / 139 )) 1 2)" ;;
         liars) liars=$(( 1 + h / 139 % 2 ))
                peers=$(( 2 * stages + liars + h / 7 % (13 - 2 * stages - liars) ))
-               more="--liars $liars --lies nan,drift,speed --verify 1" ;;
+               more="--liars $liars --lies nan,scale,drift,shuffle,speed,grad,sumsq,dx --verify 1 --audit 1" ;;
     esac
     echo "--numeric --peers $peers --stages $stages $MODEL --batch $batch $more" \
          "--latency $latency --speeds $speeds --limit 3000 --sim-seed $1"

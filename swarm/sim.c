@@ -163,8 +163,11 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
         // comes before the engine marks it); a kill's is counted when it dies
         if (k < 3 && !pe->killed)
             sim_leaves(s, p);
-        if (k < 3 && pe->lie && !pe->caught++)
+        if (k < 3 && pe->lie && !pe->caught++) {
             s->liars_caught++;
+            long after = pe->first_lie >= 0 ? s->e->step - pe->first_lie : -1;
+            s->catch_steps = after > s->catch_steps ? after : s->catch_steps;
+        }
     }
     if (strstr(line, "lost every replica at step") && ++s->rollbacks > s->emptied)
         sim_violate(s, "a rollback no fault caused: %.*s", (int) strcspn(line, "\n"), line);
@@ -351,6 +354,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     s->o = o;
     s->model = *model;
     s->rng = o->seed;
+    s->catch_steps = -1;
     s->train_from = -1;
     s->G = c->batch / c->micro;
     for (int st = 0; st < c->stages; st++)
@@ -436,13 +440,17 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
             sim_violate(s, "%d replicas disagreed with their stage", sum.checksum_mismatches);
     }
     double secs = s->train_from >= 0 ? (double) (s->now - s->train_from) / 1000.0 : 0.0;
+    int loose = 0;
+    for (int p = 0; p < s->npeers; p++)
+        loose += s->peers[p].first_lie >= 0 && !s->peers[p].caught;
     *res = (swarm_sim_result_t) {
         .steps = sum.step - s->train_from_step, .seconds = secs,
         .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
         .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
         .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
         .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
-        .liars_caught = s->liars_caught, .copies = s->ncopies, .memory = s->memory,
+        .liars_caught = s->liars_caught, .lies_applied = s->lies_applied,
+        .catch_steps = s->catch_steps, .liars_loose = loose, .copies = s->ncopies, .memory = s->memory,
         .memory_bound = s->memory_bound,
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);

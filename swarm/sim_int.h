@@ -42,6 +42,7 @@ typedef struct {
     int lie;                 // SIM_LIE_*: a liar's bans are expected too
     long lie_from;           // the step it starts lying at
     int caught;              // the engine banned or expelled it (a liar)
+    long first_lie;          // the step of its first lying gradient sum, -1 none yet
     int copy;                // --churn: the copy of the trace it belongs to, -1 none
     void *node;              // --numeric: its node (swarm_sim_nodes_t)
     int64_t wire_free[2];    // ms: each direction of its link is free to send from then
@@ -56,6 +57,11 @@ typedef struct {
     float *grad;             // [max_stage_n] its gradient sum since the last update
     int *count;              // [G] times each micro-batch of the step went into grad
     int norm_only;           // its STEP said norm_only=1: it keeps grad for UPDATE
+    float *audit;            // [max_stage_n] another replica's share recomputed (audit=1)
+    int audit_n;             // micro-batches in it
+    long audit_step;         // the step it is of, -1 none
+    int audit_open;          // it accumulates (the next audit starts afresh)
+    long grad_sent;          // the step whose gradient sum it sent (not norm only), -1 none
 } sim_peer_t;
 
 typedef struct {
@@ -80,6 +86,10 @@ typedef struct {
     double mean_cost;        // mean of the stages' costs
     int emptied;             // faults that left a stage with no live ready honest replica
     int kills, stalls, joins, liars_caught;
+    long lied[SWARM_MAX_STAGES]; // 1 + the last step a liar's gradient sum of the stage lied in
+    long applied_at[SWARM_MAX_STAGES]; // 1 + the last step such a lie was counted applied at
+    int lies_applied;        // stage updates a lying sum reached (it was not audited)
+    long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int peers_held;          // the most peers the engine may hold at once so far (sim_memory)
     size_t memory, memory_bound; // the engine's bytes at its fullest, and its formula's then
     int rollbacks;           // the engine's, from its log

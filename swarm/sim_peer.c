@@ -14,10 +14,11 @@ static int s_lying(const sim_peer_t *pe, int how)
 }
 
 // Micro-batch i's gradient at stage s, element j: a small integer, so that
-// any sum of them is exact in fp32.
+// any sum of them is exact in fp32, and positive, so that no sum of them
+// is zero (the router refuses a zero sum of work: engine_grad_plausible).
 static float s_grad_of(int i, int s, size_t j)
 {
-    return (float) ((int) ((i * 31u + j * 7u + (unsigned) s * 13u) % 7u) - 3);
+    return (float) ((i * 31u + j * 7u + (unsigned) s * 13u) % 7u + 1u);
 }
 
 // The sum of a whole step's micro-batches at stage st (the same every
@@ -43,6 +44,51 @@ static void s_accumulate(sim_t *s, sim_peer_t *pe, int mb)
     for (size_t j = 0; j < n; j++)
         pe->grad[j] += s_grad_of(mb, pe->stage, j);
     pe->count[mb]++;
+}
+
+// audit=1 (a FWD of the last stage, a BWD elsewhere): micro-batch mb of
+// another replica's share, into pe's audit sum, as a node recomputes it.
+static void s_audit_add(sim_t *s, sim_peer_t *pe, int mb)
+{
+    size_t n = s->c->stage_n[pe->stage];
+    if (!pe->audit && !(pe->audit = calloc(s->e->max_stage_n, sizeof(float))))
+        abort();
+    if (pe->audit_step != pe->step || !pe->audit_open) {
+        memset(pe->audit, 0, n * sizeof(float));
+        pe->audit_n = 0;
+        pe->audit_step = pe->step;
+        pe->audit_open = 1;
+    }
+    for (size_t j = 0; mb >= 0 && mb < s->G && j < n; j++)
+        pe->audit[j] += s_grad_of(mb, pe->stage, j);
+    pe->audit_n++;
+}
+
+// A gradient sum of n floats to m, or as a liar sends it: pointing the
+// other way, of the same size (noted: an UPDATE it reaches is not exact).
+static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, size_t n)
+{
+    uint32_t dims[1] = { (uint32_t) n };
+    float *lie = s_lying(pe, SIM_LIE_GRAD) ? malloc(n * sizeof(float)) : NULL;
+    if (lie) {
+        s->lied[pe->stage] = pe->step + 1;
+        if (pe->first_lie < 0)
+            pe->first_lie = pe->step;
+    }
+    for (size_t j = 0; lie && j < n; j++)
+        lie[j] = -g[j];
+    if (net_msg_add_tensor(m, s->c->grad_wire, dims, 1, lie ? lie : g) != 0)
+        abort();
+    free(lie);
+}
+
+// The number of micro-batches in pe's gradient sum.
+static int s_samples(const sim_t *s, const sim_peer_t *pe)
+{
+    int k = 0;
+    for (int i = 0; i < s->G; i++)
+        k += pe->count[i];
+    return k;
 }
 
 // Every micro-batch of the step went into the sum exactly once: 0, or -1
@@ -119,20 +165,21 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
 }
 
 // An activation-shaped tensor of ones (made once), or as a liar sends it:
-// with a NaN in it, or 1000 times too large (raw f32, past the encoder's
-// checks, as a lying node's).
-static void s_add_acts(sim_t *s, const sim_peer_t *pe, net_msg_t *m)
+// with a NaN in it, 1000 times too large, or (an input gradient, dx) of
+// minus ones (raw f32, past the encoder's checks, as a lying node's).
+static void s_add_acts(sim_t *s, const sim_peer_t *pe, net_msg_t *m, int dx)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
     size_t n = (size_t) dims[0] * dims[1] * dims[2];
-    int how = s_lying(pe, SIM_LIE_NAN) ? SIM_LIE_NAN : s_lying(pe, SIM_LIE_SCALE) ? SIM_LIE_SCALE : 0;
+    int how = s_lying(pe, SIM_LIE_NAN) ? SIM_LIE_NAN : s_lying(pe, SIM_LIE_SCALE) ? SIM_LIE_SCALE
+            : dx && s_lying(pe, SIM_LIE_DX) ? SIM_LIE_DX : 0;
     float **x = how ? &s->lies[how] : &s->ones;
     if (!*x) {
         if (!(*x = malloc(n * sizeof(float))))
             abort();
         for (size_t j = 0; j < n; j++)
-            (*x)[j] = how == SIM_LIE_SCALE ? 1000.0f : 1.0f;
+            (*x)[j] = how == SIM_LIE_SCALE ? 1000.0f : how == SIM_LIE_DX ? -1.0f : 1.0f;
         if (how == SIM_LIE_NAN)
             (*x)[n / 2] = NAN;
     }
@@ -191,6 +238,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         memset(pe->grad, 0, s->c->stage_n[pe->stage] * sizeof(float));
         memset(pe->count, 0, (size_t) s->G * sizeof(int));
         pe->norm_only = 0;
+        pe->audit_step = -1;
         pe->ready = 1;
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         s_add_checksum(pe, r, NULL);
@@ -218,7 +266,9 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                  (unsigned long long) h->step, pe->step);
         return s_error(req, why);
     }
-    int last = pe->stage == S - 1, eval = s_meta_is(req, "eval");
+    int last = pe->stage == S - 1, eval = s_meta_is(req, "eval"), audit = s_meta_is(req, "audit");
+    if (audit && (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD) && pe->grad_sent != pe->step)
+        return s_error(req, "an audit before this node sent its own gradient sum");
     if (h->type == NET_MSG_FWD) {
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (last) {
@@ -226,20 +276,25 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             snprintf(meta, sizeof meta, "loss=%.9g", 5.0 - 1e-3 * (double) (h->step % 1000));
             if (net_msg_set_meta(r, meta) != 0)
                 abort();
-            if (!eval)
+            if (audit)
+                s_audit_add(s, pe, (int) h->mb);
+            else if (!eval)
                 s_accumulate(s, pe, (int) h->mb);
             if (S > 1 && !eval)
-                s_add_acts(s, pe, r);
+                s_add_acts(s, pe, r, 1);
         } else {
-            s_add_acts(s, pe, r);
+            s_add_acts(s, pe, r, 0);
         }
         return r;
     }
     if (h->type == NET_MSG_BWD) {
-        s_accumulate(s, pe, (int) h->mb);
+        if (audit)
+            s_audit_add(s, pe, (int) h->mb);
+        else
+            s_accumulate(s, pe, (int) h->mb);
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (pe->stage > 0)
-            s_add_acts(s, pe, r);
+            s_add_acts(s, pe, r, 1);
         return r;
     }
     size_t n = s->c->stage_n[pe->stage];
@@ -247,15 +302,31 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         if (s_meta_is(req, "discard")) {
             memset(pe->grad, 0, n * sizeof(float));
             memset(pe->count, 0, (size_t) s->G * sizeof(int));
+            pe->audit_step = pe->grad_sent = -1;
+            s->lied[pe->stage] = 0; // the step starts over: its lies are void
             return net_msg_reply(req, NET_MSG_RESULT);
+        }
+        if (s_meta_is(req, "audit")) {
+            if (pe->audit_step != pe->step || !pe->audit_open)
+                return s_error(req, "STEP audit=1, but no audit of this step is open here");
+            pe->audit_open = 0;
+            char meta[64];
+            snprintf(meta, sizeof meta, "samples=%d", pe->audit_n);
+            net_msg_t *r = net_msg_reply(req, NET_MSG_GRAD);
+            if (net_msg_set_meta(r, meta) != 0)
+                abort();
+            s_add_grad(s, pe, r, pe->audit, n);
+            return r;
         }
         pe->norm_only = s_meta_is(req, "norm_only");
         net_msg_t *r = net_msg_reply(req, NET_MSG_GRAD);
         double sumsq = 0.0;
         for (size_t j = 0; j < n; j++)
             sumsq += (double) pe->grad[j] * pe->grad[j];
+        if (s_lying(pe, SIM_LIE_SUMSQ))
+            sumsq = 1e300; // a norm that clips every stage's update to nothing
         char meta[128];
-        snprintf(meta, sizeof meta, "sumsq=%a\n", sumsq);
+        snprintf(meta, sizeof meta, "samples=%d\nsumsq=%a\n", s_samples(s, pe), sumsq);
         if (pe->norm_only && s_meta_is(req, "apply")) {
             if (s_exactly_once(s, pe, pe->count, pe->step) == 0) {
                 double scale = s->model.clip_scale(s->model.ctx, sqrt(s_meta_num(req, "others") + sumsq));
@@ -271,9 +342,10 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                 abort();
             return r;
         }
-        uint32_t dims[1] = { (uint32_t) n };
-        if (net_msg_add_tensor(r, s->c->grad_wire, dims, 1, pe->grad) != 0)
+        if (net_msg_set_meta(r, meta) != 0)
             abort();
+        s_add_grad(s, pe, r, pe->grad, n);
+        pe->grad_sent = pe->step;
         return r;
     }
     if (h->type == NET_MSG_UPDATE) {
@@ -288,6 +360,12 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                 abort();
             const float *want = s_step_sum(s, pe->stage);
             for (size_t j = 0; j < n; j++) {
+                if (sum[j] != want[j] && s->lied[pe->stage] == pe->step + 1) {
+                    // a liar's sum that no audit drew (counted once a stage and step)
+                    s->lies_applied += s->applied_at[pe->stage] != pe->step + 1;
+                    s->applied_at[pe->stage] = pe->step + 1;
+                    break;
+                }
                 if (sum[j] != want[j]) {
                     sim_violate(s, "step %ld, stage %d: %s's UPDATE element %zu is %g, the sum of "
                                 "the step's %d micro-batches is %g", pe->step, pe->stage, pe->name,
@@ -445,6 +523,8 @@ int sim_peer_new(sim_t *s, int copy)
         if (!pe->grad || !pe->count)
             abort();
     }
+    pe->audit_step = pe->grad_sent = -1;
+    pe->first_lie = -1;
     s->joins++;
     s_hello(s, p);
     sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL);
@@ -459,6 +539,8 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe)
     free(pe->queue.q);
     free(pe->queue.at);
     free(pe->grad);
+    free(pe->audit);
+    pe->audit = NULL;
     free(pe->count);
     pe->queue.q = NULL;
     pe->queue.at = NULL;

@@ -210,7 +210,7 @@ static void s_help(FILE *out)
         "                  with two replicas or more) recomputed, with their input\n"
         "                  gradients, by another replica, drawn with a key no peer knows;\n"
         "                  a third decides a disagreement and the liar is expelled\n"
-        "                  (default 0.3; 0 = never)\n"
+        "                  (default 0.3 in an open swarm, 0 with --allow; 0 = never)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
         "training flags (as swarm train, but without --micro-batch the router chooses it from\n"

@@ -91,7 +91,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     r->c.rebalance_every = 5.0;
     r->c.tensor_bound = 100.0;
     r->c.verify = 0.05;
-    r->c.audit = SWARM_AUDIT_DEFAULT;
+    r->c.audit = -1.0; // below: by the kind of swarm
     r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
     r->c.window_mode = SWARM_WINDOW_ALL;
     for (int i = 1; i < *argc; i++) {
@@ -156,6 +156,10 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
         i++;
     }
     *argc = out;
+    // an open swarm audits gradient sums; a private one admits only keys its
+    // owner listed, and trusts them unless --audit says otherwise
+    if (r->c.audit < 0.0)
+        r->c.audit = r->allow_path ? 0.0 : SWARM_AUDIT_DEFAULT;
     return 0;
 }
 

@@ -227,7 +227,7 @@ static int s_fwd_inputs(node_worker_t *w, const net_msg_t *req, float *scale, ch
 
 // audit=1 on a FWD (the last stage) or BWD: recompute another replica's
 // share of this step, whose gradient sum the router holds, so that it can
-// compare the two (docs/swarm.md, "Audits"). This node has sent its own sum
+// compare the two (docs/swarm.md, "A step"). This node has sent its own sum
 // already, so the gradient buffer is free: the first audit request of the
 // step clears it, and STEP audit=1 sends what they accumulated. 0, or
 // -EPROTO and why.

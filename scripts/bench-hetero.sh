@@ -13,6 +13,7 @@
 #   rebalance joins by count, rebalancing on (the router must find the split)
 #   default   joins by speed, rebalancing on (the defaults)
 #   noverify  the defaults without spot verification (--verify 0): its cost
+#   noaudit   the defaults without gradient audits (--audit 0): their cost
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
 #   halfbatch the defaults with half the batch (BATCH, default 192): what
@@ -131,6 +132,7 @@ run speed "$RUN" -- --rebalance-every 0
 run rebalance "$RUN" -- --assign even
 run default "$RUN" --
 run noverify "$RUN" -- --verify 0
+run noaudit "$RUN" -- --audit 0
 run gradfp16 "$RUN" -- --grad-wire fp16
 run auto "$RUN" -- --window auto
 run halfbatch "$RUN" -- --batch $((BATCH / 2))

@@ -172,9 +172,10 @@ enum { SWARM_WINDOW_FIXED = 0, SWARM_WINDOW_AUTO, SWARM_WINDOW_ALL }; // --windo
 
 typedef struct swarm_engine_s swarm_engine_t;
 
-// --audit's default: the fraction of replicas' gradient sums that another
-// replica recomputes (docs/swarm.md, "Audits"): a liar that lies in every
-// sum is caught within 20 steps with probability 1 - 0.7^20 > 0.999
+// --audit's default in an open swarm (a private one: 0): the fraction of
+// replicas' gradient sums that another replica recomputes (docs/swarm.md,
+// "What the router checks"): a liar that lies in every sum is caught
+// within 20 steps with probability 1 - 0.7^20 > 0.999
 #define SWARM_AUDIT_DEFAULT 0.3
 
 typedef struct {

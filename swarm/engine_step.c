@@ -274,6 +274,15 @@ void engine_consensus(swarm_engine_t *r, long step)
 void engine_step_update(swarm_engine_t *r)
 {
     double sumsq = s_grad_reduce(r);
+    if (!isfinite(sumsq) || sumsq > 1e60) {
+        // each replica's sum was finite, but together they are not (two that
+        // send +-FLT_MAX), or too large for any wire format of an UPDATE
+        // (fp16 scaled by 2^100 at most): a step no update can carry
+        engine_warn(r, "swarm router: step %ld: the replicas' gradient sums add up to a norm of "
+                    "%g, which no UPDATE can carry\n", r->step, sqrt(sumsq));
+        engine_step_restart(r, "its gradient sum cannot be sent");
+        return;
+    }
     double lr = r->io.lr_at(r->io.ctx, r->step);
     float scale = r->io.clip_scale(r->io.ctx, sqrt(sumsq));
     r->pending = 0;

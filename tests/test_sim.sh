@@ -70,6 +70,15 @@ if grep -q "3 liars (3 caught)" "$TMP/sim.out"; then
 else
     bad "not every liar was caught: $(grep "faults" "$TMP/sim.out")"
 fi
+# audits at the default rate: a liar that reverses every gradient sum is
+# caught in each of 30 seeds (the sampling rate gives 1 - 0.7^20 = 0.9992
+# within 20 steps; scripts/sim-audit.sh measures 200 seeds), and the lies
+# no audit drew are counted, never a violation of the synthetic sums
+if sh scripts/sim-audit.sh "$BUILD" 30 >"$TMP/audit.out" 2>&1; then
+    ok "$(tail -1 "$TMP/audit.out")"
+else
+    bad "audits:"; tail -5 "$TMP/audit.out"
+fi
 sim_ok "a crowd: 300 peers on 4 stages, GPUs among CPUs, one killed every 2 s" \
     --peers 300 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 --micro-batch 2 \
     --iters 10 --eval-every 0 --speeds 2000x9,50000 --kill-every 2 --save-every 5 --seed 5
@@ -116,6 +125,23 @@ sim_ok "numeric: 8 peers on 2 stages, one killed every second" --numeric --peers
     $TINY --kill-every 1 --save-every 5 --loss-log "$TMP/numeric.txt"
 grep -q " 0 killed" "$TMP/sim.out" && bad "nobody was killed: $(grep faults "$TMP/sim.out")"
 check_losses "$TMP/numeric.txt" "$TMP/train.txt" 40 "(numeric sim, $(grep -o "[0-9]* killed" "$TMP/sim.out"))"
+# the gradient path's liars with every sum audited: each caught before its
+# lie reaches an update, so the losses are still swarm train's
+# shellcheck disable=SC2086
+# (the last peer, sim8, serves the last stage: a dx liar there)
+for lies in "3 grad" "1 dx"; do
+    n=${lies% *} kind=${lies#* }
+    # shellcheck disable=SC2086
+    sim_ok "numeric: 8 peers on 2 stages, $n liars that reverse their $kind, every sum audited" \
+        --numeric --peers 8 --stages 2 $TINY --liars "$n" --lies "$kind" --audit 1 \
+        --loss-log "$TMP/numeric.txt"
+    if grep -q "$n liars ($n caught)" "$TMP/sim.out"; then
+        ok "every $kind liar caught: $(grep "faults" "$TMP/sim.out")"
+    else
+        bad "not every $kind liar was caught: $(grep "faults" "$TMP/sim.out")"
+    fi
+    check_losses "$TMP/numeric.txt" "$TMP/train.txt" 40 "(numeric sim, $kind liars)"
+done
 
 # the same seed, the same run: every byte but the engine's CPU time
 for i in 1 2; do

@@ -213,7 +213,8 @@ $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(MISBEHAVE_OBJ) $(SWARM_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 
-check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave $(BUILD)/wanproxy
+check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave $(BUILD)/wanproxy \
+           $(BUILD)/bgpt_diff
 	@sh tests/run.sh $(BUILD)
 
 
@@ -246,6 +247,10 @@ $(BUILD)/rogue: $(BUILD)/obj/tests/rogue.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
 $(BUILD)/garbage: $(BUILD)/obj/tests/garbage.o $(NET_OBJ)
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(LIBS) -o $@
+
+# the tests' comparison of two weight files (tests/test_audit.sh)
+$(BUILD)/bgpt_diff: $(BUILD)/obj/tests/bgpt_diff.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ)
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 
 # a TCP relay that emulates a slow, far, lossy link where the kernel has no
 # netem (scripts/wan-swarm.sh); it knows nothing of swarm

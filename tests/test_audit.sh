@@ -1,0 +1,135 @@
+#!/bin/sh
+# test_audit.sh BUILD - liars in the gradient path, with real processes
+# (BUILD/swarm-misbehave --misbehave MODE@STEP). First run: four honest
+# nodes and two liars on 2 stages of three replicas each, --audit 1 (every
+# gradient sum recomputed by another replica): one liar sends its gradient
+# sums pointing the other way (grad), one the true loss with its input
+# gradients reversed (dx). Each is named in one log line and expelled at
+# the step of its first lie, that step starts over, every step's loss
+# equals `swarm train`'s (1e-4 relative) and the final model.bgpt its
+# weights (1e-4). Second run: a stage's only replica claims a gradient
+# norm of 1e150 a micro-batch (sumsq), which would clip every stage's
+# update to nothing: it is banned, its stage rolls back, an honest node
+# takes its place, and the losses are swarm train's again. Ends with
+# "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+LIAR="$BUILD/swarm-misbehave"
+. tests/lib.sh
+
+ITERS=40
+tiny_reference "$ITERS" 1e-3 12
+# shellcheck disable=SC2086
+"$SWARM" train $TINY --threads 1 --quiet --save "$TMP/train" >/dev/null 2>&1 \
+    || bad "swarm train --save failed"
+"$SWARM" keygen "$TMP/router" >/dev/null
+
+# start_node NAME BINARY [FLAGS...], then wait until the router assigned it
+start_node() {
+    name=$1 bin=$2
+    shift 2
+    "$SWARM" keygen "$TMP/$name" >/dev/null
+    "$bin" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$name" \
+        --threads 1 --name "$name" --slowdown 4 "$@" >"$TMP/$name.log" 2>&1 &
+    pids="$pids $!"
+    for _ in $(seq 1 300); do
+        grep -q "($name, .*) joins stage" "$log" && return 0
+        sleep 0.05
+    done
+    bad "$name was never assigned"
+}
+
+# expect NAME PATTERN WHAT: the log says it caught NAME
+expect() {
+    line=$(grep -E "\($1\) $2" "$log" | head -n 1)
+    if [ -n "$line" ]; then ok "$3: ${line#swarm router: }"; else bad "$3: no line matching '$2'"; fi
+}
+
+# ---- grad and dx: caught by audits ----
+log="$TMP/router.log"
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 6 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 0 --verify 0 --audit 1 \
+    --save "$TMP/ck" --loss-log "$TMP/swarm.txt" --log-every 1 >"$log" 2>&1 &
+router=$!
+pids="$router"
+endpoint=$(wait_endpoint "$log")
+# joins alternate between the stages (--assign even): a liar and two honest
+# replicas on each, so that a third replica decides every dispute
+start_node honest0 "$SWARM"
+start_node honest1 "$SWARM"
+start_node honest2 "$SWARM"
+start_node honest3 "$SWARM"
+start_node grad "$LIAR" --misbehave grad@3
+start_node dx "$LIAR" --misbehave dx@3
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
+wait "$router"
+rc=$?
+
+expect grad "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
+    "gradient sums pointing the other way are caught by an audit"
+expect dx "(returned|recomputed) a stage 1 gradient that two replicas contradict: expelled for the run" \
+    "the true loss with reversed input gradients is caught by an audit"
+# the first dispute a liar is in is at the step of its first lie: every
+# sum is audited, so none of its lies reaches an update
+for liar in grad dx; do
+    at=$(grep "does not reproduce the gradient of .*($liar)\|($liar) does not reproduce" "$log" \
+        | head -n 1 | sed -n 's/^swarm router: step \([0-9]*\): .*/\1/p')
+    if [ "$at" = 3 ]; then
+        ok "$liar is caught at the step of its first lie (step $at)"
+    else
+        bad "$liar: first caught at step '${at:-never}', its first lie was at step 3"
+    fi
+done
+if [ "$(grep -c "starting the step over (a peer whose gradient it used was caught lying)" "$log")" -ge 1 ]; then
+    ok "the step the liars fed was started over"
+else
+    bad "no step was started over after a liar was caught"
+fi
+if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
+    ok "router finished $ITERS steps: $(grep -o 'gradient sums audited.*' "$log")"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "despite the liars"
+if line=$("$BUILD/bgpt_diff" "$TMP/ck/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
+    ok "the final model.bgpt is swarm train's: $line"
+else
+    bad "the final model differs from swarm train's: $line"
+fi
+# with --assign even and no moves, two honest replicas serve each stage
+# throughout: no stage is ever left without one, so no rollback
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 grad dx
+
+# ---- sumsq: a stage's only replica, caught by the norm bound ----
+log="$TMP/router2.log"
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 0 --save "$TMP/ck2" --save-every 5 \
+    --loss-log "$TMP/swarm2.txt" --log-every 1 >"$log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$log")
+start_node honest4 "$SWARM"
+start_node sumsq "$LIAR" --misbehave sumsq@8
+if wait_grep "$log" "(sumsq) sent a gradient sum of norm .* a micro-batch" 120; then
+    start_node honest5 "$SWARM"
+else
+    bad "the sumsq liar was not caught within 120 s"
+fi
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
+wait "$router"
+rc=$?
+expect sumsq "sent a gradient sum of norm [0-9.e+]* a micro-batch, .*x the stage's median .*: banned for" \
+    "a norm 1e150 times too large from a stage's only replica is refused and its sender banned"
+if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
+    ok "router finished $ITERS steps: $(grep -c 'rolling back' "$log") rollbacks"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+check_losses "$TMP/swarm2.txt" "$TMP/train.txt" "$ITERS" "after the rollback the liar caused"
+rb=$(log_emptied "$log")
+check_log "the log: no honest node lost, banned or expelled; $rb rollbacks (stages the liar emptied)" \
+    "$log" "$rb" sumsq
+
+lib_done

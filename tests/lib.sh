@@ -172,6 +172,25 @@ start_ckpt_router() {
     pids="$pids $router"
 }
 
+# start_node LOG NAME BINARY [FLAGS...]: a node of BINARY (swarm, or the
+# test build swarm-misbehave) keyed $TMP/NAME joins the router at $endpoint
+# (key $TMP/router.pub) with one thread, --slowdown ${SLOWDOWN:-8}, its log
+# in $TMP/NAME.log; returns once the router's LOG says it was assigned
+start_node() {
+    sn_log=$1 sn_name=$2 sn_bin=$3
+    shift 3
+    "$BUILD/swarm" keygen "$TMP/$sn_name" >/dev/null
+    # shellcheck disable=SC2154 # endpoint: the caller's (wait_endpoint)
+    "$sn_bin" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$sn_name" \
+        --threads 1 --name "$sn_name" --slowdown "${SLOWDOWN:-8}" "$@" >"$TMP/$sn_name.log" 2>&1 &
+    pids="$pids $!"
+    for _ in $(seq 1 300); do
+        grep -q "($sn_name, .*) joins stage" "$sn_log" && return 0
+        sleep 0.05
+    done
+    bad "$sn_name was never assigned"
+}
+
 # check_losses LOG TRAIN N WHAT: ok/bad on losses_match, showing the first
 # differing lines
 check_losses() {

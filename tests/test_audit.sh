@@ -24,20 +24,7 @@ tiny_reference "$ITERS" 1e-3 12
     || bad "swarm train --save failed"
 "$SWARM" keygen "$TMP/router" >/dev/null
 
-# start_node NAME BINARY [FLAGS...], then wait until the router assigned it
-start_node() {
-    name=$1 bin=$2
-    shift 2
-    "$SWARM" keygen "$TMP/$name" >/dev/null
-    "$bin" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$name" \
-        --threads 1 --name "$name" --slowdown 4 "$@" >"$TMP/$name.log" 2>&1 &
-    pids="$pids $!"
-    for _ in $(seq 1 300); do
-        grep -q "($name, .*) joins stage" "$log" && return 0
-        sleep 0.05
-    done
-    bad "$name was never assigned"
-}
+SLOWDOWN=4
 
 # expect NAME PATTERN WHAT: the log says it caught NAME
 expect() {
@@ -56,12 +43,12 @@ pids="$router"
 endpoint=$(wait_endpoint "$log")
 # joins alternate between the stages (--assign even): a liar and two honest
 # replicas on each, so that a third replica decides every dispute
-start_node honest0 "$SWARM"
-start_node honest1 "$SWARM"
-start_node honest2 "$SWARM"
-start_node honest3 "$SWARM"
-start_node grad "$LIAR" --misbehave grad@3
-start_node dx "$LIAR" --misbehave dx@3
+start_node "$log" honest0 "$SWARM"
+start_node "$log" honest1 "$SWARM"
+start_node "$log" honest2 "$SWARM"
+start_node "$log" honest3 "$SWARM"
+start_node "$log" grad "$LIAR" --misbehave grad@3
+start_node "$log" dx "$LIAR" --misbehave dx@3
 wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
 wait "$router"
 rc=$?
@@ -110,10 +97,10 @@ SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127
 router=$!
 pids="$pids $router"
 endpoint=$(wait_endpoint "$log")
-start_node honest4 "$SWARM"
-start_node sumsq "$LIAR" --misbehave sumsq@8
+start_node "$log" honest4 "$SWARM"
+start_node "$log" sumsq "$LIAR" --misbehave sumsq@8
 if wait_grep "$log" "(sumsq) sent a gradient sum of norm .* a micro-batch" 120; then
-    start_node honest5 "$SWARM"
+    start_node "$log" honest5 "$SWARM"
 else
     bad "the sumsq liar was not caught within 120 s"
 fi

@@ -37,30 +37,16 @@ router=$!
 pids="$router"
 endpoint=$(wait_endpoint "$TMP/router.log")
 
-# start_node NAME BINARY [FLAGS...], then wait until the router assigned it
-start_node() {
-    name=$1 bin=$2
-    shift 2
-    "$SWARM" keygen "$TMP/$name" >/dev/null
-    "$bin" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$name" \
-        --threads 1 --name "$name" --slowdown 8 "$@" >"$TMP/$name.log" 2>&1 &
-    pids="$pids $!"
-    for _ in $(seq 1 300); do
-        grep -q "($name, .*) joins stage" "$TMP/router.log" && return 0
-        sleep 0.05
-    done
-    bad "$name was never assigned"
-}
 # joins alternate between the stages (--assign even): liars on both
-start_node honest0 "$SWARM"
-start_node honest1 "$SWARM"
-start_node scale "$LIAR" --misbehave scale@4
-start_node nan "$LIAR" --misbehave nan@4
-start_node drift "$LIAR" --misbehave drift@3
-start_node flood "$LIAR" --misbehave flood@2
-start_node speed "$LIAR" --misbehave speed
-start_node honest2 "$SWARM"
-start_node shuffle "$LIAR" --misbehave shuffle@5
+start_node "$TMP/router.log" honest0 "$SWARM"
+start_node "$TMP/router.log" honest1 "$SWARM"
+start_node "$TMP/router.log" scale "$LIAR" --misbehave scale@4
+start_node "$TMP/router.log" nan "$LIAR" --misbehave nan@4
+start_node "$TMP/router.log" drift "$LIAR" --misbehave drift@3
+start_node "$TMP/router.log" flood "$LIAR" --misbehave flood@2
+start_node "$TMP/router.log" speed "$LIAR" --misbehave speed
+start_node "$TMP/router.log" honest2 "$SWARM"
+start_node "$TMP/router.log" shuffle "$LIAR" --misbehave shuffle@5
 
 # an expelled peer's ban never ends (banned_s null, expelled true: no inf);
 # swarm status refuses what is not JSON, so both of its forms reading the

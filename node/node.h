@@ -434,6 +434,8 @@ int cmd_status(int argc, char **argv);
 // BLAKE2b-256 of the stage's parameters (little-endian float32) in hex:
 // what replicas compare after every step (docs/swarm.md).
 void node_stage_checksum(node_stage_t *self, char hex[65]);
+// The same of n parameters anywhere (the router checks a state it is sent).
+void node_params_checksum(const float *params, size_t n, char hex[65]);
 
 // The corpus built into the binary (swarm's own docs and sources).
 const uint8_t *node_corpus(size_t *n);

@@ -308,13 +308,19 @@ static int s_listen(router_t *r, char *err, size_t n)
 }
 
 // The engine, with this shell doing what it decides.
+static void s_io_checksum(void *ctx, const float *params, size_t n, char hex[65])
+{
+    (void) ctx;
+    node_params_checksum(params, n, hex);
+}
+
 static int s_engine(router_t *r, char *err, size_t n)
 {
     swarm_engine_io_t io = {
         .ctx = r, .send = s_io_send, .log = router_io_log, .trace = r->trace ? router_io_trace : NULL,
         .lr_at = router_io_lr_at, .clip_scale = router_io_clip_scale, .stepped = router_io_stepped,
         .evaluated = s_io_evaluated, .checkpoint = s_io_checkpoint,
-        .checkpoint_wait = s_io_checkpoint_wait,
+        .checkpoint_wait = s_io_checkpoint_wait, .checksum = s_io_checksum,
     };
     r->curve = calloc((size_t) r->hp.iters + 1, sizeof(float));
     if (!r->curve) {

@@ -25,7 +25,7 @@ typedef struct {
 } sim_flags_t;
 
 static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
-                                                    "grad", "sumsq", "dx" };
+                                                    "grad", "sumsq", "dx", "state" };
 
 static void s_help(FILE *out)
 {
@@ -60,7 +60,8 @@ static void s_help(FILE *out)
         "  --stall S          for this long (default 3)\n"
         "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
-        "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx\n"
+        "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx,\n"
+        "                     state\n"
         "                     (default: all of them)\n"
         "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
         "                     tiled over --peers (copies at phases of the trace)\n"
@@ -124,7 +125,7 @@ static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
             k++;
         if (k == SIM_LIES)
             return s_bad(err, n, "--lies", v, "ways from nan, scale, drift, shuffle, speed, "
-                         "grad, sumsq, dx, comma-separated");
+                         "grad, sumsq, dx, state, comma-separated");
         f->o.lies |= 1u << k;
         p += len + (p[len] == ',');
     }
@@ -255,12 +256,19 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
 
 // ---- --numeric: each peer a node/worker.c -------------------------------------
 
+// A state's checksum, as the nodes compute it
+static void s_checksum(void *ctx, const float *params, size_t n, char hex[65])
+{
+    (void) ctx;
+    node_params_checksum(params, n, hex);
+}
+
 static void *s_node_open(void *ctx, int peer, int lie, long from)
 {
     static const int lies[SIM_LIES] = { [SIM_LIE_NAN] = NODE_LIE_NAN,
         [SIM_LIE_SCALE] = NODE_LIE_SCALE, [SIM_LIE_DRIFT] = NODE_LIE_DRIFT,
         [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE, [SIM_LIE_GRAD] = NODE_LIE_GRAD,
-        [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX };
+        [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX, [SIM_LIE_STATE] = NODE_LIE_STATE };
     (void) peer;
     node_worker_config_t c = { .be = ctx, .cache_mb = 512, .slowdown = 1.0 };
     node_worker_t *w = node_worker_new(&c);
@@ -368,7 +376,8 @@ int cmd_sim(int argc, char **argv)
                                     .lr_at = router_io_lr_at,
                                     .clip_scale = router_io_clip_scale,
                                     .stepped = router_io_stepped,
-                                    .trace = r->trace ? router_io_trace : NULL };
+                                    .trace = r->trace ? router_io_trace : NULL,
+                                    .checksum = s_checksum };
         if (rc == 0) {
             rc = swarm_sim_run(&r->c, &f.o, &model, &res, err, sizeof err);
             r->c.params = r->c.m = r->c.v = NULL; // the engine's, freed with it

@@ -427,10 +427,15 @@ int node_stage_backward(node_stage_t *self, node_acts_t *a, const float *dy, flo
     return s_backward_out(self, a, dx);
 }
 
-void node_stage_checksum(node_stage_t *self, char hex[65])
+void node_params_checksum(const float *params, size_t n, char hex[65])
 {
     unsigned char digest[32];
-    crypto_generichash(digest, sizeof digest, (const unsigned char *) self->params,
-                       self->n * sizeof(float), NULL, 0);
+    crypto_generichash(digest, sizeof digest, (const unsigned char *) params, n * sizeof(float),
+                       NULL, 0);
     sodium_bin2hex(hex, 65, digest, sizeof digest);
+}
+
+void node_stage_checksum(node_stage_t *self, char hex[65])
+{
+    node_params_checksum(self->params, self->n, hex);
 }

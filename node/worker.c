@@ -531,6 +531,13 @@ static int s_state_load(node_worker_t *w, const net_msg_t *req, char *err, size_
         rc = worker_vector_get(w, req, 1, node_stage_moment1(w->stage), "first moments", err, n);
     if (rc == 0)
         rc = worker_vector_get(w, req, 2, node_stage_moment2(w->stage), "second moments", err, n);
+    const float *v = node_stage_moment2(w->stage);
+    for (size_t j = 0; rc == 0 && j < node_stage_param_count(w->stage); j++) {
+        if (!(v[j] >= 0.0f)) { // AdamW would take its square root
+            snprintf(err, n, "second moment %zu is %g: a STATE's second moments are >= 0", j, v[j]);
+            rc = -EPROTO;
+        }
+    }
     if (rc == 0 && (rc = node_stage_params_changed(w->stage)) != 0)
         snprintf(err, n, "cannot upload the parameters to %s: %s", w->c.be->device, strerror(-rc));
     return rc;
@@ -570,10 +577,17 @@ static int s_on_state_get(node_worker_t *w, const net_msg_t *req, net_msg_t **re
     uint32_t dims[1] = { (uint32_t) node_stage_param_count(w->stage) };
     const float *parts[3] = { node_stage_params(w->stage), node_stage_moment1(w->stage),
                               node_stage_moment2(w->stage) };
+    float *lie = worker_lying(w, NODE_LIE_STATE) ? malloc(dims[0] * sizeof(float)) : NULL;
+    if (lie) { // parameters other than those its checksum is of
+        memcpy(lie, parts[0], dims[0] * sizeof(float));
+        lie[0] += 1.0f;
+        parts[0] = lie;
+    }
     *reply = s_msg_reply(req, NET_MSG_STATE);
     net_msg_head(*reply)->step = (uint64_t) w->step;
     for (int i = 0; i < 3 && rc == 0; i++)
         rc = net_msg_add_tensor(*reply, NET_DTYPE_F32, dims, 1, parts[i]);
+    free(lie);
     if (rc != 0)
         snprintf(err, n, "cannot send the state: %s",
                  rc == -EDOM ? "it holds a NaN or infinite value" : strerror(-rc));

@@ -15,9 +15,10 @@
 // its activations, activations 1000x too large, the right values in the
 // wrong places, parameters that drift from its replicas' after each update;
 // a gradient sum pointing the other way (grad), a norm-only sum of squares
-// of 1e300 (sumsq), the true loss with its input gradient reversed (dx).
+// of 1e300 (sumsq), the true loss with its input gradient reversed (dx),
+// a stage state other than the one its checksum is of (state).
 enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE,
-       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX };
+       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE };
 
 typedef struct node_worker_s node_worker_t;
 

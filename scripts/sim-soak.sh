@@ -90,7 +90,7 @@ numeric_flags_of() {
         stalls|both) more="$more --stall-every $(pick $(( h / 137 )) 2 4 8) --stall $(pick $(( h / 139 )) 1 2)" ;;
         liars) liars=$(( 1 + h / 139 % 2 ))
                peers=$(( 2 * stages + liars + h / 7 % (13 - 2 * stages - liars) ))
-               more="--liars $liars --lies nan,scale,drift,shuffle,speed,grad,sumsq,dx --verify 1 --audit 1" ;;
+               more="--liars $liars --lies nan,scale,drift,shuffle,speed,grad,sumsq,dx,state --verify 1 --audit 1" ;;
     esac
     echo "--numeric --peers $peers --stages $stages $MODEL --batch $batch $more" \
          "--latency $latency --speeds $speeds --limit 3000 --sim-seed $1"

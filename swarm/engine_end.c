@@ -24,9 +24,9 @@ static void s_progress(swarm_engine_t *r, double lr)
         r->io.stepped(r->io.ctx, &st);
 }
 
-// Between steps: STATE_GET to the slowest ready replica of each stage (the
-// read takes about as long on any, and the slowest one's time is worth
-// least to the stage). It queues behind the step's UPDATE at each node, so
+// Between steps: STATE_GET to a ready replica of each stage, drawn at
+// random with the run's secret key (a liar cannot make itself the source;
+// the state it sends is checked against the checksum it reported). It queues behind the step's UPDATE at each node, so
 // every answer holds the state after it, and the next step starts at once
 // (the node serves the work queued behind it first and reads its state in
 // a gap): a checkpoint stalls no step (the run's last waits for its own).
@@ -41,11 +41,11 @@ static void s_ckpt_begin(swarm_engine_t *r)
     r->ck_step = r->step;
     r->ck_lost = 0;
     for (int s = 0; s < r->stages; s++) {
-        int from = -1, sent = 0;
-        for (int p = 0; p < r->npeers; p++)
-            if (r->peers[p].state == P_READY && !r->peers[p].failed && r->peers[p].stage == s
-                && (from < 0 || r->peers[p].tok_s < r->peers[from].tok_s))
-                from = p;
+        int from = -1, sent = 0, n = r->ready[s].n;
+        for (int k = 0; k < n && from < 0; k++) { // from the drawn one on, the first not failed
+            int p = r->ready[s].peer[((int) (engine_draw(r, DRAW_SOURCE, s, 0) * n) + k) % n];
+            from = r->peers[p].failed ? -1 : p;
+        }
         if (from >= 0) {
             net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
             net_msg_head(g)->stage = (uint32_t) s;

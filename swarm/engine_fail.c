@@ -126,6 +126,9 @@ static void s_rollback(swarm_engine_t *r, int s)
                 "step %ld%s\n", s, r->step, r->ckpt_step,
                 r->o.save ? "" : " (the start: run with --save DIR to keep checkpoints)");
     engine_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
+    // the gradient norms of the steps ahead of the checkpoint say nothing of
+    // the steps the swarm runs again (early ones are larger)
+    memset(r->norms_n, 0, sizeof r->norms_n);
     for (int i = 0; i < r->req_slots; i++)
         if (engine_req_at(r, i)->id)
             engine_req_done(r, engine_req_at(r, i)); // (engine_req_done frees the slot: the loop goes on)

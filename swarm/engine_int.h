@@ -381,7 +381,7 @@ int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf
 int engine_meta_add(net_msg_t *m, const char *line);
 // A uniform draw in [0, 1) from the run's secret key, the step, the
 // attempt at it and (what, a, b): DRAW_*.
-enum { DRAW_SPOT = 1, DRAW_AUDIT };
+enum { DRAW_SPOT = 1, DRAW_AUDIT, DRAW_SOURCE };
 double engine_draw(const swarm_engine_t *r, int what, long a, long b);
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
 // Every change of a peer's state goes through here (its stage changes only
@@ -414,8 +414,8 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_spot_lost(swarm_engine_t *r, const req_t *q);
 // Start the current step over: every replica drops what it accumulated.
 void engine_step_restart(swarm_engine_t *r, const char *why);
-int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, char *why,
-                          size_t wn);
+int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, int alone,
+                          char *why, size_t wn);
 int engine_share(const swarm_engine_t *r, int p, int s);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
 void engine_audits_turn(swarm_engine_t *r);

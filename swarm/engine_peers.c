@@ -479,14 +479,17 @@ void engine_joins(swarm_engine_t *r)
             s_ignore(s_send_state(r, p, r->params, r->m, r->v));
             continue;
         }
-        const engine_ready_t *from = &r->ready[pe->stage]; // the first ready replica
+        // a ready replica drawn with the run's secret key: a liar cannot make
+        // itself the source (and the state is checked against its checksum)
+        const engine_ready_t *from = &r->ready[pe->stage];
         if (from->n > 0) {
+            int k = (int) (engine_draw(r, DRAW_SOURCE, pe->stage, pe->id) * from->n) % from->n;
             net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
             net_msg_head(g)->stage = (uint32_t) pe->stage;
             // the reply is forwarded to the joiner: remember it in mb. Held
             // until its state arrives; a send that failed holds nothing (the
             // replica is found dead, and the joiner asks again)
-            if (engine_send(r, from->peer[0], &g, R_STATE_GET, p, pe->stage) == 0)
+            if (engine_send(r, from->peer[k], &g, R_STATE_GET, p, pe->stage) == 0)
                 pe->inflight++;
         }
     }

@@ -4,12 +4,47 @@
  */
 #include "engine_int.h"
 
-// A STATE reply: for a checkpoint (q->mb < 0) or to forward to a joiner.
+// A stage state from replica p (STATE, checked for shape), decoded into
+// dst[0..2] (params, m, v; one buffer may serve all three): its parameters
+// hash to the checksum p reported for them (after the update the state is
+// of) and its second moments are >= 0. 0, or -EPROTO and why.
+static int s_state_true(swarm_engine_t *r, int p, const msg_in_t *e, int s, float *const dst[3],
+                        char *why, size_t wn)
+{
+    size_t n = r->stage_n[s];
+    for (int i = 0; i < 3; i++) {
+        if (net_msg_tensor(e->msg, i, dst[i], n) != 0) {
+            snprintf(why, wn, "sent a stage state that does not decode");
+            return -EPROTO;
+        }
+        char hex[65];
+        if (i == 0 && r->io.checksum) {
+            r->io.checksum(r->io.ctx, dst[0], n, hex);
+            if (strcmp(hex, r->peers[p].checksum) != 0) {
+                snprintf(why, wn, "sent a stage state whose checksum %.16s is not the %.16s it "
+                         "reported", hex, r->peers[p].checksum);
+                return -EPROTO;
+            }
+        }
+        for (size_t j = 0; i == 2 && j < n; j++) {
+            if (!(dst[2][j] >= 0.0f)) {
+                snprintf(why, wn, "sent a stage state with a negative second moment (element %zu)", j);
+                return -EPROTO;
+            }
+        }
+    }
+    return 0;
+}
+
+// A STATE reply: for a checkpoint (q->mb < 0: its part, into ck_state) or
+// to forward to a joiner (checked in a scratch buffer), once it is shown
+// true; a replica whose state is not is expelled.
 static int s_on_state(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     const net_msg_t *m = e->msg;
     int s = q->stage;
-    size_t n = r->stage_n[s], off = r->stage_off[s];
+    size_t np = r->nparams, off = r->stage_off[s];
+    char why[160];
     if (q->mb >= 0) {
         peer_t *joiner = &r->peers[q->mb];
         joiner->inflight--;
@@ -17,18 +52,24 @@ static int s_on_state(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
             return 0;
         if (e->head->step != (uint64_t) r->step)
             return 0; // not the state this step starts from: asked again between steps
+        if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
+            abort();
+        float *const scratch[3] = { r->audit_sum, r->audit_sum, r->audit_sum };
+        if (s_state_true(r, q->peer, e, s, scratch, why, sizeof why) != 0) {
+            engine_peer_expel(r, q->peer, why); // the joiner asks another between steps
+            return 0;
+        }
         net_msg_t *fwd = net_msg_dup(m); // its header step: the updates it holds
         if (!fwd)
             return -ENOMEM;
         net_msg_head(fwd)->flags = 0;
         return engine_send(r, q->mb, &fwd, R_STATE, -1, s);
     }
-    size_t np = r->nparams;
-    for (int i = 0; i < 3; i++) {
-        if (net_msg_tensor(m, i, r->ck_state + i * np + off, n) != 0) {
-            engine_ckpt_part(r, 0);
-            return -EPROTO;
-        }
+    float *const parts[3] = { r->ck_state + off, r->ck_state + np + off, r->ck_state + 2 * np + off };
+    if (s_state_true(r, q->peer, e, s, parts, why, sizeof why) != 0) {
+        engine_ckpt_part(r, 0); // this checkpoint is skipped
+        engine_peer_expel(r, q->peer, why);
+        return 0;
     }
     engine_ckpt_part(r, 1);
     return 0;
@@ -120,7 +161,7 @@ static int s_check_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e, ch
             snprintf(why, wn, "sent no finite gradient norm");
             return -EPROTO;
         }
-        return engine_grad_plausible(r, s, y->samples, y->sumsq, why, wn) ? -EPROTO : 0;
+        return engine_grad_plausible(r, s, y->samples, y->sumsq, 1, why, wn) ? -EPROTO : 0;
     }
     // the largest stage's size: a peer may move between stages
     if (!pe->grad && !(pe->grad = malloc(r->max_stage_n * sizeof(float))))
@@ -130,8 +171,9 @@ static int s_check_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e, ch
     double sumsq = 0.0;
     for (size_t j = 0; j < r->stage_n[s]; j++)
         sumsq += (double) pe->grad[j] * pe->grad[j];
-    int rc = engine_grad_plausible(r, s, y->samples, sumsq, why, wn);
-    if (rc == -ERANGE && r->audit_rate > 0.0 && engine_ready_count(r, s) >= 2) {
+    int others = engine_ready_count(r, s) >= 2 && r->audit_rate > 0.0; // to recompute it
+    int rc = engine_grad_plausible(r, s, y->samples, sumsq, !others, why, wn);
+    if (rc == -ERANGE && others) {
         engine_audit_force(r, q->peer, s, why); // its inputs may be what lied
         return 0;
     }
@@ -225,6 +267,20 @@ static int s_outputs_used(const swarm_engine_t *r, int p)
     return 0;
 }
 
+// A joiner's checksum after it loaded its stage's state: the one a ready
+// replica of its stage holds (any, when the stage has none yet).
+static int s_checksum_agrees(const swarm_engine_t *r, int p, const char *checksum)
+{
+    int s = r->peers[p].stage, ready = 0;
+    for (int k = 0; s >= 0 && k < r->ready[s].n; k++) {
+        const peer_t *pe = &r->peers[r->ready[s].peer[k]];
+        ready++;
+        if (!strcmp(pe->checksum, checksum))
+            return 1;
+    }
+    return ready == 0;
+}
+
 // A reply: checked first; a peer that answers wrongly fails (banned, and
 // the request's work goes to another replica with the rest of its work).
 // One whose answer was a lie (not a refusal) may have lied before in the
@@ -278,6 +334,11 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
             // loaded a state the swarm has moved past, or the step's update
             // has begun without it: it would be behind; fetch again between
             // steps
+            break;
+        }
+        if (!s_checksum_agrees(r, p, e->reply.checksum)) {
+            engine_peer_fail(r, p, "loaded its stage's state but reports checksum %.16s, not its "
+                             "replicas'", e->reply.checksum);
             break;
         }
         engine_peer_state(r, p, P_READY);

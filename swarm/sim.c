@@ -179,6 +179,21 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
         s->model.log(s->model.ctx, to_stderr, line);
 }
 
+// A state's checksum: as the real nodes compute it (--numeric), or as the
+// simulated ones do.
+static void s_io_checksum(void *ctx, const float *params, size_t n, char hex[65])
+{
+    sim_t *s = ctx;
+    s->model.checksum(s->model.ctx, params, n, hex);
+}
+
+static void s_io_sim_checksum(void *ctx, const float *params, size_t n, char hex[65])
+{
+    (void) ctx;
+    (void) n; // (a stage holds SIM_STATE_FLOATS at least)
+    sim_state_checksum(params, hex);
+}
+
 static void s_io_stepped(void *ctx, const swarm_engine_step_t *step)
 {
     sim_t *s = ctx;
@@ -364,7 +379,9 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     swarm_engine_io_t io = { .ctx = s, .send = s_io_send, .log = s_io_log, .lr_at = s_io_lr,
                              .clip_scale = s_io_clip,
                              .stepped = model->stepped ? s_io_stepped : NULL,
-                             .trace = model->trace ? s_io_trace : NULL };
+                             .trace = model->trace ? s_io_trace : NULL,
+                             .checksum = o->nodes ? (model->checksum ? s_io_checksum : NULL)
+                                                  : s_io_sim_checksum };
     int rc = swarm_engine_new(c, &io, 0, &s->e, err, errlen);
     if (rc != 0) {
         free(s);

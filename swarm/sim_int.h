@@ -107,6 +107,9 @@ double sim_uniform(sim_t *s);
 void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // a simulated peer (sim_peer.c)
 void sim_serve(sim_t *s, int p);
+// The checksum a simulated peer reports for its state (the first
+// SIM_STATE_FLOATS floats of what its STATE_GET sends)
+void sim_state_checksum(const float *state, char hex[65]);
 void sim_heartbeat(sim_t *s, int p);
 int sim_peer_new(sim_t *s, int copy);
 void sim_peer_free(sim_t *s, sim_peer_t *pe);

@@ -243,6 +243,10 @@ typedef struct {
     // are until checkpoint_wait returns, which the engine calls first)
     void (*checkpoint)(void *ctx, long step, const float *params, const float *m, const float *v);
     void (*checkpoint_wait)(void *ctx);
+    // the checksum of a stage's parameters as its nodes compute it (64 hex
+    // digits): a state a replica sends (a checkpoint's part, a joiner's) is
+    // checked against the checksum it reported; NULL: not checked
+    void (*checksum)(void *ctx, const float *params, size_t n, char hex[65]);
 } swarm_engine_io_t;
 
 // What a run did, for its summary lines.
@@ -309,9 +313,10 @@ typedef struct {
 // places (--numeric only: constants reversed are the same), parameters
 // that drift from its replicas' after each update, a speed 1000x its own,
 // a gradient sum pointing the other way, a norm-only sum of squares of
-// 1e300, input gradients pointing the other way (NODE_LIE_* of worker.h).
+// 1e300, input gradients pointing the other way, a state other than the one
+// its checksum is of (NODE_LIE_* of worker.h).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
-       SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIES };
+       SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIES };
 
 // A churn trace (swarm_sim_churn_load): how many of its machines were up,
 // as a step function of time.

@@ -10,8 +10,10 @@
 # weights (1e-4). Second run: a stage's only replica claims a gradient
 # norm of 1e150 a micro-batch (sumsq), which would clip every stage's
 # update to nothing: it is banned, its stage rolls back, an honest node
-# takes its place, and the losses are swarm train's again. Ends with
-# "N passed, N failed".
+# takes its place, and the losses are swarm train's again. Third run: a
+# replica sends, when a checkpoint reads its stage's state, parameters other
+# than those its checksum is of (state): it is expelled, and the losses and
+# the final model are swarm train's. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
@@ -118,5 +120,37 @@ check_losses "$TMP/swarm2.txt" "$TMP/train.txt" "$ITERS" "after the rollback the
 rb=$(log_emptied "$log")
 check_log "the log: no honest node lost, banned or expelled; $rb rollbacks (stages the liar emptied)" \
     "$log" "$rb" sumsq
+
+# ---- state: a replica whose state is not the one its checksum is of ----
+log="$TMP/router3.log"
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 3 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 0 --save "$TMP/ck3" --save-every 1 \
+    --loss-log "$TMP/swarm3.txt" --log-every 1 >"$log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$log")
+start_node "$log" honest6 "$SWARM"
+start_node "$log" honest7 "$SWARM"
+start_node "$log" state "$LIAR" --misbehave state@2
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
+wait "$router"
+rc=$?
+# a checkpoint every step, each stage's part read from a replica drawn at
+# random: the liar's turn comes
+expect state "sent a stage state whose checksum [0-9a-f]* is not the [0-9a-f]* it reported: expelled for the run" \
+    "a state other than the one its checksum is of is refused and its sender expelled"
+if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
+    ok "router finished $ITERS steps: $(grep -c 'checkpoint of step .* skipped' "$log") checkpoints skipped"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+check_losses "$TMP/swarm3.txt" "$TMP/train.txt" "$ITERS" "with a liar among the checkpoints' sources"
+if line=$("$BUILD/bgpt_diff" "$TMP/ck3/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
+    ok "the final model.bgpt is swarm train's: $line"
+else
+    bad "the final model differs from swarm train's: $line"
+fi
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 state
 
 lib_done

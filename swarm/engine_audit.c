@@ -189,6 +189,22 @@ static int s_verifier(const swarm_engine_t *r, int s, int t, const int *not, int
     return best;
 }
 
+static void s_audit_verdict(swarm_engine_t *r, int t, int liar);
+
+// Replicas of stage s that could recompute t's share, free now or not:
+// ready, not failed, not t, not among not[].
+static int s_candidates(const swarm_engine_t *r, int s, int t, const int *not, int nnot)
+{
+    int n = 0;
+    for (int k = 0; k < r->ready[s].n; k++) {
+        int p = r->ready[s].peer[k], skip = p == t || r->peers[p].failed;
+        for (int j = 0; j < nnot; j++)
+            skip |= p == not[j];
+        n += !skip;
+    }
+    return n;
+}
+
 // Ask replica v to recompute target t's share.
 static void s_audit_ask(swarm_engine_t *r, int t, int v)
 {
@@ -252,6 +268,16 @@ void engine_audits_turn(swarm_engine_t *r)
             if (!a->want || a->open || a->done)
                 continue;
             int v = s_verifier(r, s, t, a->by, a->n); // a second (or third) one
+            if (v < 0 && s_candidates(r, s, t, a->by, a->n) == 0) {
+                // the replicas that could are gone (dead or failed)
+                if (a->n == 1) {
+                    s_audit_verdict(r, t, -1); // a dispute nobody is left to decide
+                    return;
+                }
+                r->audit_lost++;
+                s_audit_end(r, t);
+                continue;
+            }
             if (v < 0)
                 continue; // when one is free
             if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
@@ -371,11 +397,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         return;
     }
     if (a->n == 1) {
-        int thirds = 0; // replicas that could decide, free now or not
-        for (int k = 0; k < r->ready[s].n; k++) {
-            int p = r->ready[s].peer[k];
-            thirds += p != t && p != a->by[0] && !r->peers[p].failed;
-        }
+        int thirds = s_candidates(r, s, t, a->by, 1); // that could decide, free now or not
         engine_warn(r, "swarm router: step %ld: stage %d: peer %d (%s) does not reproduce the "
                     "gradient of peer %d (%s)%s\n", r->step, s, r->peers[a->by[0]].id,
                     r->peers[a->by[0]].name, pt->id, pt->name,

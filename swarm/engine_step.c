@@ -400,7 +400,7 @@ void engine_step_micro(swarm_engine_t *r)
     for (int s = 0; s < S; s++) {
         if (!r->stepped[s] && r->redo_pending == 0 && s_stage_sent(r, s)) {
             int here = s_losses_in(r) ? s_apply_here(r, s) : 0;
-            if (here > 0 && engine_spots_open(r) > 0)
+            if (here > 0 && (engine_spots_open(r) > 0 || engine_audits_open(r) > 0))
                 continue; // that STEP applies the update: after the checks
             if (here > 0) {
                 s_step_apply_ask(r, s);

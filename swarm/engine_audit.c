@@ -416,15 +416,17 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     s_audit_verdict(r, t, a->agree[1] ? a->by[0] : t);
 }
 
-// A verifier is gone before it answered: the audit goes to another when one
-// is free (engine_audits_turn), from the start.
-void engine_audit_lost(swarm_engine_t *r, const req_t *q)
+// Verifier p is gone (dead, or a request to it could not be sent) before
+// it answered: its audit goes to another replica when one is free
+// (engine_audits_turn), from the start. Called for each of its requests
+// and once more when it dies (it may have none left).
+void engine_audit_lost(swarm_engine_t *r, int p)
 {
-    audit_t *a = s_audit_by(r, q->peer);
+    audit_t *a = s_audit_by(r, p);
+    int t = r->peers[p].audit_of;
+    r->peers[p].audit_of = -1;
     if (!a)
         return;
-    int t = r->peers[q->peer].audit_of;
-    r->peers[q->peer].audit_of = -1;
     r->audit_lost++;
-    r->peers[t].audit = (audit_t) { .want = 1 };
+    r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced };
 }

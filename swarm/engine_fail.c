@@ -189,12 +189,13 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
         else if (q.kind == R_VERIFY)
             engine_spot_lost(r, &q);
         else if (q.kind == R_AUDIT || q.kind == R_AUDIT_SUM)
-            engine_audit_lost(r, &q);
+            engine_audit_lost(r, p);
         else if (q.kind == R_STATE_GET && q.mb < 0)
             engine_ckpt_part(r, 0); // the checkpoint of this step is skipped
         else if (q.kind == R_STATE_GET)
             r->peers[q.mb].inflight--; // the joiner asks again between steps
     }
+    engine_audit_lost(r, p); // (an audit it held with no request out)
     if (was_ready)
         s_redo_lost(r, p);
     for (int s = 0; s < r->stages; s++) {

@@ -424,7 +424,7 @@ void engine_audits_reset(swarm_engine_t *r);
 int engine_audits_begun(const swarm_engine_t *r);
 void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
-void engine_audit_lost(swarm_engine_t *r, const req_t *q);
+void engine_audit_lost(swarm_engine_t *r, int p);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_step_begin(swarm_engine_t *r);
 void engine_step_unask(swarm_engine_t *r);

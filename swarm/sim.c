@@ -194,10 +194,19 @@ static void s_io_sim_checksum(void *ctx, const float *params, size_t n, char hex
     sim_state_checksum(params, hex);
 }
 
+// A step ended: none of its audits may still be open (its update waited
+// for them all, whichever way it was applied).
 static void s_io_stepped(void *ctx, const swarm_engine_step_t *step)
 {
     sim_t *s = ctx;
-    s->model.stepped(s->model.ctx, step);
+    for (int p = 0; p < s->e->npeers; p++) {
+        const audit_t *a = &s->e->peers[p].audit;
+        if (s->e->peers[p].state == P_READY && a->want && !a->done)
+            sim_violate(s, "step %ld ended with the audit of %s's gradient sum open", step->step,
+                        s->e->peers[p].name);
+    }
+    if (s->model.stepped)
+        s->model.stepped(s->model.ctx, step);
 }
 
 static void s_io_trace(void *ctx, const char *line)
@@ -378,7 +387,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         s->mean_cost = 1.0;
     swarm_engine_io_t io = { .ctx = s, .send = s_io_send, .log = s_io_log, .lr_at = s_io_lr,
                              .clip_scale = s_io_clip,
-                             .stepped = model->stepped ? s_io_stepped : NULL,
+                             .stepped = s_io_stepped,
                              .trace = model->trace ? s_io_trace : NULL,
                              .checksum = o->nodes ? (model->checksum ? s_io_checksum : NULL)
                                                   : s_io_sim_checksum };

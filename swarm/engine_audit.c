@@ -334,6 +334,7 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     if (!a || q->peer != a->by[a->n - 1])
         return; // stale
     int s = q->stage, t = r->peers[q->peer].audit_of;
+    engine_work_done(r, q); // work like any other: its speed counts it
     a->inflight--;
     const mb_t *b = &r->mbs[q->mb];
     size_t n = engine_acts_count(r);

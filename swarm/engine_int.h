@@ -426,6 +426,8 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_lost(swarm_engine_t *r, int p);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
+// The work of answered request q (FWD, BWD, audit) into its peer's measured speed.
+void engine_work_done(swarm_engine_t *r, const req_t *q);
 void engine_step_begin(swarm_engine_t *r);
 void engine_step_unask(swarm_engine_t *r);
 void engine_step_micro(swarm_engine_t *r);

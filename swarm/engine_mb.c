@@ -313,15 +313,16 @@ static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, void **dst, 
 
 // A peer's speed is measured, not believed: training tokens of work it
 // finished per second it was busy (a token's forward is a third of its
-// work, its backward two thirds; the last stage does both at once). It is
+// work, its backward two thirds; the last stage does both at once, and an
+// audit, which recomputes the forward for its backward, both too). It is
 // sampled every half second of busy time into an average, so a peer that
 // queues requests is not mistaken for a slow one.
-static void s_work_done(swarm_engine_t *r, const req_t *q)
+void engine_work_done(swarm_engine_t *r, const req_t *q)
 {
     peer_t *pe = &r->peers[q->peer];
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
     int last = q->stage == r->stages - 1;
-    pe->work += q->kind == R_BWD ? tokens * 2.0 / 3.0
+    pe->work += q->kind == R_AUDIT ? tokens : q->kind == R_BWD ? tokens * 2.0 / 3.0
               : last && !r->evaluating ? tokens : tokens / 3.0;
     double busy = engine_busy_s(pe, r->now_ms);
     if (busy - pe->rate_busy < 0.2)
@@ -338,7 +339,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     const net_msg_t *m = e->msg;
     int S = r->stages, s = q->stage;
-    s_work_done(r, q);
+    engine_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, &e->reply,
                   (double) (r->now_ms - q->sent) / 1000.0);
     if (q->mb < 0)

@@ -311,7 +311,7 @@ static int s_cmp_double(const void *a, const void *b)
 }
 
 // A joiner's speed in the router's units (training tokens/s on a stage,
-// see s_work_done): what it measured at start, scaled by how the measured
+// see engine_work_done): what it measured at start, scaled by how the measured
 // peers' speeds compare with what they measured at start (the median, so
 // that one peer's false claim does not skew it).
 static double s_hello_speed(const swarm_engine_t *r, double hello)

@@ -56,7 +56,8 @@ void engine_warn(const swarm_engine_t *r, const char *fmt, ...)
 void engine_trace(const swarm_engine_t *r, const char *event, int kind, int mb, int stage, int peer)
 {
     static const char *const names[] = { "?", "FWD", "BWD", "STEP", "UPDATE", "STATE_GET",
-                                         "STATE", "ASSIGN", "VERIFY", "DISCARD" };
+                                         "STATE", "ASSIGN", "VERIFY", "DISCARD", "AUDIT",
+                                         "AUDIT_STEP" };
     char line[160];
     if (!r->io.trace)
         return;
@@ -64,7 +65,7 @@ void engine_trace(const swarm_engine_t *r, const char *event, int kind, int mb, 
         snprintf(line, sizeof line, "%lld %s %ld - - - -\n", (long long) r->now_ms, event, r->step);
     else
         snprintf(line, sizeof line, "%lld %s %ld %s %d %d %d\n", (long long) r->now_ms, event,
-                 r->step, kind > 0 && kind <= R_DISCARD ? names[kind] : "?", mb, stage,
+                 r->step, kind > 0 && kind <= R_AUDIT_SUM ? names[kind] : "?", mb, stage,
                  r->peers[peer].id);
     r->io.trace(r->io.ctx, line);
 }

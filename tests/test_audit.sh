@@ -34,15 +34,44 @@ expect() {
     if [ -n "$line" ]; then ok "$3: ${line#swarm router: }"; else bad "$3: no line matching '$2'"; fi
 }
 
+# start_router LOG FLAGS...: a 2-stage router of TINY (joins by count, no
+# rebalancing) logging to LOG; $router, $endpoint
+start_router() {
+    log=$1
+    shift
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
+        --assign even --rebalance-every 0 --log-every 1 "$@" >"$log" 2>&1 &
+    router=$!
+    pids="$pids $router"
+    endpoint=$(wait_endpoint "$log")
+}
+
+# router_finished COMMAND: the router exits 0 after ITERS steps (ok shows
+# what COMMAND prints)
+router_finished() {
+    wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
+    wait "$router"
+    rf_rc=$?
+    if [ $rf_rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
+        ok "router finished $ITERS steps: $(eval "$1")"
+    else
+        bad "router exit $rf_rc:"; tail -10 "$log"
+    fi
+}
+
+# same_model DIR: DIR/model.bgpt holds swarm train's weights (1e-4)
+same_model() {
+    if line=$("$BUILD/bgpt_diff" "$1/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
+        ok "the final model.bgpt is swarm train's: $line"
+    else
+        bad "the final model differs from swarm train's: $line"
+    fi
+}
+
 # ---- grad and dx: caught by audits ----
-log="$TMP/router.log"
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 6 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --assign even --rebalance-every 0 --verify 0 --audit 1 \
-    --save "$TMP/ck" --loss-log "$TMP/swarm.txt" --log-every 1 >"$log" 2>&1 &
-router=$!
-pids="$router"
-endpoint=$(wait_endpoint "$log")
+start_router "$TMP/router.log" --min-nodes 6 --verify 0 --audit 1 --save "$TMP/ck" \
+    --loss-log "$TMP/swarm.txt"
 # joins alternate between the stages (--assign even): a liar and two honest
 # replicas on each, so that a third replica decides every dispute
 start_node "$log" honest0 "$SWARM"
@@ -51,9 +80,7 @@ start_node "$log" honest2 "$SWARM"
 start_node "$log" honest3 "$SWARM"
 start_node "$log" grad "$LIAR" --misbehave grad@3
 start_node "$log" dx "$LIAR" --misbehave dx@3
-wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
-wait "$router"
-rc=$?
+router_finished "grep -o 'gradient sums audited.*' \"\$log\""
 
 expect grad "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
     "gradient sums pointing the other way are caught by an audit"
@@ -75,30 +102,15 @@ if [ "$(grep -c "starting the step over (a peer whose gradient it used was caugh
 else
     bad "no step was started over after a liar was caught"
 fi
-if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
-    ok "router finished $ITERS steps: $(grep -o 'gradient sums audited.*' "$log")"
-else
-    bad "router exit $rc:"; tail -10 "$log"
-fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "despite the liars"
-if line=$("$BUILD/bgpt_diff" "$TMP/ck/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
-    ok "the final model.bgpt is swarm train's: $line"
-else
-    bad "the final model differs from swarm train's: $line"
-fi
+same_model "$TMP/ck"
 # with --assign even and no moves, two honest replicas serve each stage
 # throughout: no stage is ever left without one, so no rollback
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 grad dx
 
 # ---- sumsq: a stage's only replica, caught by the norm bound ----
-log="$TMP/router2.log"
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --assign even --rebalance-every 0 --save "$TMP/ck2" --save-every 5 \
-    --loss-log "$TMP/swarm2.txt" --log-every 1 >"$log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$log")
+start_router "$TMP/router2.log" --min-nodes 2 --save "$TMP/ck2" --save-every 5 \
+    --loss-log "$TMP/swarm2.txt"
 start_node "$log" honest4 "$SWARM"
 start_node "$log" sumsq "$LIAR" --misbehave sumsq@8
 if wait_grep "$log" "(sumsq) sent a gradient sum of norm .* a micro-batch" 120; then
@@ -106,51 +118,27 @@ if wait_grep "$log" "(sumsq) sent a gradient sum of norm .* a micro-batch" 120; 
 else
     bad "the sumsq liar was not caught within 120 s"
 fi
-wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
-wait "$router"
-rc=$?
+router_finished "echo \$(grep -c 'rolling back' \"\$log\") rollbacks"
 expect sumsq "sent a gradient sum of norm [0-9.e+]* a micro-batch, .*x the stage's median .*: banned for" \
     "a norm 1e150 times too large from a stage's only replica is refused and its sender banned"
-if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
-    ok "router finished $ITERS steps: $(grep -c 'rolling back' "$log") rollbacks"
-else
-    bad "router exit $rc:"; tail -10 "$log"
-fi
 check_losses "$TMP/swarm2.txt" "$TMP/train.txt" "$ITERS" "after the rollback the liar caused"
 rb=$(log_emptied "$log")
 check_log "the log: no honest node lost, banned or expelled; $rb rollbacks (stages the liar emptied)" \
     "$log" "$rb" sumsq
 
 # ---- state: a replica whose state is not the one its checksum is of ----
-log="$TMP/router3.log"
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 3 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --assign even --rebalance-every 0 --save "$TMP/ck3" --save-every 1 \
-    --loss-log "$TMP/swarm3.txt" --log-every 1 >"$log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$log")
+start_router "$TMP/router3.log" --min-nodes 3 --save "$TMP/ck3" --save-every 1 \
+    --loss-log "$TMP/swarm3.txt"
 start_node "$log" honest6 "$SWARM"
 start_node "$log" honest7 "$SWARM"
 start_node "$log" state "$LIAR" --misbehave state@2
-wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
-wait "$router"
-rc=$?
+router_finished "echo \$(grep -c 'checkpoint of step .* skipped' \"\$log\") checkpoints skipped"
 # a checkpoint every step, each stage's part read from a replica drawn at
 # random: the liar's turn comes
 expect state "sent a stage state whose checksum [0-9a-f]* is not the [0-9a-f]* it reported: expelled for the run" \
     "a state other than the one its checksum is of is refused and its sender expelled"
-if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
-    ok "router finished $ITERS steps: $(grep -c 'checkpoint of step .* skipped' "$log") checkpoints skipped"
-else
-    bad "router exit $rc:"; tail -10 "$log"
-fi
 check_losses "$TMP/swarm3.txt" "$TMP/train.txt" "$ITERS" "with a liar among the checkpoints' sources"
-if line=$("$BUILD/bgpt_diff" "$TMP/ck3/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
-    ok "the final model.bgpt is swarm train's: $line"
-else
-    bad "the final model differs from swarm train's: $line"
-fi
+same_model "$TMP/ck3"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 state
 
 lib_done

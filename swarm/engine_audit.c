@@ -123,17 +123,6 @@ static double s_sum_tolerance(const swarm_engine_t *r)
     return r->grad_wire == NET_DTYPE_F32 ? 1e-3 : 1e-2;
 }
 
-static int s_close(const float *a, const float *b, size_t n, double tol)
-{
-    double d = 0.0, m = 0.0;
-    for (size_t j = 0; j < n; j++) {
-        double e = (double) a[j] - b[j];
-        d += e * e;
-        m += (double) b[j] * b[j];
-    }
-    return d <= tol * tol * (m > 1e-30 ? m : 1e-30);
-}
-
 // The next micro-batch of target t's share at stage s after index i, or G.
 static int s_next_mb(const swarm_engine_t *r, int t, int s, int i)
 {
@@ -344,11 +333,11 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
                                    (size_t) net_codec_bytes(b->dy_dtype[s - 1], n), r->audit_dx, n);
         for (size_t j = 0; !bad && b->dy_pow2[s - 1] && j < n; j++)
             r->audit_dx[j] = ldexpf(r->audit_dx[j], -b->dy_pow2[s - 1]);
-        if (bad || !s_close(r->scratch, r->audit_dx, n, 1e-3))
+        if (bad || !engine_close(r->scratch, r->audit_dx, n, 1e-3))
             a->dx_bad = 1;
     }
     if (s == r->stages - 1 && b->dx_peer[s] == t
-        && !(fabsf(e->reply.loss - b->loss) <= 1e-4f * fmaxf(1.0f, fabsf(b->loss))))
+        && !engine_loss_close(e->reply.loss, b->loss))
         a->dx_bad = 1;
     s_audit_feed(r, t);
 }
@@ -388,7 +377,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     int t = r->peers[q->peer].audit_of, s = q->stage;
     const peer_t *pt = &r->peers[t];
     int agree = !a->dx_bad && e->reply.samples == engine_share(r, t, s)
-                && s_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
+                && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     a->agree[a->n - 1] = agree;
     r->peers[q->peer].audit_of = -1; // free for another audit
     if (a->n == 1 && agree) {

@@ -377,6 +377,11 @@ int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, in
                     char *meta, size_t cap);
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// a is b within relative L2 tol (|a - b| <= tol |b|, b taken as at least
+// 1e-15 in norm): two replicas' outputs, input gradients, gradient sums
+int engine_close(const float *a, const float *b, size_t n, double tol);
+// Two losses of the same micro-batch agree: within 1e-4 relative (of at least 1).
+int engine_loss_close(float a, float b);
 // "key=value" lines added after what m's meta has: 0 or -errno.
 int engine_meta_add(net_msg_t *m, const char *line);
 // A uniform draw in [0, 1) from the run's secret key, the step, the

@@ -75,27 +75,37 @@ static int s_on_state(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     return 0;
 }
 
+// Tensor i of m: n finite values into dst. 0, or -EPROTO and why.
+static int s_check_finite(const net_msg_t *m, int i, float *dst, size_t n, const char *what,
+                          char *why, size_t wn)
+{
+    int rc = net_tensor_get(m, i, dst, n);
+    if (rc != 0) {
+        // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
+        snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value in %s"
+                                        : "sent %s of the wrong shape or type", what);
+        return -EPROTO;
+    }
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(dst[j])) {
+            snprintf(why, wn, "sent a non-finite value in %s (element %zu)", what, j);
+            return -EPROTO;
+        }
+    }
+    return 0;
+}
+
 // Tensor i of m: n finite values whose RMS is within --tensor-bound times
 // the running RMS of what stage s sent that way (dir 0 forward, 1 backward);
 // the running RMS learns from accepted tensors. 0, or -EPROTO and why.
 static int s_check_values(swarm_engine_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
-    int rc = net_tensor_get(m, i, r->scratch, n);
-    if (rc != 0) {
-        // the decoders refuse non-finite values (-EPROTO); -EINVAL: shape, type
-        snprintf(why, wn, rc == -EPROTO ? "sent a non-finite value"
-                                        : "sent a tensor of the wrong shape or type");
+    if (s_check_finite(m, i, r->scratch, n, "a tensor", why, wn) != 0)
         return -EPROTO;
-    }
     double sumsq = 0.0;
-    for (size_t j = 0; j < n; j++) {
-        if (!isfinite(r->scratch[j])) {
-            snprintf(why, wn, "sent a non-finite value (element %zu)", j);
-            return -EPROTO;
-        }
+    for (size_t j = 0; j < n; j++)
         sumsq += (double) r->scratch[j] * r->scratch[j];
-    }
     double rms = sqrt(sumsq / (double) (n ? n : 1));
     double *run = &r->rms[dir][s];
     if (r->rms_n[dir][s] >= 8 && r->tensor_bound > 0 && rms > r->tensor_bound * *run) {
@@ -114,26 +124,6 @@ static int s_check_loss(const msg_in_t *e, char *why, size_t wn)
         return 0;
     snprintf(why, wn, "sent no finite loss");
     return -EPROTO;
-}
-
-// Tensor i of m: n finite values into dst. 0, or -EPROTO and why.
-static int s_check_finite(const swarm_engine_t *r, const net_msg_t *m, int i, float *dst, size_t n,
-                          const char *what, char *why, size_t wn)
-{
-    (void) r;
-    int rc = net_tensor_get(m, i, dst, n);
-    if (rc != 0) {
-        snprintf(why, wn, rc == -EPROTO ? "sent %s with a non-finite value"
-                                        : "sent %s of the wrong shape or type", what);
-        return -EPROTO;
-    }
-    for (size_t j = 0; j < n; j++) {
-        if (!isfinite(dst[j])) {
-            snprintf(why, wn, "sent %s with a non-finite value (element %zu)", what, j);
-            return -EPROTO;
-        }
-    }
-    return 0;
 }
 
 // A GRAD (STEP's reply): the count of micro-batches the router had the
@@ -166,7 +156,7 @@ static int s_check_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e, ch
     // the largest stage's size: a peer may move between stages
     if (!pe->grad && !(pe->grad = malloc(r->max_stage_n * sizeof(float))))
         abort();
-    if (s_check_finite(r, e->msg, 0, pe->grad, r->stage_n[s], "a gradient", why, wn) != 0)
+    if (s_check_finite(e->msg, 0, pe->grad, r->stage_n[s], "a gradient", why, wn) != 0)
         return -EPROTO;
     double sumsq = 0.0;
     for (size_t j = 0; j < r->stage_n[s]; j++)
@@ -227,7 +217,7 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
     case R_AUDIT:
         if (s == S - 1 && s_check_loss(e, why, wn) != 0)
             return -EPROTO;
-        return s == 0 ? 0 : s_check_finite(r, m, 0, r->scratch, x_n, "an input gradient", why, wn);
+        return s == 0 ? 0 : s_check_finite(m, 0, r->scratch, x_n, "an input gradient", why, wn);
     case R_AUDIT_SUM:
         if (!y->has_samples) {
             snprintf(why, wn, "sent a recomputed gradient sum without its count");
@@ -235,7 +225,7 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
         }
         if (!r->audit_sum)
             abort(); // (made when the audit began)
-        return s_check_finite(r, m, 0, r->audit_sum, r->stage_n[s], "a recomputed gradient", why, wn);
+        return s_check_finite(m, 0, r->audit_sum, r->stage_n[s], "a recomputed gradient", why, wn);
     case R_UPDATE:
     case R_STATE:
         if (!y->has_checksum) {

@@ -270,6 +270,22 @@ int engine_meta_add(net_msg_t *m, const char *line)
     return net_msg_set_meta(m, text);
 }
 
+int engine_close(const float *a, const float *b, size_t n, double tol)
+{
+    double d = 0.0, m = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        double e = (double) a[j] - b[j];
+        d += e * e;
+        m += (double) b[j] * b[j];
+    }
+    return d <= tol * tol * (m > 1e-30 ? m : 1e-30);
+}
+
+int engine_loss_close(float a, float b)
+{
+    return fabsf(a - b) <= 1e-4f * fmaxf(1.0f, fabsf(b));
+}
+
 static uint64_t s_mix(uint64_t x)
 {
     x ^= x >> 30;

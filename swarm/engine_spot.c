@@ -89,14 +89,8 @@ void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss)
 static int s_spot_same(const swarm_engine_t *r, const spot_t *c, int x, int y)
 {
     if (!c->out[x] || !c->out[y])
-        return fabsf(c->loss[x] - c->loss[y]) <= 1e-4f * fmaxf(1.0f, fabsf(c->loss[y]));
-    double d = 0.0, n = 0.0;
-    for (size_t j = 0; j < engine_acts_count(r); j++) {
-        double e = (double) c->out[x][j] - c->out[y][j];
-        d += e * e;
-        n += (double) c->out[y][j] * c->out[y][j];
-    }
-    return d <= 1e-6 * (n > 1e-30 ? n : 1e-30);
+        return engine_loss_close(c->loss[x], c->loss[y]);
+    return engine_close(c->out[x], c->out[y], engine_acts_count(r), 1e-3);
 }
 
 // Start the current step over: every replica drops what it accumulated

@@ -255,6 +255,25 @@ START_TEST(test_decode_sumsq_must_be_a_finite_number_ge_0)
 }
 END_TEST
 
+START_TEST(test_decode_samples_must_be_a_whole_number_ge_0)
+{
+    static const char *bad[] = {
+        "sumsq=1", "samples=", "samples=abc", "samples=3x", "samples=-1", "samples=1.5",
+        "samples=99999999999",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msg_in_t e;
+        s_decode(NET_MSG_GRAD, bad[i], &e);
+        ck_assert_msg(!e.reply.has_samples && e.reply.samples == 0, "%s", bad[i]);
+    }
+    msg_in_t e;
+    s_decode(NET_MSG_GRAD, "samples=0", &e);
+    ck_assert(e.reply.has_samples && e.reply.samples == 0);
+    s_decode(NET_MSG_GRAD, "sumsq=2\nsamples=12", &e);
+    ck_assert(e.reply.has_samples && e.reply.samples == 12);
+}
+END_TEST
+
 START_TEST(test_decode_timing_needs_both_held_and_busy_in_range)
 {
     static const char *bad[] = {
@@ -327,6 +346,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_decode_refuses_a_loss_that_is_not_a_finite_number_ge_0);
     tcase_add_test(tc, test_decode_checksum_is_64_lowercase_hex_digits);
     tcase_add_test(tc, test_decode_sumsq_must_be_a_finite_number_ge_0);
+    tcase_add_test(tc, test_decode_samples_must_be_a_whole_number_ge_0);
     tcase_add_test(tc, test_decode_timing_needs_both_held_and_busy_in_range);
     tcase_add_test(tc, test_decode_error_reason_is_sanitized_or_none_given);
     tcase_add_test(tc, test_decode_keeps_the_message_for_its_header_and_tensors);

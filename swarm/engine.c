@@ -57,7 +57,8 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->G = r->hp.batch / r->hp.micro;
     r->mbs = calloc((size_t) r->G, sizeof(mb_t));
     r->scratch = malloc(engine_acts_count(r) * sizeof(float));
-    if (!r->m || !r->v || !r->grad_sum || !r->mbs || !r->scratch) {
+    r->hist = engine_history_new();
+    if (!r->m || !r->v || !r->grad_sum || !r->mbs || !r->scratch || !r->hist) {
         snprintf(err, errlen, "out of memory for the model's state (%zu parameters)", r->nparams);
         swarm_engine_destroy(&r);
         return -ENOMEM;
@@ -99,6 +100,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->scratch);
     free(r->audit_sum);
     free(r->audit_dx);
+    free(r->hist);
     free(r);
     *self_p = NULL;
 }

@@ -83,6 +83,10 @@ void engine_ckpt_part(swarm_engine_t *r, int ok)
         memcpy(r->m, r->ck_state + np, np * sizeof(float));
         memcpy(r->v, r->ck_state + 2 * np, np * sizeof(float));
         r->ckpt_step = r->ck_step; // params/m/v now hold this step, written or not
+        r->checkpoints++;
+        char line[64];
+        snprintf(line, sizeof line, "checkpoint of step %ld", r->ckpt_step);
+        engine_history_event(r, 0, line); // (the caller logs where it writes it)
         if (r->io.checkpoint)
             r->io.checkpoint(r->io.ctx, r->ckpt_step, r->params, r->m, r->v);
     }
@@ -99,9 +103,11 @@ void engine_step_end(swarm_engine_t *r)
     r->loss_avg = r->step == r->first ? r->last_loss : 0.9 * r->loss_avg + 0.1 * r->last_loss;
     double lr = r->io.lr_at(r->io.ctx, r->step);
     engine_consensus(r, r->step);
-    r->train_time += engine_secs(r) - r->step_t0;
+    double step_s = engine_secs(r) - r->step_t0;
+    r->train_time += step_s;
     engine_trace(r, "step", 0, 0, 0, -1);
     r->step++;
+    engine_history_step(r, step_s);
     s_progress(r, lr);
     long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
                                                                       : r->hp.iters;
@@ -167,6 +173,7 @@ static void s_eval_turn(swarm_engine_t *r)
         s_eval_batch(r);
         return;
     }
+    engine_history_eval(r, r->eval_loss[0], r->eval_loss[1]);
     if (r->io.evaluated)
         r->io.evaluated(r->io.ctx, r->step, r->eval_loss[0], r->eval_loss[1]);
     r->evaluating = 0;

@@ -12,6 +12,7 @@ static void s_peer_ban(swarm_engine_t *r, int p, double seconds, const char *why
 {
     peer_t *pe = &r->peers[p];
     pe->failures++;
+    r->bans++;
     pe->banned_until = engine_secs(r) + seconds;
     pe->ban_told = 0;
     engine_peer_dead(r, p, line);
@@ -147,6 +148,7 @@ static void s_rollback(swarm_engine_t *r, int s)
         r->peers[p].self_to = 0;
     r->evaluating = r->want_eval = r->want_ckpt = 0;
     r->step = r->ckpt_step;
+    engine_history_rollback(r, r->step);
     r->done = 0; // the steps after the checkpoint are to run again, the last one too
     r->started = 0; // joins get the router's copy again
     r->rollbacks++;

@@ -43,6 +43,8 @@ typedef struct {
     int dx_bad;              // an input gradient (or the last stage's loss) differed
 } audit_t;
 
+typedef struct engine_history engine_history_t;
+
 typedef struct {
     net_peer_t who;          // identity: public key, and the connection that speaks for it
     net_peer_t rival;        // another connection with its key that said HELLO, or zeroes
@@ -276,7 +278,7 @@ struct swarm_engine_s {
     double train_time;       // seconds in steps
     int checksum_mismatches; // replicas that disagreed with their stage after a step
     int resyncs;             // of them, resynced from a replica that agrees
-    int expelled;            // peers expelled for diverging twice
+    int expelled;            // peers expelled for the run (diverged twice, caught lying)
     int phase;               // PH_*
     int pending;             // STEP or UPDATE replies still to come
     int update_pending;      // replies to an UPDATE the next step did not wait for
@@ -336,6 +338,9 @@ struct swarm_engine_s {
     long window_n;           // steps begun
     uint64_t wire_in[3];     // tensor bytes received by class (W_*)
     uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
+    int bans;                // peers banned (for a while or for the run)
+    int checkpoints;         // checkpoints whole (the caller wrote them)
+    engine_history_t *hist;  // what swarm status --serve draws (engine_history.c)
 };
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
@@ -352,6 +357,16 @@ static inline void s_ignore(int rc)
 }
 
 // ---- across the router's files ----
+
+// The history STATUS carries (engine_history.c).
+engine_history_t *engine_history_new(void);
+void engine_history_step(swarm_engine_t *r, double step_s);
+void engine_history_eval(swarm_engine_t *r, double train, double val);
+void engine_history_rollback(swarm_engine_t *r, long step);
+void engine_history_event(const swarm_engine_t *r, int warn, const char *line);
+// Its points and events newer than cursor `since` (all of them when the
+// cursor predates a rewrite): the document's "history"; NULL out of memory.
+json_t *engine_history_json(const swarm_engine_t *r, uint64_t since);
 
 // Decode m (borrowed: it must outlive *out) into *out. Never fails: each
 // field is decoded or marked absent (the rules: engine_decode.c).

@@ -30,6 +30,7 @@ static void s_log(const swarm_engine_t *r, int to_stderr, const char *fmt, va_li
 {
     char line[1024];
     vsnprintf(line, sizeof line, fmt, ap);
+    engine_history_event(r, to_stderr, line);
     r->io.log(r->io.ctx, to_stderr, line);
 }
 

@@ -69,8 +69,26 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
                      "expelled", expelled, "why", s_json_text(dead ? pe->why : ""));
 }
 
-// The whole document; NULL out of memory.
-static json_t *s_status_doc(const swarm_engine_t *r)
+// The run's counters (swarm status --serve's /metrics counts them up).
+static json_t *s_status_counters(const swarm_engine_t *r)
+{
+    json_t *in = json_pack("{s:I, s:I, s:I}", "activations", (json_int_t) r->wire_in[W_ACTS],
+                           "gradients", (json_int_t) r->wire_in[W_GRADS],
+                           "state", (json_int_t) r->wire_in[W_STATE]);
+    json_t *out = json_pack("{s:I, s:I, s:I}", "activations", (json_int_t) r->wire_out[W_ACTS],
+                            "gradients", (json_int_t) r->wire_out[W_GRADS],
+                            "state", (json_int_t) r->wire_out[W_STATE]);
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o}",
+                     "rollbacks", r->rollbacks, "restarts", r->restarts, "expelled",
+                     r->expelled, "bans", r->bans, "checkpoints", r->checkpoints,
+                     "checksum_mismatches", r->checksum_mismatches, "resyncs", r->resyncs,
+                     "spot_checks", r->spot_checks, "audits", r->audits, "audit_caught",
+                     r->audit_caught, "bytes_in", (json_int_t) r->bytes_in, "bytes_out",
+                     (json_int_t) r->bytes_out, "wire_in", in, "wire_out", out);
+}
+
+// The whole document, its history from cursor `since`; NULL out of memory.
+static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since)
 {
     long steps = r->step - r->first;
     double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
@@ -84,6 +102,12 @@ static json_t *s_status_doc(const swarm_engine_t *r)
                             "eta_s", s_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
                             "state", r->done ? "done" : r->started ? "training" : "waiting",
                             "stages", "peers", "peers_omitted", 0);
+    if (doc && (json_object_set_new(doc, "now_s", s_json_num(engine_secs(r), 1)) < 0 ||
+                json_object_set_new(doc, "counters", s_status_counters(r)) < 0 ||
+                json_object_set_new(doc, "history", engine_history_json(r, since)) < 0)) {
+        json_decref(doc);
+        return NULL;
+    }
     json_t *stages = json_object_get(doc, "stages"), *peers = json_object_get(doc, "peers");
     int rc = doc ? 0 : -1;
     for (int s = 0; rc == 0 && s < r->stages; s++)
@@ -123,9 +147,21 @@ static char *s_status_text(json_t *doc, size_t *len)
     }
 }
 
+// A STATUS request's since=CURSOR (docs/swarm.md): only the history after
+// it. 0 (all of it) when absent or not a cursor.
+static uint64_t s_since(const net_msg_t *req)
+{
+    char text[24] = "", *end = NULL;
+    if (net_msg_meta_get(req, "since", text, sizeof text) < 0 || text[0] < '0' || text[0] > '9')
+        return 0;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    return errno || *end ? 0 : (uint64_t) v;
+}
+
 void engine_status_reply(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *req)
 {
-    json_t *doc = s_status_doc(r);
+    json_t *doc = s_status_doc(r, s_since(req));
     size_t len = 0;
     char *text = doc ? s_status_text(doc, &len) : NULL;
     net_msg_t *m = net_msg_reply(req, text ? NET_MSG_STATUS : NET_MSG_ERROR);

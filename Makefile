@@ -2,7 +2,7 @@
 #
 #   make            build build/swarm (prints what it detected)
 #   make deps       install missing Debian packages (apt-get, sudo if needed)
-#   make test       deps, build, unit tests (Check) and integration scripts
+#   make test       deps (and the test tools), build, unit tests (Check) and integration scripts
 #   make demo       deps, build, train a small model for about a minute, sample
 #   make asan       unit tests under AddressSanitizer + UBSan (build-asan/), and
 #                   a swarm under them while garbage floods its port
@@ -52,6 +52,8 @@ SODIUM_CFLAGS := $(shell pkg-config --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(shell pkg-config --libs libsodium 2>/dev/null || echo -lsodium)
 JANSSON_CFLAGS := $(shell pkg-config --cflags jansson 2>/dev/null)
 JANSSON_LIBS  := $(shell pkg-config --libs jansson 2>/dev/null || echo -ljansson)
+MHD_CFLAGS    := $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
+MHD_LIBS      := $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 CHECK_CFLAGS  := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS    := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck)
 CUDA_HOME     ?= /usr/local/cuda
@@ -80,7 +82,7 @@ NODE_SRC  := $(filter-out node/main.c,$(wildcard node/*.c))
 INC_blas  := -Iblas $(BLAS_CFLAGS)
 INC_net   := -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS)
 INC_swarm := -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS)
-INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS)
+INC_node  := -Inode -Iblas -Iswarm -Inet $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) $(JANSSON_CFLAGS) $(MHD_CFLAGS)
 # Kernels may be vectorised harder (no value in them is ever inf or NaN on
 # purpose: inputs from peers are checked before they reach a kernel); the
 # optimizer must round the same way on every x86-64 build (DESIGN.md 7):
@@ -93,11 +95,11 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 BLAS_OBJ  := $(call obj,$(BLAS_SRC))
 NET_OBJ   := $(call obj,$(NET_SRC))
 SWARM_OBJ := $(call obj,$(SWARM_SRC))
-NODE_OBJ  := $(call obj,$(NODE_SRC)) $(BUILD)/obj/corpus.o
+NODE_OBJ  := $(call obj,$(NODE_SRC)) $(BUILD)/obj/corpus.o $(BUILD)/obj/dashboard_page.o
 LIBS      := $(BLAS_LIBS) $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -ldl -lpthread
 # what links node/ and swarm/ links these too (the status document: the engine writes
-# it, swarm status reads it, with jansson)
-NODE_LIBS := $(JANSSON_LIBS)
+# it, swarm status reads it, with jansson; swarm status --serve, with libmicrohttpd)
+NODE_LIBS := $(JANSSON_LIBS) $(MHD_LIBS)
 
 $(BUILD)/obj/blas/%.o: blas/%.c
 	@mkdir -p $(@D)
@@ -126,6 +128,10 @@ $(BUILD)/obj/corpus.o: node/corpus.S $(BUILD)/corpus.txt
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  AS    $<")
 	$(Q)$(CC) -c -DCORPUS_PATH='"$(BUILD)/corpus.txt"' $< -o $@
+$(BUILD)/obj/dashboard_page.o: node/dashboard_page.S node/dashboard.html
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  AS    $<")
+	$(Q)$(CC) -c -DDASHBOARD_PATH='"node/dashboard.html"' $< -o $@
 
 # ---- the CUDA plugin -------------------------------------------------------
 # blas/cuda.cu becomes $(BUILD)/swarm-cuda.so, which swarm dlopens at run time
@@ -191,10 +197,14 @@ $(BUILD)/fake-cuda.so: tests/fake_cuda.c blas/blas.h
 
 deps:
 	@sh scripts/deps.sh
+# make test's: also what the dashboard's tests run (a browser, Prometheus)
+deps-test:
+	@sh scripts/deps.sh test
+.PHONY: deps-test
 
 # `make test` installs what is missing, then re-reads this Makefile so the
 # detection sees the new packages.
-test: deps
+test: deps-test
 	@$(MAKE) --no-print-directory check-all
 
 SECONDS ?= 600
@@ -350,9 +360,18 @@ bench-net: $(BUILD)/bench_net
 # (read with nm, so the list follows libzmq) returns GSS_S_FAILURE, and the
 # GSS_C_NT_* name types are NULL. (Leaving them weak and undefined does not
 # link into a PIE: libzmq reads the name types PC-relative.)
+#
+# GnuTLS: Debian's libmicrohttpd.a has HTTPS built in, and Debian ships no
+# static libp11-kit, which a static libgnutls needs. swarm status --serve
+# never asks for TLS (no MHD_USE_TLS: libmicrohttpd calls GnuTLS only for
+# a daemon started with it, and gnutls_global_init at load), so the release
+# links no-gnutls.o instead: gnutls_global_init succeeds, every other
+# gnutls_* function libmicrohttpd.a references (read with nm) returns
+# GNUTLS_E_INVALID_REQUEST, and gnutls_malloc is NULL.
 RELEASE       := $(BUILD)/release
 RELEASE_BIN   := $(RELEASE)/swarm-linux-x86_64
 RELEASE_ZMQ_A ?= /usr/lib/$(MULTIARCH)/libzmq.a
+RELEASE_MHD_A ?= /usr/lib/$(MULTIARCH)/libmicrohttpd.a
 RELEASE_GSS   := -lgssapi_krb5 -lkrb5 -lk5crypto -lcom_err -lkrb5support
 RELEASE_GLIBC := -pthread -lpthread -lrt -lm -ldl
 # libnorm.pc lists these for parts of libnorm that libzmq never reaches (the
@@ -363,7 +382,7 @@ RELEASE_PC     = $(shell pkg-config --static --libs libzmq libsodium jansson 2>/
                    || echo -lzmq -lstdc++ -lpgm -lnorm -lprotokit -lbsd -lmd -lsodium -ljansson)
 RELEASE_LIBS   = -Wl,-Bstatic -Wl,--start-group $(filter -L% -l%,$(BLAS_LIBS)) \
                  $(patsubst lib%.a,-l%,$(filter-out -L% $(RELEASE_GSS) $(RELEASE_GLIBC) $(RELEASE_UNUSED),$(RELEASE_PC))) \
-                 -lstdc++ -lgfortran -lquadmath -lgomp -Wl,--end-group \
+                 -lmicrohttpd -lstdc++ -lgfortran -lquadmath -lgomp -Wl,--end-group \
                  -Wl,-Bdynamic -static-libgcc -Wl,--as-needed -lm -ldl -lpthread -lrt
 
 release: $(RELEASE_BIN) $(if $(CUDA_PLUGIN),$(RELEASE)/swarm-cuda.so)
@@ -384,7 +403,21 @@ $(RELEASE)/obj/no-gssapi.c: $(wildcard $(RELEASE_ZMQ_A))
 $(RELEASE)/obj/no-gssapi.o: $(RELEASE)/obj/no-gssapi.c
 	$(Q)$(CC) -std=c11 -O2 -Wall -Wextra -Werror -c $< -o $@
 
-$(RELEASE_BIN): $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ) $(RELEASE)/obj/no-gssapi.o
+$(RELEASE)/obj/no-gnutls.c: $(wildcard $(RELEASE_MHD_A))
+	@mkdir -p $(@D)
+	@test -f $(RELEASE_MHD_A) || { echo "make release: no $(RELEASE_MHD_A): it comes with libmicrohttpd-dev" \
+	    "(make deps), or set RELEASE_MHD_A=/path/to/libmicrohttpd.a"; exit 1; }
+	$(Q){ echo "// generated by make release from nm -u $(RELEASE_MHD_A) (Makefile: GnuTLS)"; \
+	  nm -u $(RELEASE_MHD_A) 2>/dev/null | awk '$$1 == "U" && $$2 ~ /^gnutls_/ { f[$$2] = 1 } \
+	    END { for (s in f) if (s == "gnutls_malloc") print "void *gnutls_malloc;"; \
+	          else if (s == "gnutls_global_init") print "int gnutls_global_init(void) { return 0; }"; \
+	          else print "long " s "(void) { return -50; } // GNUTLS_E_INVALID_REQUEST" }' \
+	    | LC_ALL=C sort; } >$@
+$(RELEASE)/obj/no-gnutls.o: $(RELEASE)/obj/no-gnutls.c
+	$(Q)$(CC) -std=c11 -O2 -Wall -Wextra -Werror -c $< -o $@
+
+$(RELEASE_BIN): $(BUILD)/obj/node/main.o $(NODE_OBJ) $(SWARM_OBJ) $(NET_OBJ) $(BLAS_OBJ) $(RELEASE)/obj/no-gssapi.o \
+                $(RELEASE)/obj/no-gnutls.o
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD    $@ (static but for glibc)")
 	$(Q)$(CC) $(filter-out -fopenmp,$(LDFLAGS_BASE)) $^ $(RELEASE_LIBS) -o $@

@@ -9,6 +9,7 @@
 #ifndef SWARM_NODE_H
 #define SWARM_NODE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -375,6 +376,29 @@ node_hparams_t node_train_hparams(const node_train_opts_t *o);
 __attribute__((warn_unused_result))
 int node_status_show(const char *text, size_t len, const char *addr, FILE *out, char *err,
                      size_t errlen);
+
+typedef struct net_client_s net_client_t;
+typedef struct net_msg_s net_msg_t;
+typedef struct json_t json_t;
+
+// One STATUS request to the router at addr (its history after cursor
+// `since`, 0 all). 0 and *reply (type STATUS); -EINTR on Ctrl-C; else a
+// negative errno and one line in err that says what to check.
+__attribute__((warn_unused_result))
+int node_status_ask(net_client_t *client, const char *addr, uint64_t since, net_msg_t **reply,
+                    char *err, size_t errlen);
+// node_status_show's checks, and the checked document in *doc (the
+// caller's: json_decref): 0, -EPROTO with the reason in err, -ENOMEM.
+__attribute__((warn_unused_result))
+int node_status_load(const char *text, size_t len, json_t **doc, char *err, size_t errlen);
+
+// ---- swarm status --serve: the dashboard (node/dashboard.c) ----
+
+// Serve the page, /api/state and /metrics at `serve` ([HOST:]PORT),
+// asking the router at addr every poll_s through client, until *stop.
+// The exit status: 0 after Ctrl-C, 1 when it cannot listen.
+int node_dashboard_run(net_client_t *client, const char *addr, const char *serve, double poll_s,
+                       volatile sig_atomic_t *stop);
 
 // mkdir -p DIR with mode (0755, 0700): 0, or -errno with err naming the
 // folder that could not be made.

@@ -28,6 +28,7 @@
 #define STATUS_PEERS_MAX 1024   // peers kept for the table (the rest are counted)
 #define STATUS_DEPTH_MAX 16     // arrays and objects nested, the document's own included
 #define STATUS_TEXT_MAX 64      // bytes kept of a string field
+#define STATUS_HISTORY_MAX 65536 // points or events of one "history" series
 
 // ---- the status, as parsed -------------------------------------------------
 
@@ -257,9 +258,93 @@ static int s_status_read(const json_t *doc, status_t *st, char *err, size_t errl
     return 0;
 }
 
-// Parse the reply's meta (len bytes, not NUL-terminated) into *st.
+// An array of at most `max` entries named `name` (absent or null: none).
+// 0 or -EPROTO with err.
+static int s_array(const json_t *v, const char *name, size_t max, char *err, size_t errlen)
+{
+    if (v && !json_is_null(v) && !json_is_array(v)) {
+        snprintf(err, errlen, "%s is %s, not an array", name, s_kind(v));
+        return -EPROTO;
+    }
+    if (json_array_size(v) > max) {
+        snprintf(err, errlen, "%s has %zu entries, more than %zu", name, json_array_size(v), max);
+        return -EPROTO;
+    }
+    return 0;
+}
+
+// "history" (engine_history.c): its counts are numbers; each point of
+// "loss", "evals" and "speed" an array of numbers (null: unknown), each
+// event [time, "info" or "warn", text]. Absent or null: none.
+static int s_history_read(const json_t *doc, char *err, size_t errlen)
+{
+    const json_t *h = json_object_get(doc, "history"), *series, *pt, *x;
+    if (!h || json_is_null(h))
+        return 0;
+    if (!json_is_object(h)) {
+        snprintf(err, errlen, "\"history\" is %s, not an object", s_kind(h));
+        return -EPROTO;
+    }
+    static const char *const counts[] = {"cursor", "since", "loss_every", "events_kept"};
+    double v;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        if (s_num(h, "\"history\": ", counts[i], &v, err, errlen) < 0)
+            return -EPROTO;
+    static const char *const names[] = {"loss", "evals", "speed", "events"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char where[64];
+        snprintf(where, sizeof where, "\"history\".\"%s\"", names[k]);
+        if (s_array(series = json_object_get(h, names[k]), where, STATUS_HISTORY_MAX, err,
+                    errlen) < 0)
+            return -EPROTO;
+        size_t i, j;
+        json_array_foreach(series, i, pt) {
+            snprintf(where, sizeof where, "\"history\".\"%s\"[%zu]", names[k], i);
+            if (s_array(pt, where, 3, err, errlen) < 0)
+                return -EPROTO;
+            int event = k == 3, bad = event && json_array_size(pt) != 3;
+            json_array_foreach(pt, j, x)
+                bad |= event && j > 0 ? !json_is_string(x) : !json_is_number(x) && !json_is_null(x);
+            if (bad || json_is_null(pt)) {
+                snprintf(err, errlen, "%s is not %s", where,
+                         event ? "[time, kind, text]" : "an array of numbers");
+                return -EPROTO;
+            }
+        }
+    }
+    return 0;
+}
+
+// "counters": numbers, or objects of numbers (bytes by kind). Absent or
+// null: none.
+static int s_counters_read(const json_t *doc, char *err, size_t errlen)
+{
+    const json_t *c = json_object_get(doc, "counters"), *v, *x;
+    const char *key, *sub;
+    if (!c || json_is_null(c))
+        return 0;
+    if (!json_is_object(c)) {
+        snprintf(err, errlen, "\"counters\" is %s, not an object", s_kind(c));
+        return -EPROTO;
+    }
+    json_object_foreach((json_t *) c, key, v) {
+        int bad = !json_is_number(v) && !json_is_object(v);
+        json_object_foreach((json_t *) v, sub, x)
+            bad |= !json_is_number(x);
+        if (bad) {
+            snprintf(err, errlen, "\"counters\" holds %s, not a number or numbers by kind",
+                     s_kind(v));
+            return -EPROTO;
+        }
+    }
+    return 0;
+}
+
+// Parse the reply's meta (len bytes, not NUL-terminated) into *st, and,
+// when doc is not NULL, the document itself (checked: the caller owns it).
 // 0; -EPROTO with the reason in err (printable ASCII: it may quote the text).
-static int s_status_parse(const char *text, size_t len, status_t *st, char *err, size_t errlen)
+static int s_status_parse(const char *text, size_t len, status_t *st, json_t **keep, char *err,
+                          size_t errlen)
 {
     memset(st, 0, sizeof *st);
     st->step = st->iters = st->loss = st->loss_avg = st->tok_s = st->eta_s = NAN;
@@ -278,9 +363,15 @@ static int s_status_parse(const char *text, size_t len, status_t *st, char *err,
         snprintf(err, errlen, "not a JSON object but %s", s_kind(doc));
     else if (s_too_deep(doc, STATUS_DEPTH_MAX))
         snprintf(err, errlen, "nested more than %d arrays and objects deep", STATUS_DEPTH_MAX);
-    else
-        rc = s_status_read(doc, st, err, errlen);
+    else if ((rc = s_status_read(doc, st, err, errlen)) == 0 &&
+             (rc = s_history_read(doc, err, errlen)) == 0)
+        rc = s_counters_read(doc, err, errlen);
     json_decref(doc);
+    if (rc == 0 && keep && !(*keep = json_loadb(text, len, JSON_ALLOW_NUL, &e))) {
+        // the same text, its integers kept as integers (so that it is written back as it came)
+        snprintf(err, errlen, "at byte %d: %s", e.position, e.text);
+        rc = -EPROTO;
+    }
     for (char *c = err; rc < 0 && *c; c++)
         *c = *c < 0x20 || *c > 0x7e ? '?' : *c;
     return rc;
@@ -401,7 +492,7 @@ int node_status_show(const char *text, size_t len, const char *addr, FILE *out, 
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    int rc = s_status_parse(text, len, st, err, errlen);
+    int rc = s_status_parse(text, len, st, NULL, err, errlen);
     if (rc == 0 && out) {
         s_print_head(out, addr, st);
         s_print_stages(out, st);
@@ -420,6 +511,7 @@ typedef struct {
     const char *key;                // NAME of our key pair, NULL = ephemeral
     double watch_s;                 // redraw interval, s (0 = once)
     int json;                       // print the raw JSON object
+    const char *serve;              // --serve [HOST:]PORT: the dashboard, NULL none
 } status_opts_t;
 
 static volatile sig_atomic_t s_stop;
@@ -435,13 +527,18 @@ static void s_usage(FILE *out)
     fprintf(out,
             "usage: swarm status swarm://HOST:PORT/KEY [--key NAME] [--watch [SECONDS]] [--json]\n"
             "       swarm status tcp://HOST:PORT --router-key KEY [...]\n"
+            "       swarm status ADDR [--router-key KEY] --serve [HOST:]PORT [--watch SECONDS]\n"
             "  ADDR               the router: the swarm://HOST:PORT/KEY token it printed, or\n"
             "                     tcp://HOST:PORT with --router-key\n"
             "  --router-key KEY   the router's public key: its .pub file or the 40-char Z85 text\n"
             "  --key NAME         our key pair NAME.key/NAME.pub (a private swarm admits only\n"
             "                     listed keys); default: a fresh key for this run\n"
             "  --watch [SECONDS]  redraw every SECONDS (default 2) until Ctrl-C\n"
-            "  --json             print the router's JSON object, one line (for scripts)\n");
+            "  --json             print the router's JSON object, one line (for scripts)\n"
+            "  --serve [HOST:]PORT  a web dashboard of the swarm: the page at /, the JSON at\n"
+            "                     /api/state, Prometheus metrics at /metrics; HOST defaults to\n"
+            "                     127.0.0.1 (0.0.0.0: every interface), PORT 0 picks a free one;\n"
+            "                     it asks the router every SECONDS of --watch (default 1)\n");
 }
 
 static int s_bad(const char *what, const char *value)
@@ -472,6 +569,11 @@ static int s_parse_args(int argc, char **argv, status_opts_t *o)
             return 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
+        } else if (!strcmp(a, "--serve")) {
+            if (!next || !*next || next[0] == '-')
+                return s_bad("--serve needs [HOST:]PORT to listen on, e.g. 127.0.0.1:8080", NULL);
+            o->serve = next;
+            i++;
         } else if (!strcmp(a, "--watch")) {
             o->watch_s = 2;
             if (s_watch_arg(next, &o->watch_s) == 0)
@@ -493,6 +595,11 @@ static int s_parse_args(int argc, char **argv, status_opts_t *o)
             o->addr = a;
         }
     }
+    if (o->serve && o->json)
+        return s_bad("--serve and --json: the dashboard serves the JSON at /api/state; pick one",
+                     NULL);
+    if (o->serve && o->watch_s == 0)
+        o->watch_s = 1;
     if (!o->addr)
         return s_bad("give the router's address, e.g. swarm status swarm://HOST:PORT/KEY (the "
                      "token it printed)", NULL);
@@ -539,26 +646,28 @@ static int s_keys(const status_opts_t *o, net_key_t **server, net_key_t **ours)
     return rc;
 }
 
-// One STATUS request. 0 and *reply (type STATUS); else one line printed and
-// a negative errno (-EINTR quietly on Ctrl-C).
-static int s_ask(net_client_t *client, const char *addr, net_msg_t **reply)
+int node_status_ask(net_client_t *client, const char *addr, uint64_t since, net_msg_t **reply,
+                    char *err, size_t errlen)
 {
-    char err[256] = "";
+    char why[256] = "";
     net_msg_t *req = net_msg_new(NET_MSG_STATUS);
-    if (!req) {
-        fprintf(stderr, "swarm status: out of memory\n");
+    char meta[40];
+    snprintf(meta, sizeof meta, "since=%llu", (unsigned long long) since);
+    if (!req || (since && net_msg_set_meta(req, meta) < 0)) {
+        net_msg_destroy(&req);
+        snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
     net_retry_t retry = {.timeout_ms = STATUS_TIMEOUT_MS, .tries = STATUS_TRIES};
-    int rc = net_client_request(client, &req, &retry, reply, err, sizeof err);
+    int rc = net_client_request(client, &req, &retry, reply, why, sizeof why);
     if (rc == -EINTR || (rc < 0 && s_stop))
         return -EINTR;
     if (rc == -ETIMEDOUT)
-        fprintf(stderr, "swarm status: no answer from %s within %d s: is the router running, "
-                "and is --router-key its public key? (a private swarm also needs --key NAME "
-                "of a key on its allow-list)\n", addr, STATUS_TIMEOUT_MS * STATUS_TRIES / 1000);
+        snprintf(err, errlen, "no answer from %s within %d s: is the router running, and is "
+                 "--router-key its public key? (a private swarm also needs --key NAME of a key "
+                 "on its allow-list)", addr, STATUS_TIMEOUT_MS * STATUS_TRIES / 1000);
     else if (rc < 0)
-        fprintf(stderr, "swarm status: asking %s: %s\n", addr, err[0] ? err : strerror(-rc));
+        snprintf(err, errlen, "asking %s: %s", addr, why[0] ? why : strerror(-rc));
     if (rc < 0)
         return rc;
     int type = net_msg_head_const(*reply)->type;
@@ -566,16 +675,28 @@ static int s_ask(net_client_t *client, const char *addr, net_msg_t **reply)
         return 0;
     char reason[256] = "";
     if (type != NET_MSG_ERROR)
-        fprintf(stderr, "swarm status: %s answered %s, not STATUS: is it a swarm router?\n", addr,
-                net_msg_type_name(type));
+        snprintf(err, errlen, "%s answered %s, not STATUS: is it a swarm router?", addr,
+                 net_msg_type_name(type));
     if (type == NET_MSG_ERROR && net_msg_meta_get(*reply, "reason", reason, sizeof reason) < 0)
         snprintf(reason, sizeof reason, "(no reason given)");
     for (char *c = reason; *c; c++)
         *c = *c < 0x20 || *c > 0x7e ? '?' : *c; // a peer's text: no control codes
     if (type == NET_MSG_ERROR)
-        fprintf(stderr, "swarm status: the router at %s refused: %s\n", addr, reason);
+        snprintf(err, errlen, "the router at %s refused: %s", addr, reason);
     net_msg_destroy(reply);
     return -EPROTO;
+}
+
+int node_status_load(const char *text, size_t len, json_t **doc, char *err, size_t errlen)
+{
+    status_t *st = malloc(sizeof *st);
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = s_status_parse(text, len, st, doc, err, errlen);
+    free(st);
+    return rc;
 }
 
 // The tables, built in a buffer first so that a redraw is one write.
@@ -607,13 +728,16 @@ static int s_draw(const status_opts_t *o, const status_t *st)
 static int s_show(net_client_t *client, const status_opts_t *o, status_t *st)
 {
     net_msg_t *reply = NULL;
-    int rc = s_ask(client, o->addr, &reply);
-    if (rc < 0)
+    char err[512] = "";
+    int rc = node_status_ask(client, o->addr, 0, &reply, err, sizeof err);
+    if (rc < 0) {
+        if (rc != -EINTR)
+            fprintf(stderr, "swarm status: %s\n", err);
         return rc;
+    }
     size_t len = 0;
     const char *text = net_msg_meta(reply, &len);
-    char err[256] = "";
-    rc = s_status_parse(text, len, st, err, sizeof err);
+    rc = s_status_parse(text, len, st, NULL, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "swarm status: %s sent a malformed status: %s\n", o->addr, err);
     } else if (o->json) {
@@ -680,7 +804,8 @@ int cmd_status(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    status = s_run(client, &o);
+    status = o.serve ? node_dashboard_run(client, o.addr, o.serve, o.watch_s, &s_stop)
+                     : s_run(client, &o);
     net_client_destroy(&client);
 out_destroy_keys:
     net_key_destroy(&ours);

@@ -1,10 +1,12 @@
 #!/bin/sh
-# deps.sh [fuzz] - install what swarm needs to build and test, from Debian
+# deps.sh [fuzz|test] - install what swarm needs to build and test, from Debian
 # packages. Installs only what is missing (checked with pkg-config and dpkg),
 # through sudo when not root. Prints what it does; exits non-zero with the
 # fix when it cannot install. `deps.sh fuzz` (make fuzz) also needs clang
 # with libFuzzer and its sanitizer runtimes (Debian bookworm: clang and
-# libclang-rt-dev, which pulls libclang-rt-14-dev).
+# libclang-rt-dev, which pulls libclang-rt-14-dev). `deps.sh test` (make
+# test) also installs what tests swarm status --serve as its users meet it:
+# headless Chromium, a Prometheus server, curl and jq.
 set -eu
 
 need=""
@@ -21,6 +23,7 @@ have_pc openblas || need="$need libopenblas-dev"
 have_pc libzmq || need="$need libzmq3-dev"
 have_pc libsodium || need="$need libsodium-dev"
 have_pc jansson || need="$need libjansson-dev"
+have_pc libmicrohttpd || need="$need libmicrohttpd-dev"
 have_pc check || need="$need check"
 # make release links libzmq's C++ runtime and OpenBLAS's Fortran one
 # statically: their .a files come with g++ and gfortran, not with gcc
@@ -30,6 +33,12 @@ if command -v gcc >/dev/null 2>&1; then
     gcc_major=${gcc_major%%.*}
     have_a libstdc++.a || need="$need libstdc++-$gcc_major-dev"
     have_a libgfortran.a || need="$need libgfortran-$gcc_major-dev"
+fi
+if [ "${1:-}" = test ]; then
+    command -v chromium >/dev/null 2>&1 || need="$need chromium"
+    { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
+    command -v curl >/dev/null 2>&1 || need="$need curl"
+    command -v jq >/dev/null 2>&1 || need="$need jq"
 fi
 for extra in ${SWARM_EXTRA_DEBS:-}; do have_deb "$extra" || need="$need $extra"; done
 if [ "${1:-}" = fuzz ]; then
@@ -46,7 +55,12 @@ if [ "${1:-}" = fuzz ]; then
 fi
 
 if [ -z "$need" ]; then
-    echo "deps: all present (openblas, libzmq, libsodium, jansson, check, pkg-config${1:+, clang with libFuzzer})"
+    case "${1:-}" in
+    fuzz) extras=", clang with libFuzzer" ;;
+    test) extras=", chromium, prometheus, curl, jq" ;;
+    *) extras="" ;;
+    esac
+    echo "deps: all present (openblas, libzmq, libsodium, jansson, libmicrohttpd, check, pkg-config$extras)"
     exit 0
 fi
 echo "deps: missing:$need"
@@ -74,6 +88,11 @@ why() {
     libzmq3-dev) echo "ZeroMQ, the transport" ;;
     libsodium-dev) echo "libsodium, CurveZMQ keys and BLAKE2b checksums" ;;
     libjansson-dev) echo "jansson, the router's status JSON" ;;
+    libmicrohttpd-dev) echo "libmicrohttpd, the web server of swarm status --serve" ;;
+    chromium) echo "headless Chromium, to test the dashboard's page as a browser draws it" ;;
+    prometheus) echo "Prometheus and promtool, to test the dashboard's /metrics" ;;
+    curl) echo "curl, the tests' HTTP client" ;;
+    jq) echo "jq, to read JSON in the tests" ;;
     check) echo "Check, the unit tests" ;;
     clang) echo "clang, for the libFuzzer targets of make fuzz" ;;
     libclang-rt-dev) echo "clang's libFuzzer and sanitizer runtimes" ;;

@@ -9,6 +9,11 @@
  *                                       and say HELLO, all at once; it counts
  *                                       the ASSIGNs, then all leave without a
  *                                       word: a crowd that comes and goes
+ *   rogue badrouter KEYNAME             a router with the key pair KEYNAME that
+ *                                       answers every message with a STATUS
+ *                                       no router sends (a string for the
+ *                                       step); prints its endpoint, runs
+ *                                       until killed
  */
 #include "net.h"
 
@@ -137,13 +142,47 @@ static int s_crowd(int n, const char *endpoint, const char *router_pub)
     return assigned == n ? 0 : 1;
 }
 
+static int s_badrouter(const char *keyname)
+{
+    char err[256];
+    net_key_t *key = NULL;
+    net_server_t *srv = NULL;
+    net_server_config_t cfg = {
+        .endpoint = "tcp://127.0.0.1:*",
+        .limits = { .max_tensors = 0, .max_dims = 1, .max_dim = 1, .max_payload = 1, .max_meta = 4096 },
+    };
+    if (net_key_load(keyname, &key, err, sizeof err) < 0 ||
+        (cfg.key = key, net_server_new(&cfg, &srv, err, sizeof err)) < 0) {
+        fprintf(stderr, "rogue: %s\n", err);
+        net_key_destroy(&key);
+        return 2;
+    }
+    printf("rogue: listening on %s\n", net_server_endpoint(srv));
+    fflush(stdout);
+    for (;;) {
+        net_peer_t who;
+        net_msg_t *m = NULL;
+        if (net_server_recv(srv, net_clock_ms() + 1000, &who, &m, err, sizeof err) < 0)
+            continue;
+        net_msg_t *reply = net_msg_reply(m, NET_MSG_STATUS);
+        net_msg_destroy(&m);
+        if (reply && net_msg_set_meta(reply, "{\"step\": \"twelve\", \"state\": \"training\"}") == 0)
+            if (net_server_send(srv, &who, &reply) < 0)
+                fprintf(stderr, "rogue: a reply was not sent\n");
+        net_msg_destroy(&reply);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "badrouter"))
+        return s_badrouter(argv[2]);
     if (argc == 5 && !strcmp(argv[1], "crowd"))
         return s_crowd(atoi(argv[2]), argv[3], argv[4]);
     if (argc != 4) {
         fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n"
-                        "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n");
+                        "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n"
+                        "       rogue badrouter KEYNAME\n");
         return 2;
     }
     if (!strcmp(argv[1], "garbage"))

@@ -183,4 +183,23 @@ fi
 kill -INT "$node" 2>/dev/null
 wait_exit "$node" 10
 
+# the dashboard in the bare root: its page is in the file, its HTTP server
+# (libmicrohttpd, linked without GnuTLS) answers, and with no router there
+# /api/state says why
+key=$(sed -n 's/^swarm router: public key \(.*\)$/\1/p' "$TMP/router.log")
+# shellcheck disable=SC2086
+$IN /swarm-linux-x86_64 status tcp://127.0.0.1:9 --router-key "$key" --serve 127.0.0.1:0 \
+    >"$TMP/dash.log" 2>&1 &
+dash=$!
+pids="$pids $dash"
+wait_grep "$TMP/dash.log" "dashboard at http://" 10
+url=$(sed -n 's|^swarm status: dashboard at \(http://[0-9.:]*/\).*|\1|p' "$TMP/dash.log")
+if [ -n "$url" ] && curl -s --max-time 5 "$url" | grep -q "<title>swarm</title>" \
+    && curl -s --max-time 5 "${url}api/state" | grep -q '"error": "no answer from tcp://127.0.0.1:9'; then
+    ok "in the bare root, swarm status --serve serves its page and /api/state at $url"
+else
+    bad "in the bare root, swarm status --serve:"; sed 's/^/     /' "$TMP/dash.log"
+fi
+kill "$dash" 2>/dev/null
+
 lib_done

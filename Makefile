@@ -290,14 +290,15 @@ FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Inet -Inode -Iblas -Iswarm -Itests $(BLAS_CFLAGS) $(ZMQ_CFLAGS) $(SODIUM_CFLAGS) \
-                $(JANSSON_CFLAGS)
+                $(JANSSON_CFLAGS) $(MHD_CFLAGS) -DDASHBOARD_PATH='"node/dashboard.html"'
 FUZZ_LIBS    := $(ZMQ_LIBS) $(SODIUM_LIBS) -lm -lpthread
 FUZZ_SRC_wire   := tests/fuzz_wire.c net/wire.c net/codec.c
 FUZZ_SRC_keys   := tests/fuzz_keys.c $(NET_SRC)
 FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC) swarm/engine_decode.c
 FUZZ_SRC_files  := tests/fuzz_files.c node/files.c node/model.c
-FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/join.c $(NET_SRC)
-FUZZ_LIBS_status := $(JANSSON_LIBS)
+FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/join.c node/dashboard.c \
+                   node/dashboard_page.S $(NET_SRC)
+FUZZ_LIBS_status := $(JANSSON_LIBS) $(MHD_LIBS)
 FUZZ_LEN_wire   := 16384
 FUZZ_LEN_files  := 16384
 FUZZ_LEN_keys   := 4096

@@ -395,13 +395,48 @@ static void s_nap(double s, volatile sig_atomic_t *stop)
     }
 }
 
+// An answer's status text (len bytes, from the network): checked, and
+// added to what p holds. 0, or -EPROTO with the reason in err.
+static int s_take(poll_t *p, const char *text, size_t len, char *err, size_t errlen)
+{
+    json_t *fresh = NULL;
+    int rc = node_status_load(text, len, &fresh, err, errlen);
+    if (rc == 0) {
+        p->down_since = 0;
+        p->error[0] = '\0';
+        s_merge(p, fresh);
+    }
+    return rc;
+}
+
+int node_dashboard_feed(const char *const *texts, const size_t *lens, int n, char **state,
+                        char **metrics)
+{
+    poll_t p = {0};
+    int taken = 0;
+    for (int i = 0; i < n; i++) {
+        char why[400] = "";
+        p.polls++;
+        if (s_take(&p, texts[i], lens[i], why, sizeof why) == 0) {
+            taken++;
+            continue;
+        }
+        p.failures++;
+        p.down_since = p.down_since ? p.down_since : 1;
+        snprintf(p.error, sizeof p.error, "a malformed status: %s", why);
+    }
+    *state = s_state_text(&p);
+    *metrics = s_metrics(&p);
+    json_decref(p.doc);
+    return taken;
+}
+
 // One poll: the router's answer checked and added, or why not in p->error.
 // The log says when the router stops answering and when it answers again.
 static void s_poll(poll_t *p, net_client_t *client, const char *addr)
 {
     net_msg_t *reply = NULL;
     char err[600] = "";
-    json_t *fresh = NULL;
     p->polls++;
     int rc = node_status_ask(client, addr, p->down_since ? 0 : p->cursor, &reply, err, sizeof err);
     if (rc == -EINTR)
@@ -410,7 +445,7 @@ static void s_poll(poll_t *p, net_client_t *client, const char *addr)
         size_t len = 0;
         const char *text = net_msg_meta(reply, &len);
         char why[400] = "";
-        rc = node_status_load(text, len, &fresh, why, sizeof why);
+        rc = s_take(p, text, len, why, sizeof why);
         if (rc < 0)
             snprintf(err, sizeof err, "%s sent a malformed status: %s", addr, why);
         net_msg_destroy(&reply);
@@ -418,9 +453,7 @@ static void s_poll(poll_t *p, net_client_t *client, const char *addr)
     if (rc == 0) {
         if (p->told)
             printf("swarm status: %s answers again\n", addr);
-        p->down_since = p->told = 0;
-        p->error[0] = '\0';
-        s_merge(p, fresh);
+        p->told = 0;
     } else {
         p->failures++;
         if (!p->told || strcmp(err, p->error) != 0)

@@ -399,6 +399,12 @@ int node_status_load(const char *text, size_t len, json_t **doc, char *err, size
 // The exit status: 0 after Ctrl-C, 1 when it cannot listen.
 int node_dashboard_run(net_client_t *client, const char *addr, const char *serve, double poll_s,
                        volatile sig_atomic_t *stop);
+// The dashboard's path without sockets (the tests and the fuzz target): n
+// answers' status texts (from the network) taken in order as its polls
+// take them; *state and *metrics (malloc'd, NULL out of memory) are what
+// /api/state and /metrics would serve after the last. The answers taken.
+int node_dashboard_feed(const char *const *texts, const size_t *lens, int n, char **state,
+                        char **metrics);
 
 // mkdir -p DIR with mode (0755, 0700): 0, or -errno with err naming the
 // folder that could not be made.

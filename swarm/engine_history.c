@@ -60,6 +60,11 @@ engine_history_t *engine_history_new(void)
     return h;
 }
 
+size_t engine_history_size(void)
+{
+    return sizeof(engine_history_t);
+}
+
 // The history was rewritten: every cursor given so far gets all of it.
 static void s_rewritten(engine_history_t *h)
 {

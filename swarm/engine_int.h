@@ -360,6 +360,7 @@ static inline void s_ignore(int rc)
 
 // The history STATUS carries (engine_history.c).
 engine_history_t *engine_history_new(void);
+size_t engine_history_size(void);    // its bytes: fixed (engine_memory)
 void engine_history_step(swarm_engine_t *r, double step_s);
 void engine_history_eval(swarm_engine_t *r, double train, double val);
 void engine_history_rollback(swarm_engine_t *r, long step);

@@ -62,8 +62,10 @@ size_t engine_memory(const swarm_engine_t *r)
     // long as the blocks); a request holds no payload (its message is sent)
     size_t blocks = ((size_t) r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK;
     n += blocks * (sizeof *r->req_blocks + REQ_BLOCK * (sizeof(req_t) + sizeof *r->req_free));
-    // (the STATUS document and every message are freed before the call that
-    // made them returns; the log limiter lives in the engine's struct)
+    // the history STATUS carries: fixed in size (the STATUS document and
+    // every message are freed before the call that made them returns; the
+    // log limiter lives in the engine's struct)
+    n += engine_history_size();
     return n;
 }
 
@@ -140,5 +142,5 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     // the most in flight at once, in whole blocks
     size_t blocks = (s_requests_max(r, P) + REQ_BLOCK - 1) / REQ_BLOCK;
     n += blocks * (sizeof(req_t *) + REQ_BLOCK * (sizeof(req_t) + sizeof(int)));
-    return n;
+    return n + engine_history_size();
 }

@@ -12,6 +12,7 @@
  */
 #include "engine_int.h"
 #include "swarm.h"
+#include "node.h"
 
 #include <check.h>
 #include <errno.h>
@@ -275,6 +276,31 @@ static json_t *s_status(swarm_engine_t *e, world_t *w, int64_t now, json_t **pee
     *peers = json_object_get(doc, "peers");
     ck_assert(json_is_array(*peers));
     return doc;
+}
+
+// The STATUS text with the history after cursor `since` (malloc'd).
+static char *s_status_text(swarm_engine_t *e, world_t *w, int64_t now, uint64_t since)
+{
+    char meta[40];
+    snprintf(meta, sizeof meta, "since=%llu", (unsigned long long) since);
+    net_msg_t *m = net_msg_new(NET_MSG_STATUS);
+    ck_assert_int_eq(net_msg_set_meta(m, meta), 0);
+    net_peer_t who = s_who(99999);
+    swarm_engine_message(e, now, &who, m);
+    net_msg_destroy(&m);
+    ck_assert_ptr_nonnull(w->status);
+    return strdup(w->status);
+}
+
+// "history" of a STATUS text, parsed (the caller frees doc).
+static json_t *s_history(const char *text, json_t **doc)
+{
+    json_error_t jerr;
+    *doc = json_loads(text, 0, &jerr);
+    ck_assert_msg(*doc != NULL, "STATUS is not JSON: %s", jerr.text);
+    json_t *h = json_object_get(*doc, "history");
+    ck_assert(json_is_object(h));
+    return h;
 }
 
 // ---- tests ------------------------------------------------------------------
@@ -579,6 +605,132 @@ START_TEST(test_engine_memory_stays_within_its_bound_through_churn)
 }
 END_TEST
 
+static void s_rounds_to_step(world_t *w, swarm_engine_t *e, long step)
+{
+    for (int round = 0; e->step < step && round < 100000; round++, w->now += 10)
+        s_round(w, e);
+    ck_assert_int_ge(e->step, step);
+}
+
+// A poll with since=CURSOR gets only the points and events after it; the
+// dashboard's path (node_dashboard_feed) adds them to what it holds, and
+// holds what a poll of the whole history gives.
+START_TEST(test_engine_status_history_after_a_cursor)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 6);
+    s_rounds_to_step(&w, e, 30);
+    json_t *d0, *d1, *d2;
+    char *t0 = s_status_text(e, &w, w.now, 0);
+    json_t *h0 = s_history(t0, &d0);
+    long step0 = e->step;
+    ck_assert_int_eq((int) json_array_size(json_object_get(h0, "loss")), (int) step0);
+    ck_assert_int_eq((int) json_integer_value(json_object_get(h0, "since")), 0);
+    ck_assert_int_gt((int) json_array_size(json_object_get(h0, "events")), 0);
+    uint64_t c0 = (uint64_t) json_integer_value(json_object_get(h0, "cursor"));
+    // nothing new: nothing sent
+    char *same = s_status_text(e, &w, w.now, c0);
+    json_t *ds, *hs = s_history(same, &ds);
+    ck_assert_int_eq((int) json_array_size(json_object_get(hs, "loss")), 0);
+    ck_assert_int_eq((int) json_array_size(json_object_get(hs, "events")), 0);
+    ck_assert_int_eq((int) json_integer_value(json_object_get(hs, "since")), (int) c0);
+    s_rounds_to_step(&w, e, 80); // past an evaluation and checkpoints
+    char *t1 = s_status_text(e, &w, w.now, c0), *t2 = s_status_text(e, &w, w.now, 0);
+    json_t *h1 = s_history(t1, &d1), *h2 = s_history(t2, &d2);
+    json_t *loss1 = json_object_get(h1, "loss");
+    ck_assert_int_eq((int) json_array_size(loss1), (int) (e->step - step0));
+    ck_assert_int_eq((int) json_integer_value(json_array_get(json_array_get(loss1, 0), 0)),
+                     (int) step0 + 1);
+    ck_assert_int_gt((int) json_array_size(json_object_get(h1, "evals")), 0);
+    // a cursor the router never gave (ahead of it): the whole history
+    char *ahead = s_status_text(e, &w, w.now, 1u << 30);
+    json_t *da, *ha = s_history(ahead, &da);
+    ck_assert(json_equal(ha, h2));
+    const char *texts[] = { t0, t1 };
+    size_t lens[] = { strlen(t0), strlen(t1) };
+    char *state = NULL, *metrics = NULL;
+    ck_assert_int_eq(node_dashboard_feed(texts, lens, 2, &state, &metrics), 2);
+    json_t *merged = json_loads(state, 0, NULL);
+    ck_assert_msg(json_equal(merged, d2), "the dashboard holds %.300s...\nthe router says %.300s...",
+                  state, t2);
+    char want[64];
+    snprintf(want, sizeof want, "\nswarm_step %ld\n", e->step);
+    ck_assert_msg(strstr(metrics, want), "%s", metrics);
+    ck_assert_msg(strstr(metrics, "\nswarm_router_up 1\n"), "%s", metrics);
+    ck_assert_msg(strstr(metrics, "\nswarm_checkpoints_total 3\n"), "%s", metrics);
+    json_decref(merged);
+    free(state);
+    free(metrics);
+    // a garbled answer after them: /api/state says why, and keeps the last
+    const char *bad[] = { t0, "{\"step\": [}" };
+    size_t bad_lens[] = { strlen(t0), strlen(bad[1]) };
+    ck_assert_int_eq(node_dashboard_feed(bad, bad_lens, 2, &state, &metrics), 1);
+    merged = json_loads(state, 0, NULL);
+    ck_assert_msg(strstr(json_string_value(json_object_get(merged, "error")), "malformed"), "%s", state);
+    ck_assert(json_equal(json_object_get(merged, "last"), d0));
+    ck_assert_msg(strstr(metrics, "\nswarm_router_up 0\n") && !strstr(metrics, "swarm_step"), "%s",
+                  metrics);
+    json_decref(merged);
+    free(state);
+    free(metrics);
+    json_decref(d0);
+    json_decref(ds);
+    json_decref(d1);
+    json_decref(d2);
+    json_decref(da);
+    free(t0);
+    free(same);
+    free(t1);
+    free(t2);
+    free(ahead);
+    s_close(&w, &e);
+}
+END_TEST
+
+// A series past HIST_POINTS keeps every other point and a rollback cuts
+// it back; either way a cursor from before gets all of it again.
+START_TEST(test_engine_history_thins_and_rolls_back)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000);
+    json_t *d, *h;
+    char *t = s_status_text(e, &w, 2000, 0);
+    h = s_history(t, &d);
+    uint64_t c = (uint64_t) json_integer_value(json_object_get(h, "cursor"));
+    json_decref(d);
+    free(t);
+    for (long k = 1; k <= 5000; k++) {
+        e->step = k;
+        e->last_loss = (float) k;
+        engine_history_step(e, 0.01);
+    }
+    t = s_status_text(e, &w, 2000, c);
+    h = s_history(t, &d);
+    json_t *loss = json_object_get(h, "loss"), *pt;
+    size_t i;
+    ck_assert_int_eq((int) json_integer_value(json_object_get(h, "since")), 0);
+    ck_assert_int_eq((int) json_integer_value(json_object_get(h, "loss_every")), 2);
+    ck_assert_int_eq((int) json_array_size(loss), 2500);
+    json_array_foreach(loss, i, pt) {
+        ck_assert_int_eq((int) json_integer_value(json_array_get(pt, 0)), 2 * ((int) i + 1));
+        ck_assert(json_real_value(json_array_get(pt, 1)) == 2.0 * ((double) i + 1));
+    }
+    c = (uint64_t) json_integer_value(json_object_get(h, "cursor"));
+    json_decref(d);
+    free(t);
+    engine_history_rollback(e, 1000);
+    t = s_status_text(e, &w, 2000, c);
+    h = s_history(t, &d);
+    loss = json_object_get(h, "loss");
+    ck_assert_int_eq((int) json_integer_value(json_object_get(h, "since")), 0);
+    ck_assert_int_eq((int) json_array_size(loss), 500);
+    ck_assert_int_eq((int) json_integer_value(json_array_get(json_array_get(loss, 499), 0)), 1000);
+    json_decref(d);
+    free(t);
+    s_close(&w, &e);
+}
+END_TEST
+
 START_TEST(test_engine_refuses_a_bad_config_by_name)
 {
     world_t w = { 0 };
@@ -600,6 +752,8 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_assigns_a_crowd_of_1000_with_no_fixed_table);
     tcase_add_test(tc, test_engine_reuses_the_entries_of_the_dead_and_keeps_64);
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
+    tcase_add_test(tc, test_engine_status_history_after_a_cursor);
+    tcase_add_test(tc, test_engine_history_thins_and_rolls_back);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");

@@ -1,16 +1,21 @@
 /* fuzz_status.c - libFuzzer target for `swarm status`'s reading of the
  * router's STATUS reply: jansson's parser under status.c's limits, the
- * reading of the fields and the tables it prints (node/status.c), on any
- * bytes.
+ * reading of the fields (the history and counters too) and the tables it
+ * prints (node/status.c), and the dashboard's path (node/dashboard.c): the
+ * reply taken twice, the second as if it were what is new since the
+ * first's cursor, then /api/state and /metrics rendered, on any bytes.
  *
  * Input: the reply's meta text, as it came off the wire. The parser must
  * accept or refuse it with a reason (-EPROTO), and an accepted reply must
- * print; anything else aborts. The tables go to /dev/null.
+ * print; the dashboard must serve JSON either way (the document, or why it
+ * has none) and say in /metrics whether the router is up; anything else
+ * aborts. The tables go to /dev/null.
  */
 #include "fuzz.h"
 #include "node.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +29,18 @@ int fuzz_status_one(const uint8_t *data, size_t size)
     int rc = node_status_show((const char *) data, size, "tcp://fuzz:7070", out, err, sizeof err);
     if (rc != 0 && (rc != -EPROTO || !err[0]))
         abort();
+    const char *texts[] = { (const char *) data, (const char *) data };
+    size_t lens[] = { size, size };
+    char *state = NULL, *metrics = NULL;
+    int taken = node_dashboard_feed(texts, lens, 2, &state, &metrics);
+    json_t *doc = state ? json_loads(state, JSON_ALLOW_NUL, NULL) : NULL;
+    if ((taken != 0 && taken != 2) || (taken && rc != 0) || !json_is_object(doc) || !metrics ||
+        !strstr(metrics, taken ? "\nswarm_router_up 1\n" : "\nswarm_router_up 0\n") ||
+        (!taken && !json_is_string(json_object_get(doc, "error"))))
+        abort();
+    json_decref(doc);
+    free(state);
+    free(metrics);
     return rc;
 }
 
@@ -68,6 +85,19 @@ static const struct {
      "{\"state\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\","
      " \"peers\": [{\"device\": \"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\"}]}"},
     {"ok-huge-numbers", "{\"step\": 1e308, \"eta_s\": 1e300, \"tok_s\": -1e308, \"peers\": [{\"id\": -0.0}]}"},
+    {"ok-history",
+     "{\"step\": 3, \"state\": \"training\", \"now_s\": 12.5,\n"
+     " \"counters\": {\"rollbacks\": 0, \"bans\": 1, \"wire_in\": {\"activations\": 1024}},\n"
+     " \"history\": {\"cursor\": 9, \"since\": 4, \"loss_every\": 1, \"events_kept\": 64,\n"
+     "  \"loss\": [[2, 5.1], [3, 5.0]], \"evals\": [[3, 5.0, null]], \"speed\": [[12.5, 900.0, null]],\n"
+     "  \"events\": [[11.0, \"warn\", \"peer 2 (b): its connection is gone\"]]}}"},
+    {"bad-history-not-an-object", "{\"history\": [1]}"},
+    {"bad-history-point-of-strings", "{\"history\": {\"loss\": [[\"1\", \"5.0\"]]}}"},
+    {"bad-history-point-too-long", "{\"history\": {\"speed\": [[1, 2, 3, 4]]}}"},
+    {"bad-history-event-shape", "{\"history\": {\"events\": [[1.0, 2, \"text\"]]}}"},
+    {"bad-history-cursor-string", "{\"history\": {\"cursor\": \"9\"}}"},
+    {"bad-counters-string", "{\"counters\": {\"bans\": \"one\"}}"},
+    {"bad-counters-nested-twice", "{\"counters\": {\"wire_in\": {\"a\": {\"b\": 1}}}}"},
     {"bad-empty", ""},
     {"bad-not-an-object", "[1, 2, 3]"},
     {"bad-text-after", "{\"step\": 1} {\"step\": 2}"},

@@ -136,6 +136,10 @@ cp "$TMP/k1.pub" "$TMP/bad.pub"
 expect_error "node with a key file that is not a key" "--key $TMP/bad: $TMP/bad.key: expected one line of 40 Z85 characters.*regenerate" \
     node --join tcp://127.0.0.1:9 --router-key "$TMP/k1.pub" --key "$TMP/bad"
 expect_error "status with a join token cut short" "no /KEY" status swarm://127.0.0.1:9
+expect_error "status --serve with no address" "--serve needs \[HOST:\]PORT" \
+    status tcp://127.0.0.1:9 --router-key "$TMP/k1.pub" --serve
+expect_error "status --serve and --json" "--serve and --json" \
+    status tcp://127.0.0.1:9 --router-key "$TMP/k1.pub" --serve 0 --json
 expect_error "router with stages > layers" "--stages 9" router --stages 9 --layers 2 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with an unknown wire format" "--wire bf16: expected fp32, fp16 or int8" \
     router --wire bf16 --listen tcp://127.0.0.1:0 --key "$TMP/k1"

@@ -340,6 +340,12 @@ bench-net: $(BUILD)/bench_net
 	@sh scripts/bench-net.sh $(BUILD)
 .PHONY: bench-net
 
+# scripts/bench-dashboard.sh: what a STATUS reply costs the engine, and a
+# dashboard the router (beside its own CPU use)
+$(BUILD)/bench_status: $(BUILD)/obj/tests/bench_status.o $(SWARM_OBJ) $(NET_OBJ)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(JANSSON_LIBS) $(LIBS) -o $@
+
 # ---- make release: one file for a volunteer ---------------------------------
 # $(BUILD)/release/swarm-linux-x86_64: $(BUILD)/swarm's objects, linked so
 # that only glibc stays dynamic (libc, libm, ld-linux; also libdl, libpthread

@@ -296,7 +296,7 @@ FUZZ_SRC_wire   := tests/fuzz_wire.c net/wire.c net/codec.c
 FUZZ_SRC_keys   := tests/fuzz_keys.c $(NET_SRC)
 FUZZ_SRC_meta   := tests/fuzz_meta.c $(NET_SRC) swarm/engine_decode.c
 FUZZ_SRC_files  := tests/fuzz_files.c node/files.c node/model.c
-FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/join.c node/dashboard.c \
+FUZZ_SRC_status := tests/fuzz_status.c node/status.c node/cmd_status.c node/join.c node/dashboard.c \
                    node/dashboard_page.S $(NET_SRC)
 FUZZ_LIBS_status := $(JANSSON_LIBS) $(MHD_LIBS)
 FUZZ_LEN_wire   := 16384

@@ -92,6 +92,36 @@ else
     bad "status ($st): $ready ready, $keys keys:"; cat "$TMP/status.json"
 fi
 
+# README's dashboard line, with the token printed: the page it names, in a
+# browser (headless Chromium), lists both peers ready (port 8080 taken by
+# another program on this machine: the same line on a free port)
+serve_line=$(awk '/^## Quick start/ { on = 1 } on && /^swarm status .*--serve/ { print; exit }' "$README" \
+    | sed 's/ *#.*//')
+sv=$(echo "$serve_line" | sed "s|swarm://[^ ]*|$token|")
+for try in literal free; do
+    PATH="$ABS_BUILD:$PATH" sh -c "exec $sv" >"$TMP/dash.log" 2>&1 &
+    dash=$!
+    pids="$pids $dash"
+    wait_grep "$TMP/dash.log" "dashboard at http://\|cannot listen" 10
+    grep -q "Address already in use" "$TMP/dash.log" || break
+    echo "note: port 8080 is taken here; the dashboard line on a free port"
+    sv=$(echo "$sv" | sed 's/--serve [0-9]*/--serve 0/')
+done
+url=$(sed -n 's|^swarm status: dashboard at \(http://[0-9.:]*/\).*|\1|p' "$TMP/dash.log")
+if command -v chromium >/dev/null 2>&1 && [ -n "$url" ]; then
+    sleep 1.5
+    chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+        --user-data-dir="$TMP/chromium" --virtual-time-budget=2500 --dump-dom "$url" \
+        >"$TMP/page.html" 2>/dev/null
+fi
+ready=$(grep -o '<tr class="peer" data-id="[0-9]*" data-state="ready"' "$TMP/page.html" 2>/dev/null | wc -l)
+if [ "$ready" -eq 2 ]; then
+    ok "'$serve_line': $url in a browser lists the two peers ready"
+else
+    bad "'$sv' ($url): $ready ready peers on the page:"; cat "$TMP/dash.log"
+fi
+kill "$dash" 2>/dev/null
+
 # a key a live node holds, given with --key: refused at start, on this machine
 holder=$k1
 if "$ABS_BUILD/swarm" node --join "$token" --key "${holder%.key}" >"$TMP/dup1.log" 2>&1; then

@@ -167,6 +167,7 @@ static void s_counters(FILE *f, const json_t *doc)
         {"spot_checks", "swarm_spot_checks_total", "Forwards verified on a second replica."},
         {"audits", "swarm_audits_total", "Gradient sums recomputed by another replica."},
         {"audit_caught", "swarm_audit_liars_caught_total", "Audits that expelled a liar."},
+        {"status_refused", "swarm_status_refused_total", "STATUS requests the router refused: over its budget (a flood)."},
     };
     const json_t *counters = json_object_get(doc, "counters");
     for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {

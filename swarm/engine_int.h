@@ -45,6 +45,28 @@ typedef struct {
 
 typedef struct engine_history engine_history_t;
 
+// STATUS answered at most STATUS_RATE a second in all (a burst of
+// STATUS_BURST) and STATUS_KEY_RATE a second to one key (a burst of
+// STATUS_KEY_BURST): its answer is the largest the router sends unasked
+// for work, to anyone who can reach its port (engine_status.c).
+#define STATUS_RATE 20.0
+#define STATUS_BURST 40.0
+#define STATUS_KEY_RATE 5.0
+#define STATUS_KEY_BURST 10.0
+#define STATUS_KEYS 64       // recent askers whose own budget is kept
+typedef struct {
+    char key[NET_KEY_Z85_LEN + 1];
+    double tokens;           // its budget left, at `at`
+    int64_t at;              // ms
+} status_asker_t;
+typedef struct {
+    double tokens;           // the budget of all askers left, at `at`
+    int64_t at;              // ms, 0 before the first STATUS
+    status_asker_t askers[STATUS_KEYS];
+    int next;                // the entry a new asker takes (the oldest)
+    uint64_t refused;        // STATUS refused for the budget
+} status_budget_t;
+
 typedef struct {
     net_peer_t who;          // identity: public key, and the connection that speaks for it
     net_peer_t rival;        // another connection with its key that said HELLO, or zeroes
@@ -338,6 +360,7 @@ struct swarm_engine_s {
     long window_n;           // steps begun
     uint64_t wire_in[3];     // tensor bytes received by class (W_*)
     uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
+    status_budget_t status_budget; // how many STATUS it answers (engine_status.c)
     int bans;                // peers banned (for a while or for the run)
     int checkpoints;         // checkpoints whole (the caller wrote them)
     engine_history_t *hist;  // what swarm status --serve draws (engine_history.c)

@@ -78,13 +78,14 @@ static json_t *s_status_counters(const swarm_engine_t *r)
     json_t *out = json_pack("{s:I, s:I, s:I}", "activations", (json_int_t) r->wire_out[W_ACTS],
                             "gradients", (json_int_t) r->wire_out[W_GRADS],
                             "state", (json_int_t) r->wire_out[W_STATE]);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o}",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o, s:I}",
                      "rollbacks", r->rollbacks, "restarts", r->restarts, "expelled",
                      r->expelled, "bans", r->bans, "checkpoints", r->checkpoints,
                      "checksum_mismatches", r->checksum_mismatches, "resyncs", r->resyncs,
                      "spot_checks", r->spot_checks, "audits", r->audits, "audit_caught",
                      r->audit_caught, "bytes_in", (json_int_t) r->bytes_in, "bytes_out",
-                     (json_int_t) r->bytes_out, "wire_in", in, "wire_out", out);
+                     (json_int_t) r->bytes_out, "wire_in", in, "wire_out", out, "status_refused",
+                     (json_int_t) r->status_budget.refused);
 }
 
 // The whole document, its history from cursor `since`; NULL out of memory.
@@ -159,8 +160,56 @@ static uint64_t s_since(const net_msg_t *req)
     return errno || *end ? 0 : (uint64_t) v;
 }
 
+// A budget that refills at `rate` a second up to `burst`, as of now.
+static double s_refill(double tokens, int64_t at, int64_t now, double rate, double burst)
+{
+    double t = tokens + (double) (now - at) / 1000.0 * rate;
+    return t < burst ? t : burst;
+}
+
+// 1 when a STATUS from key may be answered now (and spends from both the
+// key's budget and everyone's), else 0.
+static int s_budget_take(swarm_engine_t *r, const char *key)
+{
+    status_budget_t *b = &r->status_budget;
+    int64_t now = r->now_ms;
+    if (b->at == 0)
+        b->tokens = STATUS_BURST;
+    else
+        b->tokens = s_refill(b->tokens, b->at, now, STATUS_RATE, STATUS_BURST);
+    b->at = now;
+    status_asker_t *a = NULL;
+    for (int k = 0; k < STATUS_KEYS && !a; k++)
+        a = !strcmp(b->askers[k].key, key) ? &b->askers[k] : NULL;
+    if (!a) { // a new asker takes the entry of the one heard from longest ago
+        a = &b->askers[b->next];
+        b->next = (b->next + 1) % STATUS_KEYS;
+        snprintf(a->key, sizeof a->key, "%s", key);
+        a->tokens = STATUS_KEY_BURST;
+        a->at = now;
+    }
+    a->tokens = s_refill(a->tokens, a->at, now, STATUS_KEY_RATE, STATUS_KEY_BURST);
+    a->at = now;
+    if (a->tokens < 1.0 || b->tokens < 1.0) {
+        b->refused++;
+        return 0;
+    }
+    a->tokens -= 1.0;
+    b->tokens -= 1.0;
+    return 1;
+}
+
 void engine_status_reply(swarm_engine_t *r, const net_peer_t *who, const net_msg_t *req)
 {
+    if (!s_budget_take(r, who->key)) {
+        net_msg_t *m = net_msg_reply(req, NET_MSG_ERROR);
+        if (engine_meta(m, "reason=too many STATUS requests: the router answers %.0f a second "
+                        "from one key, %.0f in all; ask again in a second", STATUS_KEY_RATE,
+                        STATUS_RATE) == 0)
+            s_ignore(engine_emit(r, who, &m));
+        net_msg_destroy(&m);
+        return;
+    }
     json_t *doc = s_status_doc(r, s_since(req));
     size_t len = 0;
     char *text = doc ? s_status_text(doc, &len) : NULL;

@@ -36,6 +36,7 @@ typedef struct {
     int sent[NET_MSG_TYPE_MAX + 1];   // messages sent, by type
     char last_to[NET_KEY_Z85_LEN + 1]; // the key of the last one's receiver
     char *status;                // the meta of the last STATUS reply
+    char error[512];             // the reason of the last ERROR
     int lines;                   // log lines
     char log[8192];              // the last of them
     swarm_data_t *data;          // the engine's training bytes
@@ -147,6 +148,8 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     if (h->type <= NET_MSG_TYPE_MAX)
         w->sent[h->type]++;
     snprintf(w->last_to, sizeof w->last_to, "%s", to->key);
+    if (h->type == NET_MSG_ERROR && net_msg_meta_get(*m, "reason", w->error, sizeof w->error) < 0)
+        snprintf(w->error, sizeof w->error, "(no reason)");
     if (h->type == NET_MSG_STATUS) {
         size_t len = 0;
         const char *meta = net_msg_meta(*m, &len);
@@ -687,6 +690,47 @@ START_TEST(test_engine_status_history_after_a_cursor)
 }
 END_TEST
 
+// A flood of STATUS is answered within the budget: a burst from one key,
+// then a few a second; many keys at once, a burst in all. The rest get a
+// short ERROR that says why.
+START_TEST(test_engine_status_floods_are_answered_within_a_budget)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000);
+    for (int i = 1; i <= 20; i++)
+        s_hello(e, 1000, i); // a table worth asking for
+    int status = w.sent[NET_MSG_STATUS], errors = w.sent[NET_MSG_ERROR];
+    net_peer_t one = s_who(77777);
+    for (int i = 0; i < 200; i++) { // one key, as fast as it can
+        net_msg_t *m = net_msg_new(NET_MSG_STATUS);
+        swarm_engine_message(e, 2000, &one, m);
+        net_msg_destroy(&m);
+    }
+    ck_assert_int_eq(w.sent[NET_MSG_STATUS] - status, (int) STATUS_KEY_BURST);
+    ck_assert_int_eq(w.sent[NET_MSG_ERROR] - errors, 200 - (int) STATUS_KEY_BURST);
+    ck_assert_msg(strstr(w.error, "too many STATUS requests"), "%s", w.error);
+    // a second later: the key is answered again, at its rate
+    status = w.sent[NET_MSG_STATUS];
+    for (int i = 0; i < 20; i++) {
+        net_msg_t *m = net_msg_new(NET_MSG_STATUS);
+        swarm_engine_message(e, 3000, &one, m);
+        net_msg_destroy(&m);
+    }
+    ck_assert_int_eq(w.sent[NET_MSG_STATUS] - status, (int) STATUS_KEY_RATE);
+    // a thousand fresh keys at once: what is left of everyone's budget (a
+    // full one, less what the key took since it refilled)
+    status = w.sent[NET_MSG_STATUS];
+    for (int i = 0; i < 1000; i++) {
+        net_msg_t *m = net_msg_new(NET_MSG_STATUS);
+        net_peer_t who = s_who(100000 + i);
+        swarm_engine_message(e, 3000, &who, m);
+        net_msg_destroy(&m);
+    }
+    ck_assert_int_eq(w.sent[NET_MSG_STATUS] - status, (int) (STATUS_BURST - STATUS_KEY_RATE));
+    s_close(&w, &e);
+}
+END_TEST
+
 // A series past HIST_POINTS keeps every other point and a rollback cuts
 // it back; either way a cursor from before gets all of it again.
 START_TEST(test_engine_history_thins_and_rolls_back)
@@ -754,6 +798,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);
     tcase_add_test(tc, test_engine_history_thins_and_rolls_back);
+    tcase_add_test(tc, test_engine_status_floods_are_answered_within_a_budget);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");

@@ -61,7 +61,8 @@ typedef struct {
 } status_asker_t;
 typedef struct {
     double tokens;           // the budget of all askers left, at `at`
-    int64_t at;              // ms, 0 before the first STATUS
+    int64_t at;              // ms
+    int primed;              // a STATUS came: tokens and at are set
     status_asker_t askers[STATUS_KEYS];
     int next;                // the entry a new asker takes (the oldest)
     uint64_t refused;        // STATUS refused for the budget

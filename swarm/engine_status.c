@@ -173,11 +173,9 @@ static int s_budget_take(swarm_engine_t *r, const char *key)
 {
     status_budget_t *b = &r->status_budget;
     int64_t now = r->now_ms;
-    if (b->at == 0)
-        b->tokens = STATUS_BURST;
-    else
-        b->tokens = s_refill(b->tokens, b->at, now, STATUS_RATE, STATUS_BURST);
+    b->tokens = b->primed ? s_refill(b->tokens, b->at, now, STATUS_RATE, STATUS_BURST) : STATUS_BURST;
     b->at = now;
+    b->primed = 1;
     status_asker_t *a = NULL;
     for (int k = 0; k < STATUS_KEYS && !a; k++)
         a = !strcmp(b->askers[k].key, key) ? &b->askers[k] : NULL;

@@ -227,20 +227,43 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
     s_peer_ban(r, p, pe->ban_s, why, line);
 }
 
-// A request's deadline: 20 times what the peer's measured speed says it
-// should take, and never under 5 s (a loaded machine is not a dead one).
+// A request's deadline: 20 times what the peer's speed says it should
+// take, and never under 5 s (a loaded machine is not a dead one). The
+// speed is taken as at least 1/DEADLINE_SLOWEST of the median the router
+// measured of the ready peers (r->speed_floor): a peer that claims a
+// speed near zero at HELLO would otherwise hold a step for hours before
+// its first request is measured.
+#define DEADLINE_SLOWEST 20.0
+
 static int64_t s_deadline_ms(const swarm_engine_t *r, int p)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    double expect = 1000.0 * tokens / (r->peers[p].tok_s > 1.0 ? r->peers[p].tok_s : 1.0);
+    double speed = fmax(fmax(r->peers[p].tok_s, r->speed_floor), 1.0);
+    double expect = 1000.0 * tokens / speed;
     return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
+}
+
+// The floor of the speeds deadlines take: 1/DEADLINE_SLOWEST of the median
+// of the ready peers' measured speeds (0 while none is measured).
+static double s_speed_floor(swarm_engine_t *r)
+{
+    double *speed = r->backlog; // scratch (no views are made meanwhile)
+    int n = 0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_READY && r->peers[p].samples > 0)
+            speed[n++] = r->peers[p].tok_s;
+    if (!n)
+        return 0.0;
+    qsort(speed, (size_t) n, sizeof speed[0], engine_cmp_double);
+    return speed[n / 2] / DEADLINE_SLOWEST;
 }
 
 // A joiner's state on its way (the STATE_GET to a replica, the STATE to
 // the joiner) holds the next step (engine_join_held): 30 s, and a second more
 // for each MB of the stage's state (parameters and both moments), so that
 // a joiner that does not answer or a link that cannot carry the state
-// stalls the swarm that long at most. It is then failed (banned).
+// stalls the swarm that long at most. It is then failed (banned). A
+// checkpoint's read has the same deadline.
 static int64_t s_state_deadline_ms(const swarm_engine_t *r, int stage)
 {
     double mb = stage >= 0 && stage < r->stages ? 3.0 * 4.0 * r->stage_n[stage] / 1e6 : 0.0;
@@ -292,10 +315,16 @@ void engine_reap(swarm_engine_t *r)
 {
     int64_t now = r->now_ms;
     s_probe(r, now);
+    if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
+        r->speed_floor = s_speed_floor(r);
+        r->speed_floor_at = now;
+    }
     for (int i = 0; i < r->req_slots; i++) {
         const req_t *q = engine_req_at(r, i);
+        // a checkpoint's read holds no step up, but the next checkpoint waits
+        // for it: it has a state's deadline too (then it is skipped)
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
-        if (!q->id || (q->kind == R_STATE_GET && q->mb < 0)) // checkpoints hold nothing up
+        if (!q->id)
             continue;
         if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
                   : now - q->sent > s_deadline_ms(r, q->peer))

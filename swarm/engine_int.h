@@ -362,6 +362,8 @@ struct swarm_engine_s {
     uint64_t wire_in[3];     // tensor bytes received by class (W_*)
     uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
     status_budget_t status_budget; // how many STATUS it answers (engine_status.c)
+    double speed_floor;      // the least speed a deadline takes (engine_fail.c)
+    int64_t speed_floor_at;  // ms: when it was last worked out
     int bans;                // peers banned (for a while or for the run)
     int checkpoints;         // checkpoints whole (the caller wrote them)
     engine_history_t *hist;  // what swarm status --serve draws (engine_history.c)
@@ -429,6 +431,7 @@ int engine_meta_add(net_msg_t *m, const char *line);
 enum { DRAW_SPOT = 1, DRAW_AUDIT, DRAW_SOURCE };
 double engine_draw(const swarm_engine_t *r, int what, long a, long b);
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
+int engine_cmp_double(const void *a, const void *b); // qsort, ascending
 // Every change of a peer's state goes through here (its stage changes only
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.
 void engine_peer_state(swarm_engine_t *r, int p, int state);

@@ -304,7 +304,7 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     return 0;
 }
 
-static int s_cmp_double(const void *a, const void *b)
+int engine_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *) a, y = *(const double *) b;
     return (x > y) - (x < y);
@@ -325,7 +325,7 @@ static double s_hello_speed(const swarm_engine_t *r, double hello)
     }
     if (!n)
         return hello;
-    qsort(ratio, (size_t) n, sizeof ratio[0], s_cmp_double);
+    qsort(ratio, (size_t) n, sizeof ratio[0], engine_cmp_double);
     return hello * ratio[n / 2];
 }
 

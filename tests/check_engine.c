@@ -48,6 +48,8 @@ typedef struct {
     unsigned char gone[ANSWER_KEYS];   // peer i's connection is closed: 1 killed, 2 after a
                                        // last reply (a refusal)
     unsigned char refuse[ANSWER_KEYS]; // peer i refuses its next request, then closes
+    unsigned char mute[ANSWER_KEYS];   // peer i answers nothing (stalled; connected)
+    unsigned char mute_state[ANSWER_KEYS]; // peer i answers no STATE_GET (a checkpoint's read)
     int acc[ANSWER_KEYS];        // micro-batches peer i accumulated since its last update
     int live;                    // peers connected
     int64_t now;                 // ms, of the round
@@ -137,7 +139,8 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
             net_msg_destroy(m);
             return -EHOSTUNREACH;
         }
-        net_msg_t *a = s_answer(w, i, *m);
+        int t = h->type, silent = w->mute[i] || (w->mute_state[i] && t == NET_MSG_STATE_GET);
+        net_msg_t *a = silent ? NULL : s_answer(w, i, *m);
         if (a && w->nq == w->q_cap) {
             w->q_cap = w->q_cap ? 2 * w->q_cap : 256;
             ck_assert_ptr_nonnull(w->q = realloc(w->q, (size_t) w->q_cap * sizeof *w->q));
@@ -731,6 +734,66 @@ START_TEST(test_engine_status_floods_are_answered_within_a_budget)
 }
 END_TEST
 
+// Peer i's entry (by its key).
+static peer_t *s_peer_of(swarm_engine_t *e, int i)
+{
+    net_peer_t who = s_who(i);
+    int p = engine_peer_find(e, &who);
+    ck_assert_int_ge(p, 0);
+    return &e->peers[p];
+}
+
+// A peer that claims a speed near zero at HELLO, then stalls with work: its
+// deadline is not hours long (it takes at least 1/20 of the median measured
+// speed), so the swarm waits for it seconds, and trains on.
+START_TEST(test_engine_a_tiny_claimed_speed_holds_no_step_for_long)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 6);
+    s_rounds_to_step(&w, e, 20);
+    net_msg_t *m = net_msg_new(NET_MSG_HELLO);
+    ck_assert_int_eq(net_msg_set_meta(m, "proto=1\nname=slowclaim\ndevice=cpu\ntok_s=0.000001\n"), 0);
+    net_peer_t who = s_who(7);
+    swarm_engine_message(e, w.now, &who, m);
+    net_msg_destroy(&m);
+    w.live++;
+    for (int round = 0; s_peer_of(e, 7)->state != P_READY && round < 10000; round++, w.now += 10)
+        s_round(&w, e);
+    ck_assert_int_eq(s_peer_of(e, 7)->state, P_READY);
+    w.mute[7] = 1; // it holds what it is sent from now on
+    int64_t muted = w.now;
+    for (int round = 0; s_peer_of(e, 7)->state != P_DEAD && round < 100000; round++, w.now += 10)
+        s_round(&w, e);
+    ck_assert_int_eq(s_peer_of(e, 7)->state, P_DEAD);
+    ck_assert_msg(w.now - muted <= 10000, "the stalled peer held the swarm %lld ms",
+                  (long long) (w.now - muted));
+    ck_assert_msg(strstr(w.log, "(slowclaim) missed the deadline"), "%s", w.log);
+    long step = e->step;
+    s_rounds_to_step(&w, e, step + 20);
+    s_close(&w, &e);
+}
+END_TEST
+
+// A replica that never answers a checkpoint's read: it fails at that read's
+// deadline (a state's), that checkpoint is skipped, and the next ones are
+// taken, where the next one once waited for it for good.
+START_TEST(test_engine_a_checkpoint_read_left_unanswered_is_failed)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 6);
+    s_rounds_to_step(&w, e, 10); // every replica ready, none measured yet by a checkpoint
+    for (int i = 1; i <= 6; i++)
+        w.mute_state[i] = s_peer_of(e, i)->stage == 1; // stage 1's replicas: never
+    int64_t from = w.now;
+    for (int round = 0; e->step < 60 && round < 30000; round++, w.now += 10)
+        s_round(&w, e);
+    ck_assert_msg(e->step >= 60, "stuck at step %ld after %lld ms", e->step, (long long) (w.now - from));
+    ck_assert_msg(strstr(w.log, "missed the deadline of a STATE_GET request"), "%s", w.log);
+    ck_assert_msg(strstr(w.log, "checkpoint of step 25 skipped"), "%s", w.log);
+    s_close(&w, &e);
+}
+END_TEST
+
 // A series past HIST_POINTS keeps every other point and a rollback cuts
 // it back; either way a cursor from before gets all of it again.
 START_TEST(test_engine_history_thins_and_rolls_back)
@@ -799,6 +862,8 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);
     tcase_add_test(tc, test_engine_history_thins_and_rolls_back);
     tcase_add_test(tc, test_engine_status_floods_are_answered_within_a_budget);
+    tcase_add_test(tc, test_engine_a_tiny_claimed_speed_holds_no_step_for_long);
+    tcase_add_test(tc, test_engine_a_checkpoint_read_left_unanswered_is_failed);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");

@@ -359,6 +359,8 @@ static void s_on_error(daemon_t *d, const net_msg_t *msg)
     char reason[512];
     if (net_msg_meta_get(msg, "reason", reason, sizeof reason) != 0)
         snprintf(reason, sizeof reason, "(no reason given)");
+    for (char *c = reason; *c; c++) // the router's text: no control codes reach a terminal
+        *c = (unsigned char) *c < 0x20 || *c == 0x7f ? '?' : *c;
     char fatal[4] = "", notice[4] = "";
     if (net_msg_meta_get(msg, "fatal", fatal, sizeof fatal) != 0)
         fatal[0] = '\0'; // an ERROR that ends the node says fatal=1

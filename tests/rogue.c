@@ -14,6 +14,9 @@
  *                                       no router sends (a string for the
  *                                       step); prints its endpoint, runs
  *                                       until killed
+ *   rogue escrouter KEYNAME             the same, but its answer is an ERROR
+ *                                       whose reason holds terminal escapes
+ *                                       (it clears the screen, retitles it)
  */
 #include "net.h"
 
@@ -142,7 +145,7 @@ static int s_crowd(int n, const char *endpoint, const char *router_pub)
     return assigned == n ? 0 : 1;
 }
 
-static int s_badrouter(const char *keyname)
+static int s_badrouter(const char *keyname, int escapes)
 {
     char err[256];
     net_key_t *key = NULL;
@@ -164,9 +167,11 @@ static int s_badrouter(const char *keyname)
         net_msg_t *m = NULL;
         if (net_server_recv(srv, net_clock_ms() + 1000, &who, &m, err, sizeof err) < 0)
             continue;
-        net_msg_t *reply = net_msg_reply(m, NET_MSG_STATUS);
+        net_msg_t *reply = net_msg_reply(m, escapes ? NET_MSG_ERROR : NET_MSG_STATUS);
         net_msg_destroy(&m);
-        if (reply && net_msg_set_meta(reply, "{\"step\": \"twelve\", \"state\": \"training\"}") == 0)
+        const char *meta = escapes ? "reason=\033[2J\033]0;owned\007you are \033[31mbanned\033[0m\nfatal=1"
+                                   : "{\"step\": \"twelve\", \"state\": \"training\"}";
+        if (reply && net_msg_set_meta(reply, meta) == 0)
             if (net_server_send(srv, &who, &reply) < 0)
                 fprintf(stderr, "rogue: a reply was not sent\n");
         net_msg_destroy(&reply);
@@ -175,14 +180,14 @@ static int s_badrouter(const char *keyname)
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && !strcmp(argv[1], "badrouter"))
-        return s_badrouter(argv[2]);
+    if (argc == 3 && (!strcmp(argv[1], "badrouter") || !strcmp(argv[1], "escrouter")))
+        return s_badrouter(argv[2], !strcmp(argv[1], "escrouter"));
     if (argc == 5 && !strcmp(argv[1], "crowd"))
         return s_crowd(atoi(argv[2]), argv[3], argv[4]);
     if (argc != 4) {
         fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n"
                         "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n"
-                        "       rogue badrouter KEYNAME\n");
+                        "       rogue badrouter|escrouter KEYNAME\n");
         return 2;
     }
     if (!strcmp(argv[1], "garbage"))

@@ -210,4 +210,27 @@ else
     grep -v "crowd[0-9]" "$TMP/crowd.log" | tail -10
 fi
 
+# a router whose refusal holds terminal escapes (it would clear the
+# node's screen and retitle its terminal): the node says it was refused,
+# in one line with no control byte, and exits 1
+"$SWARM" keygen "$TMP/esc-router" >/dev/null
+"$ROGUE" escrouter "$TMP/esc-router" >"$TMP/esc.out" 2>&1 &
+pids="$pids $!"
+wait_grep "$TMP/esc.out" "listening on" 10
+esc_ep=$(sed -n 's/^rogue: listening on //p' "$TMP/esc.out")
+"$SWARM" node --join "$esc_ep" --router-key "$TMP/esc-router.pub" --threads 1 --key "$TMP/esc-node" \
+    >"$TMP/esc-node.log" 2>&1 &
+esc_node=$!
+pids="$pids $esc_node"
+wait_exit "$esc_node" 30
+wait "$esc_node"
+rc=$?
+refused=$(grep "refused us" "$TMP/esc-node.log")
+if [ $rc -eq 1 ] && [ -n "$refused" ] && ! LC_ALL=C grep -q "$(printf '\033')" "$TMP/esc-node.log" \
+    && ! LC_ALL=C grep -q "$(printf '\007')" "$TMP/esc-node.log"; then
+    ok "a router's refusal with terminal escapes reaches the node's log as text: ${refused#*: }"
+else
+    bad "the node refused by a router with escapes (exit $rc):"; cat -v "$TMP/esc-node.log" | tail -5
+fi
+
 lib_done

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -55,6 +56,8 @@ typedef struct {
     uint64_t hello_ids[DAEMON_HELLO_IDS];  // ids of recent HELLOs
     int hello_next;                        // ring index into hello_ids
     double tok_s_bench;                    // tokens/s measured at start
+    size_t memory;                         // its budget for a stage (--memory, or 90% free)
+    size_t heap_idle;                      // heap in use before any stage (s_heap)
     int exit_code;                         // >= 0: leave the loop with this code
 } daemon_t;
 
@@ -231,6 +234,57 @@ static void s_worker_log(void *ctx, const char *line)
     s_log("%s", line);
 }
 
+// Bytes of heap in use now (glibc's mallinfo2: small blocks and mmapped
+// ones), what the node's allocations add up to, measured.
+static size_t s_heap(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+// This process's resident set in bytes (/proc/self/statm), 0 unknown.
+static size_t s_rss(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long pages = 0, rss = 0;
+    int ok = f && fscanf(f, "%llu %llu", &pages, &rss) == 2;
+    if (f)
+        fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return ok && page > 0 ? (size_t) (rss * (unsigned long long) page) : 0;
+}
+
+// Bytes of RAM the kernel says are available now (MemAvailable), 0 unknown.
+static size_t s_ram_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (size_t) kb * 1024;
+}
+
+// The node's memory budget: --memory, or 90% of what is available at
+// start (RAM for the CPU, the device's memory for a GPU). Said once.
+static void s_memory_budget(daemon_t *d)
+{
+    int cpu = !strcmp(d->be->name, "cpu");
+    size_t avail = cpu ? s_ram_available() : d->be->memory;
+    d->memory = d->o.memory ? d->o.memory : (size_t) (0.9 * (double) avail);
+    if (d->o.memory)
+        s_log("memory budget %.1f MiB (--memory)", d->memory / 1048576.0);
+    else if (d->memory)
+        s_log("memory budget %.1f MiB: 90%% of the %.1f MiB %s available (--memory to change it)",
+              d->memory / 1048576.0, avail / 1048576.0, cpu ? "of RAM" : "of the GPU's memory");
+    else
+        s_log("memory budget unknown (this machine does not say what it has free): any stage "
+              "(--memory to set one)");
+}
+
 static int s_setup(daemon_t *d, char *err, size_t n)
 {
     char why[512] = "";
@@ -247,7 +301,9 @@ static int s_setup(daemon_t *d, char *err, size_t n)
         s_log("%s", why); // what --device auto chose
     // with --slowdown F, the speed of the device F times slower it plays
     d->tok_s_bench = s_bench(d->be) / d->o.slowdown;
-    node_worker_config_t wc = { .be = d->be, .cache_mb = d->o.cache_mb,
+    s_memory_budget(d);
+    d->heap_idle = s_heap(); // before any stage: what a stage adds is measured from here
+    node_worker_config_t wc = { .be = d->be, .cache_mb = d->o.cache_mb, .memory = d->memory,
                                 .slowdown = d->o.slowdown, .log = s_worker_log };
     if (!(d->w = node_worker_new(&wc)))
         abort(); // a bookkeeping allocation
@@ -296,7 +352,7 @@ static void s_hello_send(daemon_t *d)
     char meta[512];
     double tok_s = d->tok_s_bench * (s_lying(d, MIS_SPEED) ? 1000.0 : 1.0); // the same yardstick for every node
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
-             d->o.name, d->be->device, d->be->threads, d->be->memory, tok_s);
+             d->o.name, d->be->device, d->be->threads, d->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
     node_meta_set(msg, meta);
     uint64_t id = d->next_id;
@@ -314,8 +370,10 @@ static void s_heartbeat_send(daemon_t *d)
     double tok_s = st.tok_s > 0 ? st.tok_s : d->tok_s_bench;
     if (s_lying(d, MIS_SPEED))
         tok_s *= 1000.0;
-    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld\nslots=%zu",
-             st.stage, d->queued, tok_s, st.step, st.slots);
+    size_t heap = s_heap();
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld\nslots=%zu\n"
+             "memory_used=%zu\nmemory_heap=%zu\nrss=%zu", st.stage, d->queued, tok_s, st.step,
+             st.slots, st.memory_used, heap > d->heap_idle ? heap - d->heap_idle : 0, s_rss());
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
         net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
         node_meta_set(msg, meta);

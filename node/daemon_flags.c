@@ -13,13 +13,13 @@
 // ---- flags -----------------------------------------------------------------
 
 enum { O_JOIN = 1, O_ROUTER_KEY, O_KEY, O_DEVICE, O_THREADS, O_NAME, O_CACHE, O_HELP, O_SLOW,
-       O_EXIT_DONE, O_MISBEHAVE };
+       O_EXIT_DONE, O_MISBEHAVE, O_MEMORY };
 
 static const struct option s_long[] = {
     {"join", 1, 0, O_JOIN}, {"router-key", 1, 0, O_ROUTER_KEY}, {"key", 1, 0, O_KEY},
     {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS}, {"name", 1, 0, O_NAME},
     {"cache-mb", 1, 0, O_CACHE}, {"slowdown", 1, 0, O_SLOW}, {"help", 0, 0, O_HELP},
-    {"exit-when-done", 0, 0, O_EXIT_DONE},
+    {"exit-when-done", 0, 0, O_EXIT_DONE}, {"memory", 1, 0, O_MEMORY},
 #ifdef SWARM_MISBEHAVE
     {"misbehave", 1, 0, O_MISBEHAVE},
 #endif
@@ -50,6 +50,10 @@ void daemon_usage(FILE *out)
         "                          (default 1)\n"
         "  --cache-mb N            activations kept for backward, MiB (default 512;\n"
         "                          0 recomputes the forward for every backward)\n"
+        "  --memory SIZE           what this node may hold for its stage (its state,\n"
+        "                          cached activations, buffers), e.g. 4G (default: 90%%\n"
+        "                          of the memory available at start: RAM for the CPU,\n"
+        "                          the GPU's for cuda)\n"
         "  --exit-when-done        exit 0 when the router's run is over (default: wait\n"
         "                          for the router's next run)\n"
         "Ctrl-C says BYE to the router and leaves.\n");
@@ -115,6 +119,7 @@ static int s_parse_one(daemon_opts_t *o, int id, const char *arg, const char *fl
     case O_NAME: rc = s_parse_name(o, arg, err, n); o->name_given = 1; break;
     case O_EXIT_DONE: o->exit_when_done = 1; break;
     case O_CACHE: rc = node_parse_long("cache-mb", arg, 0, 1L << 24, &o->cache_mb, err, n); break;
+    case O_MEMORY: rc = node_parse_size("memory", arg, &o->memory, err, n); break;
     case O_SLOW: {
         char *end;
         o->slowdown = strtod(arg, &end);

@@ -20,6 +20,7 @@ typedef struct {
     int threads;              // CPU threads, 0 = all cores
     char name[65];            // shown in the router's table
     long cache_mb;            // MiB of cached activations at most
+    size_t memory;            // --memory: bytes it may hold for its stage, 0 = the default
     double slowdown;          // >= 1: sleep so that work takes this many times longer
     int misbehave;            // MIS_* (test builds only: --misbehave)
     long misbehave_from;      // the step it starts at

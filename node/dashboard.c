@@ -237,11 +237,18 @@ static char *s_metrics(const poll_t *p)
         s_each(f, doc, "stages", "node_tok_s", "swarm_stage_bound_tokens_per_second",
                "Tokens a second the stage's replicas say they sustain, summed.");
         s_each(f, doc, "stages", "queue", "swarm_stage_queue", "Requests waiting at the stage's replicas.");
+        s_each(f, doc, "stages", "memory_need", "swarm_stage_memory_need_bytes",
+               "Bytes a node holds for the stage: its state, a micro-batch's activations, buffers.");
         s_each(f, doc, "peers", "tok_s", "swarm_peer_tokens_per_second", "Tokens a second the peer runs.");
         s_each(f, doc, "peers", "inflight", "swarm_peer_inflight", "Requests sent to the peer, not yet answered.");
         s_each(f, doc, "peers", "heartbeat_age_s", "swarm_peer_heartbeat_age_seconds",
                "Seconds since the peer was last heard.");
         s_each(f, doc, "peers", "failures", "swarm_peer_failures", "Requests the peer failed.");
+        s_each(f, doc, "peers", "memory", "swarm_peer_memory_budget_bytes",
+               "Bytes the peer may hold for its stage (its --memory).");
+        s_each(f, doc, "peers", "memory_used", "swarm_peer_memory_used_bytes",
+               "Bytes the peer's stage holds, as it counts them.");
+        s_each(f, doc, "peers", "rss", "swarm_peer_resident_bytes", "The peer process's resident set.");
         s_counters(f, doc);
     }
     fclose(f);

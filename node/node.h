@@ -110,6 +110,20 @@ __attribute__((warn_unused_result))
 int node_stage_grads_fetch(node_stage_t *self);
 void node_stage_grads_zero(node_stage_t *self);
 
+// What a node holds for stage s of plan at micro-batches of `micro`
+// windows (docs/swarm.md "Memory"): the one formula the router plans with
+// and the node keeps to.
+typedef struct {
+    size_t state;             // parameters, gradients, both AdamW moments: 16 bytes each
+    size_t acts;              // one cached micro-batch's activations (a slot)
+    size_t buffers;           // a request's inputs and outputs
+} node_memory_t;
+node_memory_t node_plan_stage_memory(const node_config_t *cfg, const node_plan_t *plan, int s,
+                                     int micro);
+// The bytes of one micro-batch of B windows' activations of stage s (what
+// node_acts_new allocates, and its host losses not included).
+size_t node_plan_acts_bytes(const node_config_t *cfg, const node_plan_t *plan, int s, int B);
+
 // Activations of one micro-batch of B windows (a node keeps one per
 // micro-batch in flight). NULL on allocation failure.
 node_acts_t *node_acts_new(node_stage_t *stage, int B, char *err, size_t errlen);
@@ -304,6 +318,10 @@ void node_train_help(FILE *out);
 // A whole number in lo..hi for flag --FLAG; -EINVAL naming the flag otherwise.
 __attribute__((warn_unused_result))
 int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err, size_t errlen);
+// A size: a number with an optional K, M, G or T (powers of 1024; "GiB",
+// "GB" and "g" are the same), at least 1M. 0, or -EINVAL naming --flag.
+__attribute__((warn_unused_result))
+int node_parse_size(const char *flag, const char *s, size_t *out, char *err, size_t errlen);
 // The starting state: from --resume (also fills the schedule from the
 // checkpoint and *step), --init, or fresh weights from --seed. Arrays are
 // malloc'ed; m and v stay NULL unless resuming.

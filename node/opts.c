@@ -94,6 +94,32 @@ int node_parse_long(const char *flag, const char *s, long lo, long hi, long *out
     return 0;
 }
 
+int node_parse_size(const char *flag, const char *s, size_t *out, char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double unit = 1.0;
+    switch (*end == '\0' ? 0 : end[0] | 0x20) { // K, M, G, T: powers of 1024
+    case 'k': unit = 1024.0, end++; break;
+    case 'm': unit = 1048576.0, end++; break;
+    case 'g': unit = 1073741824.0, end++; break;
+    case 't': unit = 1099511627776.0, end++; break;
+    default: break;
+    }
+    if (unit > 1.0 && *end == 'i')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    double bytes = v * unit;
+    if (errno || end == s || *s == '\0' || *end != '\0' || !(bytes >= 1048576.0) || bytes > 1e18) {
+        snprintf(err, n, "--%s %s: expected a size of at least 1M, e.g. 512M, 8G or 1.5GiB", flag, s);
+        return -EINVAL;
+    }
+    *out = (size_t) bytes;
+    return 0;
+}
+
 static int s_parse_double(const char *flag, const char *s, double lo, double hi, double *out,
                           char *err, size_t n)
 {

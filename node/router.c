@@ -300,6 +300,12 @@ static int s_listen(router_t *r, char *err, size_t n)
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
                G, G == 1 ? "" : "es", S, 100.0 * idle);
+    // what a node must have for each stage (its --memory): the one formula both use
+    printf("swarm router: a node holds for its stage");
+    for (int s = 0; s < S; s++)
+        printf("%s %d %.1f MiB", s ? "," : "", s, r->c.stage_need[s] / 1048576.0);
+    printf(" (its state, a micro-batch's activations, buffers); it is given only a stage its "
+           "--memory holds\n");
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);
     node_join_print(stdout, ep, net_key_public(r->key));

@@ -210,6 +210,28 @@ static size_t s_acts_layout(node_acts_t *a, const node_stage_t *st, char *base)
     return (size_t) (cur - base);
 }
 
+size_t node_plan_acts_bytes(const node_config_t *cfg, const node_plan_t *plan, int s, int B)
+{
+    node_stage_t st = {.cfg = *cfg, .index = s, .count = plan->stages,
+                       .layers = plan->first[s + 1] - plan->first[s]};
+    layer_acts_t layer[NODE_MAX_LAYERS];
+    node_acts_t a = {.stage = &st, .B = B, .layer = layer};
+    return s_acts_layout(&a, &st, NULL);
+}
+
+node_memory_t node_plan_stage_memory(const node_config_t *cfg, const node_plan_t *plan, int s,
+                                     int micro)
+{
+    size_t off, n;
+    node_plan_stage_range(cfg, plan, s, &off, &n);
+    size_t tokens = (size_t) micro * cfg->T;
+    return (node_memory_t) {
+        .state = 4 * n * sizeof(float), // parameters, gradients, both moments
+        .acts = node_plan_acts_bytes(cfg, plan, s, micro) + tokens * sizeof(float),
+        .buffers = 2 * tokens * sizeof(int32_t) + 3 * tokens * cfg->C * sizeof(float),
+    };
+}
+
 node_acts_t *node_acts_new(node_stage_t *stage, int B, char *err, size_t errlen)
 {
     node_acts_t *self = calloc(1, sizeof *self);

@@ -32,6 +32,7 @@ typedef struct {
     double tok_s;                   // tokens per second, sum over replicas
     double node_tok_s;              // what its replicas say they sustain, summed
     double queue;                   // requests waiting
+    double memory_need;             // bytes a node holds for it (NAN: not said)
 } status_stage_t;
 
 typedef struct {
@@ -45,6 +46,8 @@ typedef struct {
     double heartbeat_age_s;         // seconds since its last heartbeat
     double failures;                // requests it failed
     double banned_s;                // seconds of its ban still to run (NAN: null)
+    double memory;                  // bytes it may hold for its stage (NAN: not said)
+    double memory_used;             // bytes its stage holds, as it counts them (NAN: not said)
     int expelled;                   // banned for the run: its ban never ends
     char state[STATUS_TEXT_MAX];    // joining, ready, moving, banned, dead
     char why[96];                   // why it is dead or banned
@@ -158,10 +161,10 @@ static int s_bool(const json_t *in, const char *where, const char *key, int *out
 static int s_stage_read(const json_t *in, const char *where, status_stage_t *s, char *err,
                         size_t errlen)
 {
-    *s = (status_stage_t) {NAN, NAN, NAN, NAN, NAN};
+    *s = (status_stage_t) {NAN, NAN, NAN, NAN, NAN, NAN};
     struct { const char *key; double *v; } nums[] = {
         {"stage", &s->stage}, {"replicas", &s->replicas}, {"tok_s", &s->tok_s},
-        {"node_tok_s", &s->node_tok_s}, {"queue", &s->queue},
+        {"node_tok_s", &s->node_tok_s}, {"queue", &s->queue}, {"memory_need", &s->memory_need},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
         if (s_num(in, where, nums[i].key, nums[i].v, err, errlen) < 0)
@@ -173,11 +176,13 @@ static int s_peer_read(const json_t *in, const char *where, status_peer_t *p, ch
                        size_t errlen)
 {
     *p = (status_peer_t) {.id = NAN, .stage = NAN, .tok_s = NAN, .inflight = NAN,
-                          .heartbeat_age_s = NAN, .failures = NAN, .banned_s = NAN};
+                          .heartbeat_age_s = NAN, .failures = NAN, .banned_s = NAN,
+                          .memory = NAN, .memory_used = NAN};
     struct { const char *key; double *v; } nums[] = {
         {"id", &p->id}, {"stage", &p->stage}, {"tok_s", &p->tok_s},
         {"inflight", &p->inflight}, {"heartbeat_age_s", &p->heartbeat_age_s},
-        {"failures", &p->failures}, {"banned_s", &p->banned_s},
+        {"failures", &p->failures}, {"banned_s", &p->banned_s}, {"memory", &p->memory},
+        {"memory_used", &p->memory_used},
     };
     struct { const char *key; char *s; size_t cap; } strs[] = {
         {"name", p->name, sizeof p->name}, {"key", p->key, sizeof p->key},
@@ -413,15 +418,17 @@ static void s_print_head(FILE *out, const char *addr, const status_t *st)
 
 static void s_print_stages(FILE *out, const status_t *st)
 {
-    char a[32], b[32], c[32], d[32], e[32];
-    fprintf(out, "\n%5s %8s %10s %10s %6s\n", "stage", "replicas", "tok/s", "node tok/s", "queue");
+    char a[32], b[32], c[32], d[32], e[32], f[32];
+    fprintf(out, "\n%5s %8s %10s %10s %6s %9s\n", "stage", "replicas", "tok/s", "node tok/s", "queue",
+            "needs");
     if (!st->nstages)
         fprintf(out, "(no stages)\n");
     for (size_t i = 0; i < st->nstages; i++) {
         const status_stage_t *s = &st->stages[i];
-        fprintf(out, "%5s %8s %10s %10s %6s\n", s_fmt(a, sizeof a, "%.0f", s->stage),
+        fprintf(out, "%5s %8s %10s %10s %6s %9s\n", s_fmt(a, sizeof a, "%.0f", s->stage),
                 s_fmt(b, sizeof b, "%.0f", s->replicas), s_fmt(c, sizeof c, "%.0f", s->tok_s),
-                s_fmt(e, sizeof e, "%.0f", s->node_tok_s), s_fmt(d, sizeof d, "%.0f", s->queue));
+                s_fmt(e, sizeof e, "%.0f", s->node_tok_s), s_fmt(d, sizeof d, "%.0f", s->queue),
+                s_fmt(f, sizeof f, "%.1fM", s->memory_need / 1048576.0));
     }
     if (st->stages_dropped)
         fprintf(out, "... and %zu more stages\n", st->stages_dropped);
@@ -440,11 +447,11 @@ static int s_width(const status_t *st, size_t offset, int lo, int hi)
 
 static void s_print_peers(FILE *out, const status_t *st)
 {
-    char a[32], b[32], c[32], d[32], e[32], state[96];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], mem[72], state[96];
     int nw = s_width(st, offsetof(status_peer_t, name), 4, 24);
     int dw = s_width(st, offsetof(status_peer_t, device), 6, 40);
-    fprintf(out, "\n%5s  %-*s %-*s %5s %10s %8s %9s  %s\n", "id", nw, "name", dw, "device",
-            "stage", "tok/s", "inflight", "heartbeat", "state");
+    fprintf(out, "\n%5s  %-*s %-*s %5s %10s %8s %9s %15s  %s\n", "id", nw, "name", dw, "device",
+            "stage", "tok/s", "inflight", "heartbeat", "memory used/of", "state");
     if (!st->npeers)
         fprintf(out, "(no peers)\n");
     for (size_t i = 0; i < st->npeers; i++) {
@@ -457,11 +464,13 @@ static void s_print_peers(FILE *out, const status_t *st)
             snprintf(state, sizeof state, "%s", p->state[0] ? p->state : "-");
         if (p->why[0])
             snprintf(state + strlen(state), sizeof state - strlen(state), " (%s)", p->why);
-        fprintf(out, "%5s  %-*.*s %-*.*s %5s %10s %8s %9s  %s\n",
+        snprintf(mem, sizeof mem, "%s/%s", s_fmt(f, sizeof f, "%.0fM", p->memory_used / 1048576.0),
+                 s_fmt(g, sizeof g, "%.0fM", p->memory / 1048576.0));
+        fprintf(out, "%5s  %-*.*s %-*.*s %5s %10s %8s %9s %15s  %s\n",
                 s_fmt(a, sizeof a, "%.0f", p->id), nw, nw, p->name[0] ? p->name : "-", dw, dw,
                 p->device[0] ? p->device : "-", s_fmt(b, sizeof b, "%.0f", p->stage),
                 s_fmt(c, sizeof c, "%.0f", p->tok_s), s_fmt(d, sizeof d, "%.0f", p->inflight),
-                s_fmt(e, sizeof e, "%.1fs", p->heartbeat_age_s), state);
+                s_fmt(e, sizeof e, "%.1fs", p->heartbeat_age_s), mem, state);
     }
     if (st->peers_dropped)
         fprintf(out, "... and %zu more peers\n", st->peers_dropped);

@@ -99,16 +99,27 @@ static slot_t *s_slot_find(node_worker_t *w, uint64_t step, uint32_t mb)
     return NULL;
 }
 
-// Room for one more micro-batch of activations within --cache-mb (the first
-// one is always allowed: nothing runs without it).
+// Bytes the activation cache may take: --cache-mb, and within --memory
+// what the stage's state and buffers leave.
+static size_t s_cache_cap(const node_worker_t *w)
+{
+    size_t cap = (size_t) w->c.cache_mb << 20, base = w->mem.state + w->mem.buffers;
+    if (w->c.memory > 0)
+        cap = w->c.memory > base && w->c.memory - base < cap ? w->c.memory - base
+            : w->c.memory > base ? cap : 0;
+    return cap;
+}
+
+// Room for one more micro-batch of activations within the cache's cap (the
+// first one is always allowed: nothing runs without it, and an assignment
+// is refused when not even it fits in --memory).
 static int s_slot_room(const node_worker_t *w)
 {
     if (w->nslots == 0)
         return 1;
     if (w->nslots == WORKER_SLOTS_MAX)
         return 0;
-    size_t bytes = node_acts_bytes(w->slots[0].acts);
-    return (size_t) (w->nslots + 1) * bytes <= (size_t) w->c.cache_mb << 20;
+    return (size_t) (w->nslots + 1) * w->mem.acts <= s_cache_cap(w);
 }
 
 static slot_t *s_slot_oldest(node_worker_t *w)
@@ -618,6 +629,16 @@ static int s_assign_build(node_worker_t *w, const assign_t *a, char *err, size_t
     int rc = node_plan_make(&a->cfg, a->stages, &w->plan, err, n);
     if (rc != 0)
         return rc;
+    node_memory_t mem = node_plan_stage_memory(&a->cfg, &w->plan, a->stage, a->micro);
+    size_t need = mem.state + mem.acts + mem.buffers;
+    if (w->c.memory > 0 && need > w->c.memory) {
+        snprintf(err, n, "stage %d of %d needs %.1f MiB (its state %.1f, a micro-batch's "
+                 "activations %.1f, buffers %.1f), more than --memory %.1f MiB", a->stage,
+                 a->stages, need / 1048576.0, mem.state / 1048576.0, mem.acts / 1048576.0,
+                 mem.buffers / 1048576.0, w->c.memory / 1048576.0);
+        return -ENOSPC;
+    }
+    w->mem = mem;
     w->stage = node_stage_new(&a->cfg, &w->plan, a->stage, w->c.be, err, n);
     if (!w->stage)
         return -ENOMEM;
@@ -711,12 +732,14 @@ int node_worker_serve(node_worker_t *w, const net_msg_t *msg, net_msg_t **reply,
 void node_worker_status(const node_worker_t *w, node_worker_status_t *out)
 {
     // micro-batches our activation cache holds (once one has been made)
-    size_t each = w->nslots ? node_acts_bytes(w->slots[0].acts) : 0;
-    size_t slots = each ? ((size_t) w->c.cache_mb << 20) / each : 0;
+    size_t each = w->nslots ? w->mem.acts : 0;
+    size_t slots = each ? s_cache_cap(w) / each : 0;
     slots = slots > WORKER_SLOTS_MAX ? WORKER_SLOTS_MAX : slots < 1 && each ? 1 : slots;
     *out = (node_worker_status_t) {
         .stage = w->stage ? node_stage_index(w->stage) : -1, .stages = w->as.stages,
         .ready = w->ready, .step = w->step, .tok_s = w->tok_s, .busy = w->busy, .slots = slots,
         .samples_total = w->samples_total + w->samples,
+        .memory_used = w->stage ? w->mem.state + w->mem.buffers + (size_t) w->nslots * w->mem.acts
+                                : 0,
     };
 }

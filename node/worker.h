@@ -25,6 +25,7 @@ typedef struct node_worker_s node_worker_t;
 typedef struct {
     blas_backend_t *be;      // compute (not owned)
     long cache_mb;           // MiB of cached activations at most
+    size_t memory;           // bytes it may hold for its stage (node_plan_stage_memory), 0 any
     double slowdown;         // >= 1: sleep so that work takes this many times longer
     // a notable line (assigned, state loaded, every tenth update), without
     // a newline; NULL: none
@@ -41,6 +42,7 @@ typedef struct {
     double busy;             // s: compute of the last FWD or BWD
     size_t slots;            // micro-batches the activation cache holds (0 before the first)
     long samples_total;      // micro-batches of gradient computed, all steps
+    size_t memory_used;      // bytes its stage holds now: state, buffers, the cache's slots
 } node_worker_status_t;
 
 node_worker_t *node_worker_new(const node_worker_config_t *c);

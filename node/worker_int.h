@@ -32,6 +32,7 @@ typedef struct {
 struct node_worker_s {
     node_worker_config_t c;
     assign_t as;                           // what we were assigned
+    node_memory_t mem;                     // what its stage holds (node_plan_stage_memory)
     node_plan_t plan;                      // stages of as.cfg
     node_stage_t *stage;                   // NULL until ASSIGN
     int ready;                             // 1 once STATE loaded the stage

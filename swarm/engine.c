@@ -31,6 +31,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
         r->stage_n[s] = c->stage_n[s];
         r->stage_off[s] = c->stage_off[s];
         r->stage_cost[s] = c->stage_cost[s];
+        r->stage_need[s] = c->stage_need[s] > 0 ? c->stage_need[s] : 0.0;
         r->max_stage_n = r->stage_n[s] > r->max_stage_n ? r->stage_n[s] : r->max_stage_n;
     }
     r->nparams = c->nparams;

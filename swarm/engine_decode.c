@@ -13,9 +13,12 @@
 // name     HELLO       text of at most 63 chars                  "?"
 // device   HELLO       text of at most 127 chars                 "?"
 // tok_s    HELLO       a number in (0, 1e12)                     has_tok_s 0
+// memory   HELLO       a number of bytes in [0, 1e18) (0: any)   0 (any stage)
 // queue    HEARTBEAT   a whole number in 0..999999               0 (absent: has_queue 0)
 // tok_s    HEARTBEAT   a number in [0, 1e12)                     0 (absent: has_tok_s 0)
 // slots    HEARTBEAT   a whole number in 0..INT_MAX              -1 (absent: has_slots 0)
+// memory_used, memory_heap, rss
+//          HEARTBEAT   numbers of bytes in [0, 1e18)             0 (unknown)
 // loss     replies     a finite fp32 number >= 0                 has_loss 0, NAN
 // checksum replies     64 lowercase hex digits                   has_checksum 0, ""
 // sumsq    replies     a finite number >= 0                      has_sumsq 0
@@ -88,6 +91,7 @@ static void s_hello(const net_msg_t *m, msg_hello_t *h)
     double t = 0.0;
     h->has_tok_s = s_number(m, "tok_s", 32, &t) && isfinite(t) && t > 0 && t < 1e12;
     h->tok_s = h->has_tok_s ? t : 0.0;
+    h->memory = s_number(m, "memory", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
 }
 
 static void s_heartbeat(const net_msg_t *m, msg_heartbeat_t *hb)
@@ -101,6 +105,9 @@ static void s_heartbeat(const net_msg_t *m, msg_heartbeat_t *hb)
         hb->tok_s = s_number(m, "tok_s", 32, &t) && isfinite(t) && t >= 0 && t < 1e12 ? t : 0.0;
     if ((hb->has_slots = s_present(m, "slots", 32)))
         hb->slots = s_whole(m, "slots", &n) && n >= 0 && n <= INT_MAX ? (int) n : -1;
+    hb->memory_used = s_number(m, "memory_used", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
+    hb->rss = s_number(m, "rss", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
+    hb->memory_heap = s_number(m, "memory_heap", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
 }
 
 // 64 lowercase hex digits into out[65]: 1, else 0 and "".

@@ -94,7 +94,7 @@ static int s_refill(swarm_engine_t *r, int s)
         cost[k] = r->stage_cost[k];
     for (int tries = 0; tries < r->npeers; tries++) {
         engine_views_as(r, views, 0);
-        int p = swarm_policy_refill(views, r->npeers, r->stages, cost, s);
+        int p = swarm_policy_refill(views, r->npeers, r->stages, cost, r->stage_need, s);
         if (p < 0)
             return -1;
         char why[128];
@@ -388,7 +388,7 @@ void engine_rebalance(swarm_engine_t *r)
     s_views_checked(r, views);
     for (int s = 0; s < r->stages; s++)
         cost[s] = r->stage_cost[s];
-    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->stages, cost, now, 0.1,
+    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->stages, cost, r->stage_need, now, 0.1,
                                             6.0 * r->rebalance_every, &to);
     int seen = p >= 0 && r->rebalance_id == r->peers[p].id && r->rebalance_to == to;
     r->rebalance_id = p >= 0 && !seen ? r->peers[p].id : 0;

@@ -121,6 +121,11 @@ typedef struct {
     int norm_only;           // its stage has no other replica: it keeps its gradient
     double sumsq;            // with norm_only: its gradient's sum of squares
     int self_to;             // UPDATE(self_step) once its norm is in: 1 with the sum, 2 norm only
+    double memory;           // bytes it may hold for its stage (HELLO), 0 unknown: any
+    double memory_used;      // bytes its stage holds, as it says (HEARTBEAT), 0 unknown
+    double rss;              // its process's resident bytes (HEARTBEAT), 0 unknown
+    double memory_heap;      // heap it added since before any stage (HEARTBEAT), 0 unknown
+    int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
     int audit_of;            // the peer whose share it recomputes now, -1 none
 } peer_t;
@@ -189,6 +194,7 @@ typedef struct {
     char device[128];        // device=; "?" when absent or longer than 127 chars
     int has_tok_s;           // tok_s= is a number in (0, 1e12)
     double tok_s;            // tokens per second it measured at start; 0 without has_tok_s
+    double memory;           // bytes it may hold for a stage; 0 when absent or bad (any)
 } msg_hello_t;
 
 // HEARTBEAT: a field absent leaves what the peer said before; one present
@@ -200,6 +206,9 @@ typedef struct {
     double tok_s;            // tokens per second it says it sustains, [0, 1e12); 0 when bad
     int has_slots;           // slots= is there
     int slots;               // micro-batches its activation cache holds, >= 0; -1 when bad
+    double memory_used;      // bytes its stage holds, as it counts them; 0 unknown
+    double rss;              // its process's resident bytes; 0 unknown
+    double memory_heap;      // heap its allocations added since before any stage; 0 unknown
 } msg_heartbeat_t;
 
 // Any other message (RESULT, GRAD, STATE, ERROR, and whatever a peer sends
@@ -258,6 +267,7 @@ struct swarm_engine_s {
     size_t stage_n[SWARM_MAX_STAGES]; // parameters per stage
     size_t stage_off[SWARM_MAX_STAGES]; // offset of each stage in the model
     double stage_cost[SWARM_MAX_STAGES]; // forward FLOPs a token through each stage
+    double stage_need[SWARM_MAX_STAGES]; // bytes a node holds for each stage, 0 unknown
     size_t nparams;          // the model's parameters
     size_t max_stage_n;      // the largest of stage_n
     const swarm_data_t *data; // training bytes (the caller's)

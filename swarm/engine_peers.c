@@ -199,6 +199,7 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
         .stage = p->stage, .ready = p->state == P_READY && !p->failed,
         .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
         .backlog = backlog, .rtt = p->rtt, .tok_s = tok_s, .moved_at = p->moved_at,
+        .memory = p->memory,
         // the seconds of compute its requests in flight take, as it reports
         // them (the router's own speed of a peer counts its link's time too)
         .ahead = p->held_kind[0] * p->busy[0] + p->held_kind[1] * p->busy[1],
@@ -300,6 +301,7 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
         return rc;
     engine_peer_state(r, p, P_JOINING); // out of its old stage's ready peers, if it was one
     pe->stage = stage;
+    pe->no_fit = 0;
     engine_say(r, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
     return 0;
 }
@@ -329,6 +331,34 @@ static double s_hello_speed(const swarm_engine_t *r, double hello)
     return hello * ratio[n / 2];
 }
 
+// Peer p can hold no stage of the plan in the memory it has: it is told
+// (a notice: it waits, and asks again with its next HELLO), the log says so
+// once, and its entry waits as dead, with no ban, so its next HELLO is
+// judged again.
+static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
+{
+    peer_t *pe = &r->peers[p];
+    int small = 0;
+    for (int s = 1; s < r->stages; s++)
+        small = r->stage_need[s] < r->stage_need[small] ? s : small;
+    char why[96];
+    snprintf(why, sizeof why, "holds no stage: its memory %.1f MiB < the %.1f MiB of stage %d",
+             pe->memory / 1048576.0, r->stage_need[small] / 1048576.0, small);
+    net_msg_t *m = req ? net_msg_reply(req, NET_MSG_ERROR) : net_msg_new(NET_MSG_ERROR);
+    if (engine_meta(m, "reason=no stage of this swarm fits your --memory %.1f MiB: the smallest, "
+                    "stage %d of %d, needs %.1f MiB (its state, a micro-batch's activations, "
+                    "buffers); waiting, in case the plan changes (a larger --memory joins)\n"
+                    "notice=1", pe->memory / 1048576.0, small, r->stages,
+                    r->stage_need[small] / 1048576.0) == 0)
+        s_ignore(engine_emit(r, &pe->who, &m));
+    net_msg_destroy(&m);
+    if (pe->state != P_DEAD)
+        engine_peer_dead(r, p, why); // (its first time: the line)
+    pe->banned_until = engine_secs(r);
+    pe->no_fit = 1;
+    snprintf(pe->why, sizeof pe->why, "%s", why);
+}
+
 // Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
 // dead one coming back once its ban is over.
 static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
@@ -339,8 +369,13 @@ static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
     engine_speed_restart(pe, r->now_ms);
     swarm_peer_view_t *views = r->views;
     engine_views(r, views);
-    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages)
-                               : swarm_policy_assign(views, r->npeers, r->stages);
+    swarm_peer_view_t me = views[p];
+    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)
+                               : swarm_policy_assign(views, r->npeers, r->stages, r->stage_need, &me);
+    if (stage < 0) {
+        s_no_stage_fits(r, p, req);
+        return;
+    }
     s_ignore(engine_send_assign(r, p, stage, req));
 }
 
@@ -352,8 +387,9 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
     peer_t *pe = &r->peers[p];
     double now = engine_secs(r);
     if (now >= pe->banned_until) {
-        engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n", pe->id,
-                   pe->name, pe->why);
+        if (!pe->no_fit) // (one that fits no stage asks again quietly)
+            engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n",
+                       pe->id, pe->name, pe->why);
         s_admit(r, p, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *err = net_msg_new(NET_MSG_ERROR);
@@ -458,6 +494,7 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
     snprintf(pe->name, sizeof pe->name, "%s", hello->name);
     snprintf(pe->device, sizeof pe->device, "%s", hello->device);
     pe->hello_tok_s = hello->has_tok_s ? hello->tok_s : 1000.0;
+    pe->memory = hello->memory;
     pe->last_seen = r->now_ms;
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way

@@ -442,6 +442,12 @@ static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
     }
     if (r->peers[p].state == P_DEAD)
         engine_on_dead_peer(r, p, e);
+    if (hb->memory_used > 0)
+        r->peers[p].memory_used = hb->memory_used;
+    if (hb->rss > 0)
+        r->peers[p].rss = hb->rss;
+    if (hb->memory_heap > 0)
+        r->peers[p].memory_heap = hb->memory_heap;
     if (hb->has_slots)
         r->peers[p].slots = hb->slots >= 0 && hb->slots <= r->G ? hb->slots : r->G;
 }

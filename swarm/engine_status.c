@@ -43,10 +43,12 @@ static json_t *s_status_stage(const swarm_engine_t *r, int s)
         }
     }
     double flops = r->stage_cost[s];
-    return json_pack("{s:i, s:i, s:o, s:o, s:i, s:o}", "stage", s,
+    return json_pack("{s:i, s:i, s:o, s:o, s:i, s:o, s:o}", "stage", s,
                      "replicas", engine_ready_count(r, s), "tok_s", s_json_num(tok, 1),
                      "node_tok_s", s_json_num(engine_stage_capacity(r, s), 1), "queue", queue,
-                     "flops_per_token", s_json_num(flops, 0));
+                     "flops_per_token", s_json_num(flops, 0),
+                     "memory_need", r->stage_need[s] > 0 ? s_json_num(r->stage_need[s], 0)
+                                                         : json_null());
 }
 
 // A peer's entry of "peers"; NULL out of memory. An expelled peer's ban
@@ -58,7 +60,11 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
     const char *state = pe->state == P_READY ? "ready"
                       : pe->state == P_JOINING ? (pe->moving ? "moving" : "joining")
                       : ban > 0 ? "banned" : "dead";
-    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o}",
+    json_t *known[4];
+    const double bytes[4] = {pe->memory, pe->memory_used, pe->memory_heap, pe->rss};
+    for (int k = 0; k < 4; k++) // a node that never said: null
+        known[k] = bytes[k] > 0 ? s_json_num(bytes[k], 0) : json_null();
+    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o}",
                      "id", pe->id, "name", s_json_text(pe->name), "key", pe->who.key,
                      "device", s_json_text(pe->device), "stage", pe->stage,
                      "tok_s", s_json_num(pe->tok_s, 1), "node_tok_s", s_json_num(pe->node_tok_s, 1),
@@ -66,7 +72,9 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
                      "heartbeat_age_s", s_json_num((double) (now - pe->last_seen) / 1000.0, 1),
                      "state", state, "failures", pe->failures,
                      "banned_s", expelled ? json_null() : s_json_num(ban > 0 ? ban : 0.0, 0),
-                     "expelled", expelled, "why", s_json_text(dead ? pe->why : ""));
+                     "expelled", expelled, "why", s_json_text(dead ? pe->why : ""),
+                     "memory", known[0], "memory_used", known[1], "memory_heap", known[2],
+                     "rss", known[3]);
 }
 
 // The run's counters (swarm status --serve's /metrics counts them up).

@@ -78,12 +78,20 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
     return e >= 0 && !s_dry(&peers[e]) ? SWARM_HOLD : e;
 }
 
-int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
+int swarm_policy_holds(const swarm_peer_view_t *v, const double *need, int s)
 {
-    int best = 0;
+    return !need || !(need[s] > 0.0) || !(v->memory > 0.0) || need[s] <= v->memory;
+}
+
+int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const double *need,
+                        const swarm_peer_view_t *me)
+{
+    int best = -1;
     double best_tok = -1.0;
     int best_count = 0;
     for (int s = 0; s < stages; s++) {
+        if (me && !swarm_policy_holds(me, need, s))
+            continue;
         double tok = 0.0;
         int count = 0;
         for (int i = 0; i < n; i++) {
@@ -102,10 +110,13 @@ int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages)
     return best;
 }
 
-int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages)
+int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, const double *need,
+                             const swarm_peer_view_t *me)
 {
-    int best = 0, best_count = -1;
+    int best = -1, best_count = -1;
     for (int s = 0; s < stages; s++) {
+        if (me && !swarm_policy_holds(me, need, s))
+            continue;
         int count = 0;
         for (int i = 0; i < n; i++)
             if (peers[i].stage == s && (peers[i].ready || peers[i].joining))
@@ -140,15 +151,15 @@ static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double
 // of its stage, nor one moved within `hold` seconds of `now`; skip_empty:
 // stages with no replica, but `to`, do not count.
 static int s_best_move(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                       const double *tot, const int *count, int to, int skip_empty, double floor,
-                       double now, double hold)
+                       const double *need, const double *tot, const int *count, int to,
+                       int skip_empty, double floor, double now, double hold)
 {
     int best = -1;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &peers[i];
         int from = p->stage;
         if (!p->ready || from < 0 || from >= stages || from == to || count[from] < 2
-            || now - p->moved_at < hold)
+            || now - p->moved_at < hold || !swarm_policy_holds(p, need, to))
             continue;
         double after = 1e300;
         for (int s = 0; s < stages; s++) {
@@ -167,7 +178,7 @@ static int s_best_move(const swarm_peer_view_t *peers, int n, int stages, const 
 }
 
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                           double now, double margin, double hold, int *to)
+                           const double *need, double now, double margin, double hold, int *to)
 {
     double tot[256];
     int count[256];
@@ -180,12 +191,12 @@ int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, co
     *to = weak;
     if (cost[weak] <= 0.0)
         return -1;
-    return s_best_move(peers, n, stages, cost, tot, count, weak, 0, low * (1.0 + margin), now,
-                       hold);
+    return s_best_move(peers, n, stages, cost, need, tot, count, weak, 0, low * (1.0 + margin),
+                       now, hold);
 }
 
 int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                        int empty)
+                        const double *need, int empty)
 {
     double tot[256];
     int count[256];
@@ -193,7 +204,7 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
         return -1;
     s_totals(peers, n, stages, tot, count);
     // no margin, no hold; another empty stage waits for its own refill
-    return s_best_move(peers, n, stages, cost, tot, count, empty, 1, -1.0, 0.0, -INFINITY);
+    return s_best_move(peers, n, stages, cost, need, tot, count, empty, 1, -1.0, 0.0, -INFINITY);
 }
 
 // Little's law for `in`: micro-batches in flight that keep the bottleneck

@@ -60,7 +60,12 @@ typedef struct {
     double rtt;       // s: its network round trip
     double tok_s;     // tokens per second, EMA
     double moved_at;  // seconds (caller's clock) of its last stage move; -1e30 never
+    double memory;    // bytes it may hold for a stage; 0 unknown (any)
 } swarm_peer_view_t;
+
+// Peer v can hold stage s: need[s] (bytes a node holds for it) within its
+// memory. Without a need (NULL, or 0) or a budget (0), it can.
+int swarm_policy_holds(const swarm_peer_view_t *v, const double *need, int s);
 
 // The ready peer of `stage` that would finish all it holds soonest if
 // given `work` more training tokens of work: (backlog + work) / tok_s.
@@ -85,28 +90,33 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 // A stage's only replica takes it at once; -1 when it has no ready peer.
 #define SWARM_HOLD (-2)
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left);
-// The stage a joining node should serve: least total throughput of its
-// ready and joining peers, then fewest replicas, then the lowest index.
-int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages);
+// The stage a joining node `me` (its view, for its memory) should serve,
+// among those it can hold (need: bytes a node holds for each, NULL none):
+// least total throughput of its ready and joining peers, then fewest
+// replicas, then the lowest index. -1 when it can hold none.
+int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const double *need,
+                        const swarm_peer_view_t *me);
 // The same by count alone: the stage with the fewest ready and joining
 // peers, then the lowest index (speeds are not consulted).
-int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages);
+int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, const double *need,
+                             const swarm_peer_view_t *me);
 
 // Rebalancing: the peer to move from the strongest stage to the weakest,
 // or -1. cost[s] is stage s's work per token (any unit): a peer doing
 // tok_s on stage a does about tok_s * cost[a] / cost[b] on stage b. A move
 // must raise the pipeline's bottleneck (min over stages of summed tok_s) by
-// more than `margin` (0.2 = 20%), may not empty a stage, and may not move a
-// peer moved within `hold` seconds of `now`. *to gets the new stage.
+// more than `margin` (0.2 = 20%), may not empty a stage, may not move a
+// peer moved within `hold` seconds of `now`, nor one that cannot hold the
+// stage (need, as for swarm_policy_assign). *to gets the new stage.
 int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                           double now, double margin, double hold, int *to);
+                           const double *need, double now, double margin, double hold, int *to);
 
 // Refilling: the ready peer to move into stage `empty`, which has lost every
 // replica, or -1 when no stage has two or more. Of those, the move that
 // leaves the highest bottleneck over the stages that have replicas (another
 // stage that is empty too waits for its own refill); no margin, no hold.
 int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                        int empty);
+                        const double *need, int empty);
 
 // ---- log limits (pure: time is an argument) ----
 
@@ -188,6 +198,9 @@ typedef struct {
     size_t stage_n[SWARM_MAX_STAGES];    // parameters of each stage
     size_t stage_off[SWARM_MAX_STAGES];  // its offset in the model's parameters
     double stage_cost[SWARM_MAX_STAGES]; // forward FLOPs a token through it
+    double stage_need[SWARM_MAX_STAGES]; // bytes a node holds for it (node_plan_stage_memory:
+                                         // its state, one micro-batch's activations, buffers);
+                                         // 0 unknown: any node may take it
     size_t nparams;          // the model's parameters
     float *params, *m, *v;   // [nparams] the state the run starts from (the engine takes
                              // them; m and v may be NULL: zeros)

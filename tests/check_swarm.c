@@ -615,12 +615,12 @@ START_TEST(test_assign_fills_the_weakest_stage)
     };
     p[2].joining = 1;
     // stage 0 has 1000 tok/s, stage 1 has 1500 (one joining), stage 2 none
-    ck_assert_int_eq(swarm_policy_assign(p, 4, 3), 2);
-    ck_assert_int_eq(swarm_policy_assign(p, 4, 2), 0);
+    ck_assert_int_eq(swarm_policy_assign(p, 4, 3, NULL, NULL), 2);
+    ck_assert_int_eq(swarm_policy_assign(p, 4, 2, NULL, NULL), 0);
     // an empty swarm fills stage 0 first, then ties go to fewer replicas
-    ck_assert_int_eq(swarm_policy_assign(p, 0, 2), 0);
+    ck_assert_int_eq(swarm_policy_assign(p, 0, 2, NULL, NULL), 0);
     swarm_peer_view_t q[1] = { s_view(0, 1, 0, 0) };
-    ck_assert_int_eq(swarm_policy_assign(q, 1, 2), 1);
+    ck_assert_int_eq(swarm_policy_assign(q, 1, 2, NULL, NULL), 1);
 }
 END_TEST
 
@@ -631,14 +631,56 @@ START_TEST(test_assign_even_counts_peers_not_speeds)
     };
     p[2].joining = 1;
     // stage 0: one very fast peer; stage 1: two slow ones (one joining); stage 2: none
-    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 3), 2);
-    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2), 0);
-    ck_assert_int_eq(swarm_policy_assign(p, 3, 2), 1); // by speed, the slow stage
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 3, NULL, NULL), 2);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2, NULL, NULL), 0);
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 2, NULL, NULL), 1); // by speed, the slow stage
     // dead peers (neither ready nor joining) do not count; ties go to the first stage
     p[1].ready = 0;
     p[2].joining = 0;
-    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2), 1);
-    ck_assert_int_eq(swarm_policy_assign_even(p, 0, 4), 0);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 2, NULL, NULL), 1);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 0, 4, NULL, NULL), 0);
+}
+END_TEST
+
+// A node is given only a stage it can hold: the weakest of those, and -1
+// when it holds none; moves and refills never take a peer to a stage it
+// cannot hold.
+START_TEST(test_assign_and_moves_keep_to_each_peers_memory)
+{
+    double need[3] = { 100e6, 400e6, 200e6 }, cost[3] = { 1, 1, 1 };
+    swarm_peer_view_t p[4] = {
+        s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1000), s_view(2, 1, 0, 3000), s_view(-1, 0, 0, 0),
+    };
+    p[0].memory = p[1].memory = 150e6; // holds stage 0 only
+    p[2].memory = 0;                   // unknown: any
+    swarm_peer_view_t me = p[3];
+    me.memory = 250e6; // stage 1 (none yet: the weakest) is too big for it: stage 2 or 0
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 3, need, NULL), 1);
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 3, need, &me), 0); // 2000 of stage 0 < 3000 of 2
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 3, need, &me), 2);
+    me.memory = 50e6;
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 3, need, &me), -1);
+    ck_assert_int_eq(swarm_policy_assign_even(p, 3, 3, need, &me), -1);
+    me.memory = 0; // unknown: as before
+    ck_assert_int_eq(swarm_policy_assign(p, 3, 3, need, &me), 1);
+    // stage 1 empty: a refill would take a stage-0 replica, but neither holds
+    // it; the peer of unknown memory is the last of stage 2
+    ck_assert_int_eq(swarm_policy_refill(p, 3, 3, cost, need, 1), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 3, 3, cost, NULL, 1), 0);
+    ck_assert(swarm_policy_holds(&p[0], need, 0) && !swarm_policy_holds(&p[0], need, 2));
+    // rebalancing toward a slow stage 1: of stage 0's three replicas only
+    // the one of unknown memory may go (the others cannot hold it)
+    double need2[2] = { 100e6, 200e6 }, cost2[2] = { 1, 1 };
+    swarm_peer_view_t q[4] = {
+        s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1000), s_view(1, 1, 0, 100),
+    };
+    q[0].memory = q[1].memory = 150e6;
+    int to = -1;
+    ck_assert_int_eq(swarm_policy_rebalance(q, 4, 2, cost2, need2, 100.0, 0.2, 30.0, &to), 2);
+    ck_assert_int_eq(to, 1);
+    q[2].memory = 150e6;
+    ck_assert_int_eq(swarm_policy_rebalance(q, 4, 2, cost2, need2, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_ge(swarm_policy_rebalance(q, 4, 2, cost2, NULL, 100.0, 0.2, 30.0, &to), 0);
 }
 END_TEST
 
@@ -652,21 +694,21 @@ START_TEST(test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps)
         p[i].moved_at = -1e30;
     int to = -1;
     // stage 0 has 3000 tok/s, stage 1 500: moving one raises the bottleneck to 1500
-    int who = swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to);
+    int who = swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to);
     ck_assert_int_ge(who, 0);
     ck_assert_int_le(who, 1);
     ck_assert_int_eq(to, 1);
     // moved 10 s ago: held in place
     p[0].moved_at = p[1].moved_at = 90.0;
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
     // nearly balanced: no move improves the bottleneck by 20%
     p[0].moved_at = p[1].moved_at = -1e30;
     p[0].tok_s = 1000, p[1].tok_s = 900, p[2].tok_s = 1000;
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
     // a stage's only replica is never moved, even when it is the strongest
     swarm_peer_view_t q[2] = { s_view(0, 1, 0, 9000), s_view(1, 1, 0, 10) };
     q[0].moved_at = q[1].moved_at = -1e30;
-    ck_assert_int_eq(swarm_policy_rebalance(q, 2, 2, cost, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(swarm_policy_rebalance(q, 2, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
 }
 END_TEST
 
@@ -681,12 +723,12 @@ START_TEST(test_rebalance_counts_stage_cost)
     for (int i = 0; i < 3; i++)
         p[i].moved_at = -1e30;
     int to = -1;
-    ck_assert_int_ge(swarm_policy_rebalance(p, 3, 2, cost, 0.0, 0.2, 30.0, &to), 0);
+    ck_assert_int_ge(swarm_policy_rebalance(p, 3, 2, cost, NULL, 0.0, 0.2, 30.0, &to), 0);
     ck_assert_int_eq(to, 1);
     // but not when the weak stage is so costly that the move gains < 20%
     p[2].tok_s = 480;   // 480 -> 980 vs stage 0 2000: fine; make it marginal:
     p[0].tok_s = p[1].tok_s = 300; // stage 0 600, stage 1 480 -> move: 300 vs 555
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, 0.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 0.0, 0.2, 30.0, &to), -1);
 }
 END_TEST
 
@@ -752,19 +794,19 @@ START_TEST(test_refill_fills_each_empty_stage_from_stages_that_can_spare)
         p[i].moved_at = 99.0; // moved a moment ago: a refill does not wait
     // stage 1 first: the fast peer leaves min(1800, 3000), the 1000 one
     // min(3800, 1000); the other empty stage does not count
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 1), 0);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, NULL, 1), 0);
     p[0].stage = 1, p[0].ready = 0; // on its way (joining): not a donor
     // stage 2 costs twice as much: 1000 there is 500 (leaving 800), 800 is
     // 400 (leaving 1000)
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 2), 1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, NULL, 2), 1);
     p[1].stage = 2, p[1].ready = 0;
     // stage 0 has one replica left: nobody can spare one
     p[0].ready = 1;
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 2), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, NULL, 2), -1);
     // bad arguments
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, 3), -1);
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, -1), -1);
-    ck_assert_int_eq(swarm_policy_refill(p, 4, 1, cost, 0), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, NULL, 3), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 3, cost, NULL, -1), -1);
+    ck_assert_int_eq(swarm_policy_refill(p, 4, 1, cost, NULL, 0), -1);
 }
 END_TEST
 
@@ -948,6 +990,7 @@ int main(void)
     tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
+    tcase_add_test(tc, test_assign_and_moves_keep_to_each_peers_memory);
     tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
     tcase_add_test(tc, test_rebalance_counts_stage_cost);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);

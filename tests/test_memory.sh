@@ -1,0 +1,99 @@
+#!/bin/sh
+# test_memory.sh BUILD - nodes with memory budgets (swarm node --memory), as
+# the router plans with them: a 2-stage model whose stage 0 needs about
+# 36.6 MiB and stage 1 about 20.6 MiB (the router prints both). A node of
+# 28 MiB joins first and is given stage 1, the only one it holds (by speed
+# alone the first joiner gets stage 0); one of 96 MiB takes stage 0; one of
+# 12 MiB holds neither: the router says so in one line, tells it, and it
+# waits. Mid-run each node's stage holds no more than its budget, and what
+# it counts (the one formula) is within 10% of the heap its allocations
+# measurably added; every step's loss equals swarm train's. Bad --memory
+# values get one line each. Ends with "N passed, N failed".
+BUILD=${1:-build}
+SWARM="$BUILD/swarm"
+. tests/lib.sh
+
+head -c 60000 "$BUILD/corpus.txt" >"$TMP/data.txt"
+MODEL="--layers 3 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 40 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $MODEL --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1 \
+    || bad "swarm train failed"
+"$SWARM" keygen "$TMP/router" >/dev/null
+
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $MODEL --stages 2 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
+    --min-nodes 2 --log-every 1 --loss-log "$TMP/swarm.txt" >"$TMP/router.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/router.log")
+log="$TMP/router.log"
+needs=$(grep "a node holds for its stage" "$log")
+need0=$(echo "$needs" | sed -n 's/.* stage 0 \([0-9.]*\) MiB, 1 \([0-9.]*\) MiB .*/\1/p')
+need1=$(echo "$needs" | sed -n 's/.* stage 0 \([0-9.]*\) MiB, 1 \([0-9.]*\) MiB .*/\2/p')
+if awk -v a="$need0" -v b="$need1" 'BEGIN { exit !(a > 28 && b < 28 && b > 12) }'; then
+    ok "the router says what each stage needs: ${needs#swarm router: }"
+else
+    bad "the stages' needs: '$needs'"
+fi
+
+# mid first: it must get stage 1 (the speed rule alone would give it stage 0)
+start_node "$log" mid "$SWARM" --memory 28M
+start_node "$log" big "$SWARM" --memory 96M
+"$SWARM" keygen "$TMP/small" >/dev/null
+"$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/small" --threads 1 \
+    --name small --memory 12M >"$TMP/small.log" 2>&1 &
+small=$!
+pids="$pids $small"
+if grep -q "(mid, .*) joins stage 1$" "$log" && grep -q "(big, .*) joins stage 0$" "$log"; then
+    ok "mid (28 MiB) is given stage 1, the one it holds; big (96 MiB) stage 0"
+else
+    bad "the stages given:"; grep "joins stage" "$log"
+fi
+wait_grep "$log" "(small) holds no stage" 10
+told=$(grep "(small) holds no stage" "$log")
+if [ "$(grep -c "(small) holds no stage" "$log")" -eq 1 ] && ! grep -q "(small, .*) joins stage" "$log" \
+    && wait_grep "$TMP/small.log" "the router says: no stage of this swarm fits your --memory 12.0 MiB" 10; then
+    ok "small (12 MiB) holds neither: ${told#swarm router: }; it is told: $(sed -n 's/.*the router says: //p' "$TMP/small.log" | head -n 1)"
+else
+    bad "small: '$told'"; tail -3 "$TMP/small.log"
+fi
+
+# mid-run (its cache filled by a few steps): what each stage holds, within
+# its budget and within 10% of its heap's growth
+wait_grep "$log" "^step 10/" 60
+for _ in $(seq 1 100); do
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>/dev/null
+    [ "$(jq '[.peers[] | select(.memory_heap != null)] | length' "$TMP/status.json" 2>/dev/null)" = 2 ] && break
+    sleep 0.1
+done
+for n in mid big; do
+    row=$(jq -r ".peers[] | select(.name == \"$n\") | \"\\(.memory) \\(.memory_used) \\(.memory_heap)\"" "$TMP/status.json")
+    # shellcheck disable=SC2086
+    set -- $row
+    if [ $# -eq 3 ] && awk -v b="$1" -v u="$2" -v h="$3" 'BEGIN { d = h - u; if (d < 0) d = -d
+            exit !(u > 0 && u <= b && d <= 0.1 * u) }'; then
+        ok "$n's stage holds $(($2 / 1024)) KiB of its $(($1 / 1024)) KiB; its heap grew $(($3 / 1024)) KiB"
+    else
+        bad "$n's memory (budget, counted, heap): '$row'"
+    fi
+done
+
+wait_exit "$router" 120 || bad "router still running after 120 s"
+wait "$router"
+rc=$?
+if clean_run $rc "$log"; then ok "router finished 40 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" 40 "(nodes of 28 and 96 MiB)"
+if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after the run)"; else bad "small left"; fi
+
+# bad --memory values: one line each, naming the value
+for v in 12x 100K -5G; do
+    if "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --memory "$v" >"$TMP/bad.out" 2>&1; then
+        bad "--memory $v was taken"
+    elif [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q -- "--memory $v: expected a size" "$TMP/bad.out"; then
+        ok "--memory $v: $(cat "$TMP/bad.out")"
+    else
+        bad "--memory $v:"; cat "$TMP/bad.out"
+    fi
+done
+
+lib_done

@@ -14,7 +14,7 @@ SWARM="$BUILD/swarm"
 . tests/lib.sh
 
 head -c 60000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-MODEL="--layers 3 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 40 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+MODEL="--layers 3 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 20 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086
 "$SWARM" train $MODEL --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1 \
     || bad "swarm train failed"
@@ -60,7 +60,7 @@ fi
 
 # mid-run (its cache filled by a few steps): what each stage holds, within
 # its budget and within 10% of its heap's growth
-wait_grep "$log" "^step 10/" 60
+wait_grep "$log" "^step 8/" 60
 for _ in $(seq 1 100); do
     "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>/dev/null
     [ "$(jq '[.peers[] | select(.memory_heap != null)] | length' "$TMP/status.json" 2>/dev/null)" = 2 ] && break
@@ -81,8 +81,8 @@ done
 wait_exit "$router" 120 || bad "router still running after 120 s"
 wait "$router"
 rc=$?
-if clean_run $rc "$log"; then ok "router finished 40 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
-check_losses "$TMP/swarm.txt" "$TMP/train.txt" 40 "(nodes of 28 and 96 MiB)"
+if clean_run $rc "$log"; then ok "router finished 20 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" 20 "(nodes of 28 and 96 MiB)"
 if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after the run)"; else bad "small left"; fi
 
 # bad --memory values: one line each, naming the value

@@ -190,6 +190,38 @@ static void s_counters(FILE *f, const json_t *doc)
     }
 }
 
+// The gauges of the document's top level, and of each entry of "stages"
+// and "peers": its key, the metric, its HELP.
+typedef struct {
+    const char *table, *key, *name, *help;
+} gauge_t;
+static const gauge_t s_tops[] = {
+    {NULL, "step", "swarm_step", "Optimizer steps done."},
+    {NULL, "iters", "swarm_steps_planned", "Steps of the schedule."},
+    {NULL, "loss", "swarm_loss", "The last step's training loss."},
+    {NULL, "loss_avg", "swarm_loss_average", "Moving average of the training loss."},
+    {NULL, "tok_s", "swarm_tokens_per_second", "Training tokens a second over the run's steps."},
+    {NULL, "bound_tok_s", "swarm_bound_tokens_per_second",
+     "The least over stages of what its replicas sustain: the swarm's bound."},
+    {NULL, "eta_s", "swarm_eta_seconds", "Seconds to the end of the schedule."},
+};
+static const gauge_t s_tables[] = {
+    {"stages", "replicas", "swarm_stage_replicas", "Ready replicas of the stage."},
+    {"stages", "tok_s", "swarm_stage_tokens_per_second", "Tokens a second the stage's replicas run, summed."},
+    {"stages", "node_tok_s", "swarm_stage_bound_tokens_per_second",
+     "Tokens a second the stage's replicas say they sustain, summed."},
+    {"stages", "queue", "swarm_stage_queue", "Requests waiting at the stage's replicas."},
+    {"stages", "memory_need", "swarm_stage_memory_need_bytes",
+     "Bytes a node holds for the stage: its state, a micro-batch's activations, buffers."},
+    {"peers", "tok_s", "swarm_peer_tokens_per_second", "Tokens a second the peer runs."},
+    {"peers", "inflight", "swarm_peer_inflight", "Requests sent to the peer, not yet answered."},
+    {"peers", "heartbeat_age_s", "swarm_peer_heartbeat_age_seconds", "Seconds since the peer was last heard."},
+    {"peers", "failures", "swarm_peer_failures", "Requests the peer failed."},
+    {"peers", "memory", "swarm_peer_memory_budget_bytes", "Bytes the peer may hold for its stage (its --memory)."},
+    {"peers", "memory_used", "swarm_peer_memory_used_bytes", "Bytes the peer's stage holds, as it counts them."},
+    {"peers", "rss", "swarm_peer_resident_bytes", "The peer process's resident set."},
+};
+
 // The metrics text (malloc'd) of what the poll loop holds.
 static char *s_metrics(const poll_t *p)
 {
@@ -208,14 +240,8 @@ static char *s_metrics(const poll_t *p)
     fprintf(f, "swarm_status_poll_failures_total %ld\n", p->failures);
     if (up) {
         const json_t *doc = p->doc, *e;
-        s_top(f, doc, "step", "swarm_step", "Optimizer steps done.");
-        s_top(f, doc, "iters", "swarm_steps_planned", "Steps of the schedule.");
-        s_top(f, doc, "loss", "swarm_loss", "The last step's training loss.");
-        s_top(f, doc, "loss_avg", "swarm_loss_average", "Moving average of the training loss.");
-        s_top(f, doc, "tok_s", "swarm_tokens_per_second", "Training tokens a second over the run's steps.");
-        s_top(f, doc, "bound_tok_s", "swarm_bound_tokens_per_second",
-              "The least over stages of what its replicas sustain: the swarm's bound.");
-        s_top(f, doc, "eta_s", "swarm_eta_seconds", "Seconds to the end of the schedule.");
+        for (size_t k = 0; k < sizeof s_tops / sizeof s_tops[0]; k++)
+            s_top(f, doc, s_tops[k].key, s_tops[k].name, s_tops[k].help);
         const char *state = json_string_value(json_object_get(doc, "state"));
         static const char *const states[] = {"waiting", "training", "done"};
         s_family(f, "swarm_state", "gauge", "1 for the run's state.");
@@ -231,24 +257,8 @@ static char *s_metrics(const poll_t *p)
             }
             fprintf(f, "swarm_peers{state=\"%s\"} %zu\n", peer_states[k], count);
         }
-        s_each(f, doc, "stages", "replicas", "swarm_stage_replicas", "Ready replicas of the stage.");
-        s_each(f, doc, "stages", "tok_s", "swarm_stage_tokens_per_second",
-               "Tokens a second the stage's replicas run, summed.");
-        s_each(f, doc, "stages", "node_tok_s", "swarm_stage_bound_tokens_per_second",
-               "Tokens a second the stage's replicas say they sustain, summed.");
-        s_each(f, doc, "stages", "queue", "swarm_stage_queue", "Requests waiting at the stage's replicas.");
-        s_each(f, doc, "stages", "memory_need", "swarm_stage_memory_need_bytes",
-               "Bytes a node holds for the stage: its state, a micro-batch's activations, buffers.");
-        s_each(f, doc, "peers", "tok_s", "swarm_peer_tokens_per_second", "Tokens a second the peer runs.");
-        s_each(f, doc, "peers", "inflight", "swarm_peer_inflight", "Requests sent to the peer, not yet answered.");
-        s_each(f, doc, "peers", "heartbeat_age_s", "swarm_peer_heartbeat_age_seconds",
-               "Seconds since the peer was last heard.");
-        s_each(f, doc, "peers", "failures", "swarm_peer_failures", "Requests the peer failed.");
-        s_each(f, doc, "peers", "memory", "swarm_peer_memory_budget_bytes",
-               "Bytes the peer may hold for its stage (its --memory).");
-        s_each(f, doc, "peers", "memory_used", "swarm_peer_memory_used_bytes",
-               "Bytes the peer's stage holds, as it counts them.");
-        s_each(f, doc, "peers", "rss", "swarm_peer_resident_bytes", "The peer process's resident set.");
+        for (size_t k = 0; k < sizeof s_tables / sizeof s_tables[0]; k++)
+            s_each(f, doc, s_tables[k].table, s_tables[k].key, s_tables[k].name, s_tables[k].help);
         s_counters(f, doc);
     }
     fclose(f);

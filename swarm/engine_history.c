@@ -122,6 +122,8 @@ void engine_history_rollback(swarm_engine_t *r, long step)
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         while (all[k]->n > 0 && all[k]->pt[all[k]->n - 1].key > step)
             all[k]->n--;
+    h->speed_steps = 0; // (the steps since the last speed point are undone)
+    h->speed_s = 0;
     s_rewritten(h);
 }
 

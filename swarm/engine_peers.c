@@ -347,9 +347,9 @@ static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
     net_msg_t *m = req ? net_msg_reply(req, NET_MSG_ERROR) : net_msg_new(NET_MSG_ERROR);
     if (engine_meta(m, "reason=no stage of this swarm fits your --memory %.1f MiB: the smallest, "
                     "stage %d of %d, needs %.1f MiB (its state, a micro-batch's activations, "
-                    "buffers); waiting, in case the plan changes (a larger --memory joins)\n"
-                    "notice=1", pe->memory / 1048576.0, small, r->stages,
-                    r->stage_need[small] / 1048576.0) == 0)
+                    "buffers); this node waits: start it with --memory %.0fM or more if the "
+                    "machine has it\nnotice=1", pe->memory / 1048576.0, small, r->stages,
+                    r->stage_need[small] / 1048576.0, ceil(r->stage_need[small] / 1048576.0)) == 0)
         s_ignore(engine_emit(r, &pe->who, &m));
     net_msg_destroy(&m);
     if (pe->state != P_DEAD)

@@ -6,7 +6,8 @@
  * renders two texts: the document (/api/state, the same as `swarm status
  * --json`) and the Prometheus metrics (/metrics). libmicrohttpd's thread
  * serves those and the page (node/dashboard.html, built into the binary)
- * from what the last poll left, under a lock. docs/dashboard.md.
+ * from what the last poll left, under a lock. README.md, "Watching a
+ * swarm: the dashboard"; docs/swarm.md, "Status".
  */
 #include "node.h"
 #include "net.h"
@@ -27,6 +28,7 @@
 
 #define BOARD_CONNECTIONS 64    // HTTP connections at once
 #define BOARD_TIMEOUT_S 10      // an idle HTTP connection is closed after this
+#define BOARD_SERIES_MAX 65536  // points of a series held (a router keeps 4096): the newest
 
 extern const char swarm_dashboard_start[], swarm_dashboard_end[]; // dashboard_page.S
 
@@ -71,6 +73,7 @@ static void s_merge(poll_t *p, json_t *fresh)
             json_t *was = json_object_get(old, series[k]), *now = json_object_get(h, series[k]);
             if (json_is_array(was) && json_is_array(now) && json_array_extend(was, now) == 0)
                 json_object_set(h, series[k], was);
+            s_keep_last(json_object_get(h, series[k]), BOARD_SERIES_MAX); // whatever it sends
         }
         double kept = json_number_value(json_object_get(h, "events_kept"));
         if (kept >= 0 && kept < 1e6)

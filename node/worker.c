@@ -9,6 +9,7 @@
 #include "worker_int.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -498,9 +499,12 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
     if (w->norm_only)
         return 0;
     const float *g = node_stage_grads(w->stage);
-    float *lie = worker_lying(w, NODE_LIE_GRAD) ? malloc(dims[0] * sizeof(float)) : NULL;
+    int inf = worker_lying(w, NODE_LIE_GRADINF);
+    float *lie = worker_lying(w, NODE_LIE_GRAD) || inf ? malloc(dims[0] * sizeof(float)) : NULL;
     for (size_t j = 0; lie && j < dims[0]; j++)
-        lie[j] = -g[j]; // of the right size, pointing the other way
+        lie[j] = inf ? g[j] : -g[j]; // of the right size, pointing the other way
+    if (lie && inf)
+        lie[0] = FLT_MAX; // finite, but no sum of squares of it is
     int pow2 = 0;
     rc = net_tensor_add(*reply, w->as.grad_wire, dims, 1, lie ? lie : g, &pow2);
     free(lie);

@@ -16,9 +16,11 @@
 // wrong places, parameters that drift from its replicas' after each update;
 // a gradient sum pointing the other way (grad), a norm-only sum of squares
 // of 1e300 (sumsq), the true loss with its input gradient reversed (dx),
-// a stage state other than the one its checksum is of (state).
+// a stage state other than the one its checksum is of (state), a gradient
+// sum true but for one element of FLT_MAX, which overflows any fp16 sum
+// and, added to the others', every norm (gradinf).
 enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE,
-       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE };
+       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE, NODE_LIE_GRADINF };
 
 typedef struct node_worker_s node_worker_t;
 

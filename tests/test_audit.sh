@@ -13,7 +13,10 @@
 # takes its place, and the losses are swarm train's again. Third run: a
 # replica sends, when a checkpoint reads its stage's state, parameters other
 # than those its checksum is of (state): it is expelled, and the losses and
-# the final model are swarm train's. Ends with "N passed, N failed".
+# the final model are swarm train's. Fourth run, at the default --audit: a
+# replica's sum is true but for one element of FLT_MAX (gradinf): its norm
+# has it audited, it is expelled, and the 12 steps' losses are swarm
+# train's. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
@@ -140,5 +143,28 @@ expect state "sent a stage state whose checksum [0-9a-f]* is not the [0-9a-f]* i
 check_losses "$TMP/swarm3.txt" "$TMP/train.txt" "$ITERS" "with a liar among the checkpoints' sources"
 same_model "$TMP/ck3"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 state
+
+# ---- gradinf: one element of FLT_MAX, caught by the norm bound's audit ----
+# the default --audit (0.3) with the open swarm's draw: the sum's norm, far
+# above the stage's median, has it audited whatever the draw; three
+# replicas of stage 0 (the liar and two honest), so a third decides
+start_router "$TMP/router4.log" --min-nodes 5 --steps 12 --loss-log "$TMP/swarm4.txt"
+for n in honest8 honest9 honest10 honest11; do start_node "$log" $n "$SWARM"; done
+start_node "$log" gradinf "$LIAR" --misbehave gradinf@4
+wait_exit "$router" 240 || bad "router still running after 240 s"
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^summary | iters 12 " "$log"; then
+    ok "router finished 12 steps: $(grep -o 'gradient sums audited.*' "$log")"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+expect gradinf "sent a gradient sum of norm .*x the stage's median" \
+    "a sum with one element of FLT_MAX is audited for its norm"
+expect gradinf "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
+    "and its sender expelled"
+head -n 12 "$TMP/train.txt" >"$TMP/train12.txt"
+check_losses "$TMP/swarm4.txt" "$TMP/train12.txt" 12 "with a sum of FLT_MAX"
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 gradinf
 
 lib_done

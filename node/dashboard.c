@@ -52,11 +52,18 @@ typedef struct {
 
 // ---- the document: the new history added to what is held -----------------------
 
-// Keep the newest `keep` entries of array a.
-static void s_keep_last(json_t *a, size_t keep)
+// Keep the newest `keep` entries of the array at h[key] (copied into a new
+// one: removing from the front one by one would cost the square).
+static void s_keep_last(json_t *h, const char *key, size_t keep)
 {
-    while (json_array_size(a) > keep)
-        json_array_remove(a, 0);
+    json_t *a = json_object_get(h, key), *tail;
+    size_t n = json_array_size(a);
+    if (n <= keep || !(tail = json_array()))
+        return;
+    for (size_t i = n - keep; i < n; i++)
+        if (json_array_append(tail, json_array_get(a, i)) < 0)
+            break;
+    json_object_set_new(h, key, tail);
 }
 
 // fresh (a checked document, taken) replaces the held one; when its
@@ -73,11 +80,11 @@ static void s_merge(poll_t *p, json_t *fresh)
             json_t *was = json_object_get(old, series[k]), *now = json_object_get(h, series[k]);
             if (json_is_array(was) && json_is_array(now) && json_array_extend(was, now) == 0)
                 json_object_set(h, series[k], was);
-            s_keep_last(json_object_get(h, series[k]), BOARD_SERIES_MAX); // whatever it sends
+            s_keep_last(h, series[k], BOARD_SERIES_MAX); // whatever it sends
         }
         double kept = json_number_value(json_object_get(h, "events_kept"));
         if (kept >= 0 && kept < 1e6)
-            s_keep_last(json_object_get(h, "events"), (size_t) kept);
+            s_keep_last(h, "events", (size_t) kept);
     }
     if (h) {
         json_object_set_new(h, "since", json_integer(0));

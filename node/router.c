@@ -176,7 +176,7 @@ static int s_loop(router_t *r)
 static void s_help(FILE *out)
 {
     fprintf(out,
-        "usage: swarm router --stages S [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
+        "usage: swarm router --stages S|auto [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
         "                    [--min-nodes N] [--window all|auto|W] [--wire F] [--grad-wire F]\n"
         "                    [training flags of swarm train]\n"
         "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
@@ -185,7 +185,8 @@ static void s_help(FILE *out)
         "                  under $XDG_CONFIG_HOME/swarm when that is set; created if missing)\n"
         "  --allow FILE    private swarm: only these public keys (one per line) may join\n"
         "  --open          open swarm: any key may join (the default)\n"
-        "  --min-nodes N   wait for N ready nodes before training (default: one per stage)\n"
+        "  --min-nodes N   wait for N ready nodes before training (default: one per stage;\n"
+        "                  with --stages auto, the stages are chosen once N, at least 2, joined)\n"
         "  --window all|auto|W  micro-batches in flight (default all): all, every one\n"
         "                  of the step the nodes' activation caches hold; auto, as many\n"
         "                  as keep every stage busy across the measured round trips\n"
@@ -286,6 +287,16 @@ static int s_listen(router_t *r, char *err, size_t n)
     const char *ep = net_server_endpoint(r->srv);
     printf("swarm router: listening on %s\n", ep);
     printf("swarm router: public key %s\n", net_key_public(r->key));
+    if (r->auto_stages) { // (the rest is said once the stages are chosen)
+        printf("swarm router: %s swarm; L=%d H=%d C=%d T=%d, stages chosen for the nodes that "
+               "join; batch %d\n", r->allow ? "private" : "open", r->hp.cfg.L, r->hp.cfg.H,
+               r->hp.cfg.C, r->hp.cfg.T, r->hp.batch);
+        if (r->o.resume)
+            printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);
+        node_join_print(stdout, ep, net_key_public(r->key));
+        fflush(stdout);
+        return 0;
+    }
     printf("swarm router: %s swarm; %d stages of L=%d H=%d C=%d T=%d; batch %d in micro-batches of %d",
            r->allow ? "private" : "open", r->plan.stages, r->hp.cfg.L, r->hp.cfg.H, r->hp.cfg.C,
            r->hp.cfg.T, r->hp.batch, r->hp.micro);
@@ -300,12 +311,7 @@ static int s_listen(router_t *r, char *err, size_t n)
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
                G, G == 1 ? "" : "es", S, 100.0 * idle);
-    // what a node must have for each stage (its --memory): the one formula both use
-    printf("swarm router: a node holds for its stage");
-    for (int s = 0; s < S; s++)
-        printf("%s %d %.1f MiB", s ? "," : "", s, r->c.stage_need[s] / 1048576.0);
-    printf(" (its state, a micro-batch's activations, buffers); it is given only a stage its "
-           "--memory holds\n");
+    router_needs_say(r);
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);
     node_join_print(stdout, ep, net_key_public(r->key));
@@ -425,6 +431,12 @@ int cmd_router(int argc, char **argv)
     }
     if (rc == 0)
         rc = s_listen(r, err, sizeof err);
+    struct sigaction sa = { .sa_handler = s_on_signal };
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    if (rc == 0 && r->auto_stages)
+        rc = router_gather(r, &s_stop, err, sizeof err);
     if (rc == 0)
         rc = s_engine(r, err, sizeof err);
     if (rc != 0) {
@@ -433,10 +445,8 @@ int cmd_router(int argc, char **argv)
         free(r);
         return 1;
     }
-    struct sigaction sa = { .sa_handler = s_on_signal };
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    if (r->gathered)
+        router_gathered_replay(r);
     r->t_start = s_secs();
     rc = s_loop(r);
     s_io_checkpoint_wait(r);

@@ -38,6 +38,9 @@ typedef struct {
     long ck_step;            // the step it writes
     const float *ck_params, *ck_m, *ck_v; // the engine's state it writes
     double t_start;          // s (net_clock_ms) at the start of the run
+    int auto_stages;         // --stages auto: planned once nodes have joined (router_plan.c)
+    void *gathered;          // the HELLOs kept meanwhile, for the engine
+    int ngathered;           // of them
 } router_t;
 
 // Exact steps fill and drain the pipeline once a step: over S equal stages
@@ -51,6 +54,16 @@ int router_setup(router_t *r, int argc, char **argv, char *err, size_t n);
 // The engine's config from the model, the plan and the flags.
 void router_config(router_t *r);
 double router_fill_idle(int G, int S);
+// The micro-batch the router picks without --micro-batch (router_setup.c).
+int router_micro_choose(int batch, int T, int S);
+// --stages auto (router_plan.c): listen until the nodes that joined can
+// hold a plan, then set it (r->plan, r->o.stages, r->hp.micro, r->c);
+// 0, or -EINTR on *stop. The HELLOs kept go to the engine with
+// router_gathered_replay once it exists.
+int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n);
+void router_gathered_replay(router_t *r);
+// The start-up line of what a node holds for each stage.
+void router_needs_say(const router_t *r);
 int router_tty(void);
 // swarm_engine_io_t callbacks, ctx a router_t
 void router_io_log(void *ctx, int to_stderr, const char *line);

@@ -149,6 +149,8 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
         } else if (!strcmp(a, "--open")) {
             r->allow_path = NULL;
             continue;
+        } else if (!strcmp(a, "--stages") && v && !strcmp(v, "auto")) {
+            r->auto_stages = 1; // planned once nodes have joined (router_plan.c)
         } else {
             argv[out++] = argv[i];
             continue;
@@ -174,7 +176,7 @@ double router_fill_idle(int G, int S)
 // fixed costs (the router's hop, waking the node, decoding) eat what the
 // pipeline gains (docs/performance.md). When no divisor does both, the
 // smallest with enough tokens; one stage (no pipeline), the whole batch.
-static int s_micro_choose(int batch, int T, int S)
+int router_micro_choose(int batch, int T, int S)
 {
     int best = batch;
     for (int m = batch; m >= 1 && (long) m * T >= MICRO_MIN_TOKENS; m--) {
@@ -214,7 +216,7 @@ int router_setup(router_t *r, int argc, char **argv, char *err, size_t n)
         return rc;
     r->hp = node_train_hparams(&r->o);
     if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
-        r->hp.micro = s_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
+        r->hp.micro = router_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
         snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
         return -EINVAL;

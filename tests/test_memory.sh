@@ -7,8 +7,11 @@
 # 12 MiB holds neither: the router says so in one line, tells it, and it
 # waits. Mid-run each node's stage holds no more than its budget, and what
 # it counts (the one formula) is within 10% of the heap its allocations
-# measurably added; every step's loss equals swarm train's. Bad --memory
-# values get one line each. Ends with "N passed, N failed".
+# measurably added; every step's loss equals swarm train's. Then --stages
+# auto for a model about 3x what any node may hold: two nodes cannot hold
+# it in two stages (the router says what it would need), four hold it in
+# four, each within its budget, and the losses are swarm train's. Bad
+# --memory values get one line each. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
@@ -84,6 +87,56 @@ rc=$?
 if clean_run $rc "$log"; then ok "router finished 20 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" 20 "(nodes of 28 and 96 MiB)"
 if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after the run)"; else bad "small left"; fi
+
+# ---- --stages auto: a model about 3x what any node may hold ----
+# L=4 C=256: its whole training state is about 70 MiB; nodes of 24 MiB. Two
+# join first: no plan they can hold (the router says what it would need);
+# once four have, 4 stages of about 20 MiB each, and the losses are swarm
+# train's
+MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 20 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $MODEL2 --threads 1 --quiet --loss-log "$TMP/train2.txt" >/dev/null 2>&1 \
+    || bad "swarm train (the larger model) failed"
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm2.txt" >"$TMP/auto.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/auto.log")
+join_auto() {
+    "$SWARM" keygen "$TMP/$1" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$1" --threads 1 \
+        --name "$1" --memory 24M --slowdown 4 >"$TMP/$1.log" 2>&1 &
+    pids="$pids $!"
+}
+join_auto a1
+join_auto a2
+if wait_grep "$TMP/auto.log" "cannot hold the model in 2 stages" 20; then
+    ok "two nodes of 24 MiB: $(sed -n 's/^swarm router: \(the 2 nodes known.*\)/\1/p' "$TMP/auto.log")"
+else
+    bad "two nodes of 24 MiB: no line saying what the swarm needs"; tail -3 "$TMP/auto.log"
+fi
+join_auto a3
+join_auto a4
+if wait_grep "$TMP/auto.log" "^swarm router: --stages auto: 4 stages for the 4 nodes known" 20; then
+    ok "$(grep -- '--stages auto: 4 stages' "$TMP/auto.log" | sed 's/^swarm router: //'); $(grep 'a node holds for its stage' "$TMP/auto.log" | sed 's/^swarm router: //; s/ (its state.*//')"
+else
+    bad "--stages auto chose no plan for four nodes of 24 MiB:"; tail -5 "$TMP/auto.log"
+fi
+wait_grep "$TMP/auto.log" "^step 5/" 60
+"$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status2.json" 2>/dev/null
+over=$(jq '[.peers[] | select(.memory_used == null or .memory_used > .memory)] | length' "$TMP/status2.json")
+held=$(jq -r '[.peers[] | "\(.name) \((.memory_used // 0) / 1048576 | floor) MiB"] | join(", ")' "$TMP/status2.json")
+if [ "$over" = 0 ] && [ "$(jq '.peers | length' "$TMP/status2.json")" = 4 ]; then
+    ok "each of the 4 nodes holds its stage within its 24 MiB: $held"
+else
+    bad "the 4 nodes' memory ($over over or unknown): $held"
+fi
+wait_exit "$router" 120 || bad "--stages auto: router still running after 120 s"
+wait "$router"
+rc=$?
+if clean_run $rc "$TMP/auto.log"; then ok "--stages auto: router finished 20 steps"; else bad "--stages auto: exit $rc"; tail -5 "$TMP/auto.log"; fi
+check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 20 "(--stages auto, 4 nodes of 24 MiB)"
 
 # bad --memory values: one line each, naming the value
 for v in 12x 100K -5G; do

@@ -1,0 +1,190 @@
+/* router_plan.c - `swarm router --stages auto`: the number of stages chosen
+ * for the machines at hand. Before the engine exists the router listens,
+ * keeps each node's HELLO (the memory it may hold for a stage), and plans
+ * once --min-nodes nodes (at least 2) have said it: the fewest stages whose
+ * each stage one of those nodes can hold, the largest node for the largest
+ * stage (node_plan_make cuts by compute; node_plan_stage_memory says what
+ * each stage needs). The engine then takes the HELLOs it kept as if they
+ * came now. A swarm whose nodes can hold no plan waits for more and says
+ * what it needs. Planned once: the plan is not changed mid-run.
+ */
+#include "router_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GATHER_MAX 4096      // HELLOs kept while planning (one a key)
+
+typedef struct {
+    net_peer_t who;
+    net_msg_t *hello;        // the last HELLO of that key
+    double memory;           // what it said it may hold, 0 unknown (any)
+} gathered_t;
+
+static int s_desc(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x < y) - (x > y);
+}
+
+// The micro-batch for S stages: --micro-batch, or the router's own choice.
+static int s_micro(const router_t *r, int S)
+{
+    return r->o.micro > 0 ? r->hp.micro : router_micro_choose(r->hp.batch, r->hp.cfg.T, S);
+}
+
+// 1 when the nodes' budgets (mem[], n of them, largest first; 0 = any) can
+// hold one replica of every stage of S: the k-th largest stage by need goes
+// to the k-th largest node. need[] gets each stage's bytes.
+static int s_fits(const router_t *r, int S, const double *mem, int n, double *need,
+                  node_plan_t *plan)
+{
+    char err[256];
+    if (S > n || node_plan_make(&r->hp.cfg, S, plan, err, sizeof err) != 0)
+        return 0;
+    double sorted[NODE_MAX_LAYERS];
+    int micro = s_micro(r, S);
+    for (int s = 0; s < S; s++) {
+        node_memory_t m = node_plan_stage_memory(&r->hp.cfg, plan, s, micro);
+        need[s] = sorted[s] = (double) (m.state + m.acts + m.buffers);
+    }
+    qsort(sorted, (size_t) S, sizeof sorted[0], s_desc);
+    for (int k = 0; k < S; k++)
+        if (mem[k] > 0 && mem[k] < sorted[k])
+            return 0;
+    return 1;
+}
+
+// Plan for the nodes gathered so far: 0 with r->plan (and r->hp.micro) set,
+// else -EAGAIN with what the swarm would need in why.
+static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
+{
+    double mem[GATHER_MAX], need[NODE_MAX_LAYERS];
+    for (int i = 0; i < n; i++)
+        mem[i] = g[i].memory;
+    qsort(mem, (size_t) n, sizeof mem[0], s_desc);
+    node_plan_t plan;
+    for (int S = 1; S <= r->hp.cfg.L && S <= n; S++) {
+        if (!s_fits(r, S, mem, n, need, &plan))
+            continue;
+        r->plan = plan;
+        r->o.stages = S;
+        r->hp.micro = s_micro(r, S);
+        return 0;
+    }
+    // the most stages these nodes could have: what each would need
+    int S = n < r->hp.cfg.L ? n : r->hp.cfg.L;
+    double most = 0;
+    if (node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0)
+        for (int s = 0; s < S; s++) {
+            node_memory_t m = node_plan_stage_memory(&r->hp.cfg, &plan, s, s_micro(r, S));
+            most = fmax(most, (double) (m.state + m.acts + m.buffers));
+        }
+    snprintf(why, wn, "the %d node%s known (the largest may hold %.1f MiB) cannot hold the model "
+             "in %d stage%s (the largest needs %.1f MiB): waiting for more nodes, or larger ones",
+             n, n == 1 ? "" : "s", mem[0] / 1048576.0, S, S == 1 ? "" : "s", most / 1048576.0);
+    return -EAGAIN;
+}
+
+// A HELLO from who kept (the last of each key). 1 when its key is new.
+static int s_keep(gathered_t *g, int *n, const net_peer_t *who, net_msg_t **m)
+{
+    char text[32] = "", *end = NULL;
+    double memory = 0;
+    if (net_msg_meta_get(*m, "memory", text, sizeof text) == 0) {
+        memory = strtod(text, &end);
+        memory = end != text && *end == '\0' && memory >= 0 && memory < 1e18 ? memory : 0;
+    }
+    for (int i = 0; i < *n; i++) {
+        if (strcmp(g[i].who.key, who->key) != 0)
+            continue;
+        net_msg_destroy(&g[i].hello);
+        g[i] = (gathered_t) {*who, *m, memory};
+        *m = NULL;
+        return 0;
+    }
+    if (*n == GATHER_MAX)
+        return 0; // (the rest join once the engine is there)
+    g[(*n)++] = (gathered_t) {*who, *m, memory};
+    *m = NULL;
+    return 1;
+}
+
+int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n)
+{
+    gathered_t *g = calloc(GATHER_MAX, sizeof *g);
+    if (!g) {
+        snprintf(err, n, "out of memory for the nodes' HELLOs");
+        return -ENOMEM;
+    }
+    int count = 0, want = r->c.min_nodes > 2 ? r->c.min_nodes : 2, rc = -EAGAIN;
+    char why[400] = "", said[400] = "";
+    printf("swarm router: --stages auto: the stages are chosen once %d nodes have joined, for "
+           "the memory they say they may hold\n", want);
+    fflush(stdout);
+    while (rc == -EAGAIN && !*stop) {
+        net_peer_t who;
+        net_msg_t *m = NULL;
+        char e[256];
+        if (net_server_recv(r->srv, net_clock_ms() + 200, &who, &m, e, sizeof e) != 0)
+            continue;
+        int type = net_msg_head_const(m)->type;
+        if (type == NET_MSG_HELLO && s_keep(g, &count, &who, &m) && count >= want) {
+            rc = s_plan(r, g, count, why, sizeof why);
+            if (rc == -EAGAIN && strcmp(why, said) != 0) {
+                printf("swarm router: %s\n", why);
+                fflush(stdout);
+                snprintf(said, sizeof said, "%s", why);
+            }
+        } else if (type == NET_MSG_STATUS) {
+            net_msg_t *a = net_msg_reply(m, NET_MSG_ERROR);
+            char meta[160];
+            snprintf(meta, sizeof meta, "reason=the router is choosing its stages (--stages auto): "
+                     "%d of %d nodes have joined", count, want);
+            if (a && net_msg_set_meta(a, meta) == 0 && net_server_send(r->srv, &who, &a) != 0)
+                fprintf(stderr, "swarm router: a STATUS could not be answered\n");
+            net_msg_destroy(&a); // (a send took it)
+        }
+        net_msg_destroy(&m);
+    }
+    if (rc == 0) {
+        router_config(r);
+        printf("swarm router: --stages auto: %d stage%s for the %d nodes known (micro-batches of %d)\n",
+               r->o.stages, r->o.stages == 1 ? "" : "s", count, r->hp.micro);
+        router_needs_say(r);
+        r->gathered = g;
+        r->ngathered = count;
+        return 0;
+    }
+    for (int i = 0; i < count; i++)
+        net_msg_destroy(&g[i].hello);
+    free(g);
+    snprintf(err, n, "stopped while choosing its stages");
+    return -EINTR;
+}
+
+void router_needs_say(const router_t *r)
+{
+    printf("swarm router: a node holds for its stage");
+    for (int s = 0; s < r->c.stages; s++)
+        printf("%s %d %.1f MiB", s ? "," : "", s, r->c.stage_need[s] / 1048576.0);
+    printf(" (its state, a micro-batch's activations, buffers); it is given only a stage its "
+           "--memory holds\n");
+    fflush(stdout);
+}
+
+void router_gathered_replay(router_t *r)
+{
+    gathered_t *g = r->gathered;
+    int64_t now = net_clock_ms();
+    for (int i = 0; i < r->ngathered; i++) {
+        swarm_engine_message(r->engine, now, &g[i].who, g[i].hello);
+        net_msg_destroy(&g[i].hello);
+    }
+    free(g);
+    r->gathered = NULL;
+    r->ngathered = 0;
+}

@@ -110,10 +110,16 @@ static int s_refill(swarm_engine_t *r, int s)
 // stage emptied while the swarm reloads); say: log those left waiting.
 void engine_refill_all(swarm_engine_t *r, int say)
 {
-    for (int k = 0; k < r->stages; k++)
-        if (engine_ready_count(r, k) == 0 && s_refill(r, k) < 0 && say)
-            engine_warn(r, "swarm router: stage %d: no other stage has a replica to spare; "
-                        "waiting for a node to serve it\n", k);
+    for (int k = 0; k < r->stages; k++) {
+        if (engine_ready_count(r, k) > 0 || s_refill(r, k) >= 0 || !say)
+            continue;
+        char need[64] = "";
+        if (r->stage_need[k] > 0)
+            snprintf(need, sizeof need, " (one with --memory of %.1f MiB or more)",
+                     r->stage_need[k] / 1048576.0);
+        engine_warn(r, "swarm router: stage %d: no other stage has a replica to spare that can "
+                    "hold it; waiting for a node to serve it%s\n", k, need);
+    }
 }
 
 // Every replica of stage s is gone, and its state with them: the whole

@@ -10,7 +10,9 @@
 # measurably added; every step's loss equals swarm train's. Then --stages
 # auto for a model about 3x what any node may hold: two nodes cannot hold
 # it in two stages (the router says what it would need), four hold it in
-# four, each within its budget, and the losses are swarm train's. Bad
+# four, each within its budget; the only node of a stage is killed and the
+# router says what it waits for until another takes it; the losses are
+# swarm train's. Bad
 # --memory values get one line each. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -93,7 +95,7 @@ if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after t
 # join first: no plan they can hold (the router says what it would need);
 # once four have, 4 stages of about 20 MiB each, and the losses are swarm
 # train's
-MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 20 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 30 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086
 "$SWARM" train $MODEL2 --threads 1 --quiet --loss-log "$TMP/train2.txt" >/dev/null 2>&1 \
     || bad "swarm train (the larger model) failed"
@@ -132,11 +134,25 @@ if [ "$over" = 0 ] && [ "$(jq '.peers | length' "$TMP/status2.json")" = 4 ]; the
 else
     bad "the 4 nodes' memory ($over over or unknown): $held"
 fi
+# the only node of stage 3 dies: no other can spare a replica that holds
+# it, so the swarm rolls back and says what it waits for; a new node of
+# 24 MiB takes the stage and the run ends with swarm train's losses
+pkill -9 -f -- "--name a4 "
+if wait_grep "$TMP/auto.log" "stage 3: no other stage has a replica to spare that can hold it; waiting for a node to serve it (one with --memory of" 20; then
+    ok "a4 killed: $(grep 'stage 3: no other stage' "$TMP/auto.log" | head -n 1 | sed 's/^swarm router: //')"
+else
+    bad "a4 killed: no line saying what the swarm waits for"; tail -5 "$TMP/auto.log"
+fi
+join_auto a5
 wait_exit "$router" 120 || bad "--stages auto: router still running after 120 s"
 wait "$router"
 rc=$?
-if clean_run $rc "$TMP/auto.log"; then ok "--stages auto: router finished 20 steps"; else bad "--stages auto: exit $rc"; tail -5 "$TMP/auto.log"; fi
-check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 20 "(--stages auto, 4 nodes of 24 MiB)"
+if clean_run $rc "$TMP/auto.log" && grep -q "(a5, .*) joins stage 3$" "$TMP/auto.log"; then
+    ok "--stages auto: a5 took stage 3 and the router finished 30 steps"
+else
+    bad "--stages auto: exit $rc"; tail -5 "$TMP/auto.log"
+fi
+check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 30 "(--stages auto, 4 nodes of 24 MiB, one replaced)"
 
 # bad --memory values: one line each, naming the value
 for v in 12x 100K -5G; do

@@ -89,7 +89,8 @@ static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
     return -EAGAIN;
 }
 
-// A HELLO from who kept (the last of each key). 1 when its key is new.
+// A HELLO from who kept (the last of each key: a node started again with
+// another --memory says so). 1 when kept.
 static int s_keep(gathered_t *g, int *n, const net_peer_t *who, net_msg_t **m)
 {
     char text[32] = "", *end = NULL;
@@ -104,7 +105,7 @@ static int s_keep(gathered_t *g, int *n, const net_peer_t *who, net_msg_t **m)
         net_msg_destroy(&g[i].hello);
         g[i] = (gathered_t) {*who, *m, memory};
         *m = NULL;
-        return 0;
+        return 1;
     }
     if (*n == GATHER_MAX)
         return 0; // (the rest join once the engine is there)

@@ -24,6 +24,8 @@ trap 'pkill -P $$ 2>/dev/null; rm -rf "$OUT"' EXIT
 head -c 200000 "$BUILD/corpus.txt" >"$OUT/data.txt"
 MODEL="--layers 2 --heads 4 --embd 64 --block 32 --batch 8 --micro-batch 2 --lr 1e-3 --eval-every 500 --eval-iters 2 --iters $STEPS --data $OUT/data.txt"
 "$SWARM" keygen "$OUT/router" >/dev/null
+T=32
+. scripts/bench-lib.sh
 
 # run NAME POLL: one swarm (POLL: the dashboard's seconds between polls, - none);
 # prints "NAME cpu wall polls"
@@ -34,12 +36,7 @@ run() {
     SWARM_PLAIN=1 "$SWARM" router $MODEL --stages 2 --listen tcp://127.0.0.1:0 --key "$OUT/router" \
         --log-every 1000 --min-nodes "$NODES" >"$d/router.log" 2>&1 &
     router=$!
-    ep=""
-    for _ in $(seq 1 100); do
-        ep=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$d/router.log")
-        [ -n "$ep" ] && break
-        sleep 0.1
-    done
+    ep=$(endpoint_of "$d/router.log")
     dash=""
     if [ "$2" != - ]; then
         "$SWARM" status "$ep" --router-key "$OUT/router.pub" --serve 127.0.0.1:0 --watch "$2" \

@@ -1,8 +1,19 @@
 # bench-lib.sh - what the local-swarm benchmarks share (bench-hetero.sh,
-# bench-defaults.sh): the router's status, its throughput over a run's
+# bench-defaults.sh, bench-dashboard.sh, bench-memory.sh): the router's
+# endpoint, its status, its throughput over a run's
 # second half from --trace, and the bound averaged over that half. Sourced
 # after SWARM (the binary) and T (--block) are set; prints numbers, asserts
 # nothing.
+
+# endpoint_of LOG: the endpoint a router logging to LOG listens on, waited
+# for (10 s); nothing if it never says
+endpoint_of() {
+    for _ in $(seq 1 100); do
+        eo=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$1")
+        [ -n "$eo" ] && { echo "$eo"; return 0; }
+        sleep 0.1
+    done
+}
 
 # status_of DIR: the router's status as JSON (one line), or nothing
 status_of() {

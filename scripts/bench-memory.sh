@@ -37,16 +37,13 @@ rss="?"
 echo "swarm train, one process, $THREADS threads: ${train_tok:-?} tok/s, peak RSS $rss MiB"
 
 "$SWARM" keygen "$OUT/router" >/dev/null
+T=256
+. scripts/bench-lib.sh
 # shellcheck disable=SC2086
 SWARM_PLAIN=1 "$SWARM" router $GPT2 --stages auto --min-nodes "$NODES" --listen tcp://127.0.0.1:0 \
     --key "$OUT/router" --log-every 1 --loss-log "$OUT/swarm.txt" >"$OUT/router.log" 2>&1 &
 router=$!
-ep=""
-for _ in $(seq 1 100); do
-    ep=$(sed -n 's/^swarm router: listening on \(tcp:.*\)$/\1/p' "$OUT/router.log")
-    [ -n "$ep" ] && break
-    sleep 0.1
-done
+ep=$(endpoint_of "$OUT/router.log")
 for n in $(seq 1 "$NODES"); do
     "$SWARM" keygen "$OUT/n$n" >/dev/null
     "$SWARM" node --join "$ep" --router-key "$OUT/router.pub" --key "$OUT/n$n" --threads 1 \

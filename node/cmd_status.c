@@ -19,7 +19,6 @@
 #define STATUS_TIMEOUT_MS 2000  // per try
 #define STATUS_TRIES 2          // tries in all
 
-
 typedef struct {
     const char *addr;               // router endpoint, tcp://HOST:PORT
     node_join_t target;             // the address as given (a token carries the key)

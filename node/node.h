@@ -120,6 +120,12 @@ typedef struct {
 } node_memory_t;
 node_memory_t node_plan_stage_memory(const node_config_t *cfg, const node_plan_t *plan, int s,
                                      int micro);
+// What a node needs to take the stage: its state, one cached micro-batch,
+// the buffers (the router plans with it; a node refuses a stage above it).
+static inline size_t node_memory_need(node_memory_t m)
+{
+    return m.state + m.acts + m.buffers;
+}
 // The bytes of one micro-batch of B windows' activations of stage s (what
 // node_acts_new allocates, and its host losses not included).
 size_t node_plan_acts_bytes(const node_config_t *cfg, const node_plan_t *plan, int s, int B);

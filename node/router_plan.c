@@ -49,7 +49,7 @@ static int s_fits(const router_t *r, int S, const double *mem, int n, double *ne
     int micro = s_micro(r, S);
     for (int s = 0; s < S; s++) {
         node_memory_t m = node_plan_stage_memory(&r->hp.cfg, plan, s, micro);
-        need[s] = sorted[s] = (double) (m.state + m.acts + m.buffers);
+        need[s] = sorted[s] = (double) node_memory_need(m);
     }
     qsort(sorted, (size_t) S, sizeof sorted[0], s_desc);
     for (int k = 0; k < S; k++)
@@ -81,7 +81,7 @@ static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
     if (node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0)
         for (int s = 0; s < S; s++) {
             node_memory_t m = node_plan_stage_memory(&r->hp.cfg, &plan, s, s_micro(r, S));
-            most = fmax(most, (double) (m.state + m.acts + m.buffers));
+            most = fmax(most, (double) node_memory_need(m));
         }
     snprintf(why, wn, "the %d node%s known (the largest may hold %.1f MiB) cannot hold the model "
              "in %d stage%s (the largest needs %.1f MiB): waiting for more nodes, or larger ones",

@@ -241,7 +241,7 @@ void router_config(router_t *r)
         node_plan_stage_range(m, &r->plan, s, &c->stage_off[s], &c->stage_n[s]);
         c->stage_cost[s] = node_plan_stage_cost(m, &r->plan, s);
         node_memory_t mem = node_plan_stage_memory(m, &r->plan, s, r->hp.micro);
-        c->stage_need[s] = (double) (mem.state + mem.acts + mem.buffers);
+        c->stage_need[s] = (double) node_memory_need(mem);
     }
     c->nparams = node_config_params(m);
     c->batch = r->hp.batch;

@@ -351,12 +351,14 @@ static int s_status_parse(const char *text, size_t len, status_t *st, json_t **k
     json_error_t e;
     json_t *doc = NULL;
     int rc = -EPROTO;
+    // a document kept (the dashboard's) keeps its integers as integers, so
+    // that it is written back as it came
+    size_t flags = JSON_DECODE_ANY | JSON_ALLOW_NUL | (keep ? 0 : JSON_DECODE_INT_AS_REAL);
     if (!text || !len)
         snprintf(err, errlen, "empty (no JSON object)");
     else if (len > NET_META_MAX)
         snprintf(err, errlen, "%zu bytes, more than a message's %u", len, NET_META_MAX);
-    else if (!(doc = json_loadb(text, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL |
-                                JSON_ALLOW_NUL, &e)))
+    else if (!(doc = json_loadb(text, len, flags, &e)))
         snprintf(err, errlen, "at byte %d: %s", e.position, e.text);
     else if (!json_is_object(doc))
         snprintf(err, errlen, "not a JSON object but %s", s_kind(doc));
@@ -365,12 +367,11 @@ static int s_status_parse(const char *text, size_t len, status_t *st, json_t **k
     else if ((rc = s_status_read(doc, st, err, errlen)) == 0 &&
              (rc = s_history_read(doc, err, errlen)) == 0)
         rc = s_counters_read(doc, err, errlen);
-    json_decref(doc);
-    if (rc == 0 && keep && !(*keep = json_loadb(text, len, JSON_ALLOW_NUL, &e))) {
-        // the same text, its integers kept as integers (so that it is written back as it came)
-        snprintf(err, errlen, "at byte %d: %s", e.position, e.text);
-        rc = -EPROTO;
+    if (rc == 0 && keep) {
+        *keep = doc;
+        doc = NULL;
     }
+    json_decref(doc);
     for (char *c = err; rc < 0 && *c; c++)
         *c = *c < 0x20 || *c > 0x7e ? '?' : *c;
     return rc;

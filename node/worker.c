@@ -105,10 +105,8 @@ static slot_t *s_slot_find(node_worker_t *w, uint64_t step, uint32_t mb)
 static size_t s_cache_cap(const node_worker_t *w)
 {
     size_t cap = (size_t) w->c.cache_mb << 20, base = w->mem.state + w->mem.buffers;
-    if (w->c.memory > 0)
-        cap = w->c.memory > base && w->c.memory - base < cap ? w->c.memory - base
-            : w->c.memory > base ? cap : 0;
-    return cap;
+    size_t left = w->c.memory > base ? w->c.memory - base : 0;
+    return w->c.memory > 0 && left < cap ? left : cap;
 }
 
 // Room for one more micro-batch of activations within the cache's cap (the
@@ -634,7 +632,7 @@ static int s_assign_build(node_worker_t *w, const assign_t *a, char *err, size_t
     if (rc != 0)
         return rc;
     node_memory_t mem = node_plan_stage_memory(&a->cfg, &w->plan, a->stage, a->micro);
-    size_t need = mem.state + mem.acts + mem.buffers;
+    size_t need = node_memory_need(mem);
     if (w->c.memory > 0 && need > w->c.memory) {
         snprintf(err, n, "stage %d of %d needs %.1f MiB (its state %.1f, a micro-batch's "
                  "activations %.1f, buffers %.1f), more than --memory %.1f MiB", a->stage,

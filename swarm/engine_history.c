@@ -154,14 +154,6 @@ void engine_history_event(const swarm_engine_t *r, int warn, const char *line)
     e->seq = ++h->seq;
 }
 
-// A number of the document, rounded to `decimals` places: null when it is
-// not finite (JSON has neither inf nor nan).
-static json_t *s_num(double v, int decimals)
-{
-    double scale = pow(10.0, decimals);
-    return isfinite(v) ? json_real(round(v * scale) / scale) : json_null();
-}
-
 static int s_series_json(const hist_series_t *s, uint64_t since, json_t *out)
 {
     int rc = 0;
@@ -172,7 +164,7 @@ static int s_series_json(const hist_series_t *s, uint64_t since, json_t *out)
         rc = p ? 0 : -1;
         for (int k = 0; rc == 0 && k < s->width; k++)
             rc = json_array_append_new(p, k < s->ints ? json_integer((json_int_t) s->pt[i].v[k])
-                                                      : s_num(s->pt[i].v[k], s->decimals));
+                                                      : engine_json_num(s->pt[i].v[k], s->decimals));
         rc = rc == 0 ? json_array_append_new(out, p) : (json_decref(p), -1);
     }
     return rc;

@@ -394,6 +394,10 @@ static inline void s_ignore(int rc)
 
 // ---- across the router's files ----
 
+// v rounded to `decimals` places as a JSON number (an integer for 0
+// places), or null when it is not finite: JSON has no inf or nan.
+json_t *engine_json_num(double v, int decimals);
+
 // The history STATUS carries (engine_history.c).
 engine_history_t *engine_history_new(void);
 size_t engine_history_size(void);    // its bytes: fixed (engine_memory)

@@ -4,9 +4,7 @@
  */
 #include "engine_int.h"
 
-// v rounded to `decimals` places as a JSON number (an integer for 0
-// places), or null when it is not finite: JSON has no inf or nan.
-static json_t *s_json_num(double v, int decimals)
+json_t *engine_json_num(double v, int decimals)
 {
     if (!isfinite(v))
         return json_null();
@@ -44,10 +42,10 @@ static json_t *s_status_stage(const swarm_engine_t *r, int s)
     }
     double flops = r->stage_cost[s];
     return json_pack("{s:i, s:i, s:o, s:o, s:i, s:o, s:o}", "stage", s,
-                     "replicas", engine_ready_count(r, s), "tok_s", s_json_num(tok, 1),
-                     "node_tok_s", s_json_num(engine_stage_capacity(r, s), 1), "queue", queue,
-                     "flops_per_token", s_json_num(flops, 0),
-                     "memory_need", r->stage_need[s] > 0 ? s_json_num(r->stage_need[s], 0)
+                     "replicas", engine_ready_count(r, s), "tok_s", engine_json_num(tok, 1),
+                     "node_tok_s", engine_json_num(engine_stage_capacity(r, s), 1), "queue", queue,
+                     "flops_per_token", engine_json_num(flops, 0),
+                     "memory_need", r->stage_need[s] > 0 ? engine_json_num(r->stage_need[s], 0)
                                                          : json_null());
 }
 
@@ -63,15 +61,15 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
     json_t *known[4];
     const double bytes[4] = {pe->memory, pe->memory_used, pe->memory_heap, pe->rss};
     for (int k = 0; k < 4; k++) // a node that never said: null
-        known[k] = bytes[k] > 0 ? s_json_num(bytes[k], 0) : json_null();
+        known[k] = bytes[k] > 0 ? engine_json_num(bytes[k], 0) : json_null();
     return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o}",
                      "id", pe->id, "name", s_json_text(pe->name), "key", pe->who.key,
                      "device", s_json_text(pe->device), "stage", pe->stage,
-                     "tok_s", s_json_num(pe->tok_s, 1), "node_tok_s", s_json_num(pe->node_tok_s, 1),
+                     "tok_s", engine_json_num(pe->tok_s, 1), "node_tok_s", engine_json_num(pe->node_tok_s, 1),
                      "inflight", pe->inflight,
-                     "heartbeat_age_s", s_json_num((double) (now - pe->last_seen) / 1000.0, 1),
+                     "heartbeat_age_s", engine_json_num((double) (now - pe->last_seen) / 1000.0, 1),
                      "state", state, "failures", pe->failures,
-                     "banned_s", expelled ? json_null() : s_json_num(ban > 0 ? ban : 0.0, 0),
+                     "banned_s", expelled ? json_null() : engine_json_num(ban > 0 ? ban : 0.0, 0),
                      "expelled", expelled, "why", s_json_text(dead ? pe->why : ""),
                      "memory", known[0], "memory_used", known[1], "memory_heap", known[2],
                      "rss", known[3]);
@@ -105,13 +103,13 @@ static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since)
     int known = r->step > r->first; // a loss before the first step is not known
     json_t *doc = json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:[], s:[], s:i}",
                             "step", (json_int_t) r->step, "iters", (json_int_t) r->hp.iters,
-                            "loss", s_json_num(known ? r->last_loss : NAN, 4),
-                            "loss_avg", s_json_num(known ? r->loss_avg : NAN, 4),
-                            "tok_s", s_json_num(tps, 1), "bound_tok_s", s_json_num(engine_bound(r), 1),
-                            "eta_s", s_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
+                            "loss", engine_json_num(known ? r->last_loss : NAN, 4),
+                            "loss_avg", engine_json_num(known ? r->loss_avg : NAN, 4),
+                            "tok_s", engine_json_num(tps, 1), "bound_tok_s", engine_json_num(engine_bound(r), 1),
+                            "eta_s", engine_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
                             "state", r->done ? "done" : r->started ? "training" : "waiting",
                             "stages", "peers", "peers_omitted", 0);
-    if (doc && (json_object_set_new(doc, "now_s", s_json_num(engine_secs(r), 1)) < 0 ||
+    if (doc && (json_object_set_new(doc, "now_s", engine_json_num(engine_secs(r), 1)) < 0 ||
                 json_object_set_new(doc, "counters", s_status_counters(r)) < 0 ||
                 json_object_set_new(doc, "history", engine_history_json(r, since)) < 0)) {
         json_decref(doc);
@@ -169,7 +167,7 @@ static uint64_t s_since(const net_msg_t *req)
 }
 
 // A budget that refills at `rate` a second up to `burst`, as of now.
-static double s_refill(double tokens, int64_t at, int64_t now, double rate, double burst)
+static double s_tokens_at(double tokens, int64_t at, int64_t now, double rate, double burst)
 {
     double t = tokens + (double) (now - at) / 1000.0 * rate;
     return t < burst ? t : burst;
@@ -181,7 +179,7 @@ static int s_budget_take(swarm_engine_t *r, const char *key)
 {
     status_budget_t *b = &r->status_budget;
     int64_t now = r->now_ms;
-    b->tokens = b->primed ? s_refill(b->tokens, b->at, now, STATUS_RATE, STATUS_BURST) : STATUS_BURST;
+    b->tokens = b->primed ? s_tokens_at(b->tokens, b->at, now, STATUS_RATE, STATUS_BURST) : STATUS_BURST;
     b->at = now;
     b->primed = 1;
     status_asker_t *a = NULL;
@@ -194,7 +192,7 @@ static int s_budget_take(swarm_engine_t *r, const char *key)
         a->tokens = STATUS_KEY_BURST;
         a->at = now;
     }
-    a->tokens = s_refill(a->tokens, a->at, now, STATUS_KEY_RATE, STATUS_KEY_BURST);
+    a->tokens = s_tokens_at(a->tokens, a->at, now, STATUS_KEY_RATE, STATUS_KEY_BURST);
     a->at = now;
     if (a->tokens < 1.0 || b->tokens < 1.0) {
         b->refused++;

@@ -233,18 +233,28 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
     s_peer_ban(r, p, pe->ban_s, why, line);
 }
 
-// A request's deadline: 20 times what the peer's speed says it should
-// take, and never under 5 s (a loaded machine is not a dead one). The
+// A request's deadline: 20 times what the peer's speed says it and the
+// work queued before it should take, and never under 5 s (a loaded machine is not a dead one). The
 // speed is taken as at least 1/DEADLINE_SLOWEST of the median the router
 // measured of the ready peers (r->speed_floor): a peer that claims a
 // speed near zero at HELLO would otherwise hold a step for hours before
 // its first request is measured.
 #define DEADLINE_SLOWEST 20.0
 
-static int64_t s_deadline_ms(const swarm_engine_t *r, int p)
+static int64_t s_deadline_ms(const swarm_engine_t *r, const req_t *q)
 {
-    double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    double speed = fmax(fmax(r->peers[p].tok_s, r->speed_floor), 1.0);
+    // a micro-batch's work, and what the router had queued at the peer
+    // before it or has since (a node serves a BWD first, so one sent later
+    // may run before it): a slow replica of a big swarm may hold many. A
+    // stopped process is found sooner by its silence (swarm_engine_gone).
+    const peer_t *pe = &r->peers[q->peer];
+    int others = pe->held_thirds - q->thirds > q->ahead_thirds ? pe->held_thirds - q->thirds
+                                                               : q->ahead_thirds;
+    double tokens = (double) r->hp.micro * r->hp.cfg.T * (1.0 + others / 3.0);
+    // the slower of the router's measure and what the node says: early
+    // measures of a replica handed many requests at once can run far high
+    double speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
+    speed = fmax(fmax(speed, r->speed_floor), 1.0);
     double expect = 1000.0 * tokens / speed;
     return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
 }
@@ -300,6 +310,7 @@ int engine_join_held(const swarm_engine_t *r)
 // quiet keeps the connection open: deadlines and silence find those.
 #define PROBE_MS 200
 #define PROBE_FRESH_MS 2000
+#define REAP_MS 50
 
 static void s_probe(swarm_engine_t *r, int64_t now)
 {
@@ -312,14 +323,32 @@ static void s_probe(swarm_engine_t *r, int64_t now)
         net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
         if (m && engine_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
             engine_warn(r, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
-            pe->failed = 1;
+            pe->failed = r->failed_any = 1;
         }
     }
+}
+
+// The peers found unreachable since the last look are dead now, before
+// anything else of the step is decided (their work is redone).
+static void s_reap_failed(swarm_engine_t *r)
+{
+    if (!r->failed_any)
+        return;
+    r->failed_any = 0;
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].failed && r->peers[p].state != P_DEAD)
+            engine_peer_dead(r, p, "is not connected: dead");
 }
 
 void engine_reap(swarm_engine_t *r)
 {
     int64_t now = r->now_ms;
+    s_reap_failed(r);
+    // a pass over every peer and request: at most once every REAP_MS
+    // (deadlines are seconds), not on every message of a big swarm
+    if (now - r->reaped_at < REAP_MS && now >= r->reaped_at)
+        return;
+    r->reaped_at = now;
     s_probe(r, now);
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
         r->speed_floor = s_speed_floor(r);
@@ -332,18 +361,23 @@ void engine_reap(swarm_engine_t *r)
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
         if (!q->id)
             continue;
+        // training work's clock runs from when it was sent or its peer last
+        // finished a FWD or BWD, whichever is later: a busy replica serves
+        // the BWDs it is sent before a FWD (the node's order), and one fast
+        // enough to be sent a stream of them would miss a FWD's deadline
+        // while working the whole time
+        int64_t from = q->sent;
+        if ((q->kind == R_FWD || q->kind == R_BWD) && r->peers[q->peer].worked_at > from)
+            from = r->peers[q->peer].worked_at;
         if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
-                  : now - q->sent > s_deadline_ms(r, q->peer))
+                  : now - from > s_deadline_ms(r, q))
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
                         : q->kind == R_AUDIT ? "audit" : q->kind == R_AUDIT_SUM ? "audit STEP"
                         : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
                         : q->kind == R_STATE ? "STATE" : "STATE_GET");
     }
-    for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].failed && r->peers[p].state != P_DEAD)
-            engine_peer_dead(r, p, "is not connected: dead");
-
+    s_reap_failed(r); // (the probes' finds)
 }
 
 int engine_all_stages_ready(const swarm_engine_t *r)
@@ -374,41 +408,73 @@ static void s_views_checked(swarm_engine_t *r, swarm_peer_view_t *views)
     }
 }
 
-// Between steps, every --rebalance-every seconds: move one peer from the
-// strongest stage to the weakest when the bottleneck gains 10% and the
-// check before found the same move (measured speeds swing by a tenth from
-// one check to the next); it gets the new stage's state from a live
-// replica (engine_joins) before the next step.
+// Seconds a moved peer's new state takes: fetched from a replica and sent
+// on (12 bytes a parameter: the weights and both Adam moments), twice
+// over the router's link, taken to carry 100 Mbit/s, and a tenth of a
+// second of round trips. The next step waits for it (engine_join_held).
+static double s_move_s(const swarm_engine_t *r, int s)
+{
+    return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / 12.5e6;
+}
+
+// Between steps, every --rebalance-every seconds: the moves that take the
+// swarm to the best split it can reach (swarm_policy_plan: worth it when
+// the bound gains more than 5% and, over five minutes, more than the
+// state fetches cost), made when the check before found a plan worth making too
+// (measured speeds swing by a tenth from one check to the next); each
+// moved peer gets its new stage's state from a live replica (engine_joins)
+// before the next step.
 void engine_rebalance(swarm_engine_t *r)
 {
     double now = engine_secs(r);
     if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
         return;
     r->last_rebalance = now;
-    for (int q = 0; q < r->npeers; q++)
-        if (r->peers[q].state == P_READY && r->peers[q].samples < 1)
-            return; // judge speeds once every ready peer has been measured
     swarm_peer_view_t *views = r->views; // s_move picks nothing
-    double cost[SWARM_MAX_STAGES];
+    double cost[SWARM_MAX_STAGES], move_s[SWARM_MAX_STAGES];
     engine_views_as(r, views, 0);
     s_views_checked(r, views);
+    for (int q = 0; q < r->npeers; q++) {
+        const peer_t *pe = &r->peers[q];
+        // the speed the bound counts; one not measured yet is counted at
+        // that, and not moved
+        if (!pe->claim_doubted && pe->node_tok_s > 0.0)
+            views[q].tok_s = engine_bound_speed(pe); // (else the checked measure)
+        if (pe->state == P_READY && pe->samples < 1)
+            views[q].moved_at = now;
+    }
     for (int s = 0; s < r->stages; s++)
-        cost[s] = r->stage_cost[s];
-    int to = -1, p = swarm_policy_rebalance(views, r->npeers, r->stages, cost, r->stage_need, now, 0.1,
-                                            6.0 * r->rebalance_every, &to);
-    int seen = p >= 0 && r->rebalance_id == r->peers[p].id && r->rebalance_to == to;
-    r->rebalance_id = p >= 0 && !seen ? r->peers[p].id : 0;
-    r->rebalance_to = to;
-    if (!seen)
+        cost[s] = r->stage_cost[s], move_s[s] = s_move_s(r, s);
+    swarm_plan_t plan = { .stages = r->stages, .cost = cost, .need = r->stage_need,
+                          .move_s = move_s, .now = now, .hold = 6.0 * r->rebalance_every,
+                          .margin = 0.05, .horizon = 300.0 };
+    int *to = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *to);
+    if (!to)
+        return; // the next check tries again
+    double low = 0.0, high = 0.0;
+    int moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
+    int seen = moves > 0 && r->rebalance_seen;
+    r->rebalance_seen = moves > 0;
+    if (!seen) {
+        free(to);
         return;
-    peer_t *pe = &r->peers[p];
+    }
+    r->rebalance_seen = 0; // the next plan is judged on speeds measured after these moves
     double before[SWARM_MAX_STAGES] = {0};
     for (int q = 0; q < r->npeers; q++)
         if (views[q].ready)
             before[views[q].stage] += views[q].tok_s;
-    char why[128];
-    snprintf(why, sizeof why, "(%.0f tok/s in all) to stage %d (%.0f tok/s), the bottleneck",
-             before[pe->stage], to, before[to]);
-    pe->tok_s = views[p].tok_s; // its new stage's first guess scales this one
-    s_move(r, p, to, cost, why);
+    engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the bound from %.0f to "
+               "%.0f tok/s\n", r->step, moves, moves == 1 ? "" : "s", low, high);
+    for (int q = 0; q < r->npeers; q++) {
+        peer_t *pe = &r->peers[q];
+        if (to[q] == pe->stage || pe->state != P_READY)
+            continue;
+        char why[128];
+        snprintf(why, sizeof why, "(%.0f tok/s in all) to stage %d (%.0f tok/s)",
+                 before[pe->stage], to[q], before[to[q]]);
+        pe->tok_s = views[q].tok_s; // its new stage's first guess scales this one
+        s_move(r, q, to[q], cost, why);
+    }
+    free(to);
 }

@@ -105,6 +105,7 @@ typedef struct {
     double check_busy, check_work; // busy_s and work at the last rebalancing check
     int samples;             // speed samples taken (since it joined or moved)
     double node_tok_s;       // what the node says it sustains (HEARTBEAT)
+    int64_t worked_at;       // ms: its last FWD or BWD done
     double hello_tok_s;      // what it measured at start (HELLO)
     double rtt;              // s: network round trip (a request's time less its time at
                              // the node), quick to fall, slow to rise; 0 unknown
@@ -149,6 +150,7 @@ typedef struct {
     int64_t sent;            // ms
     int redo;                // re-run of work a dead peer had accumulated
     int thirds;              // training work in thirds of a micro-batch (s_req_thirds)
+    int ahead_thirds;        // the work its peer held when it was sent (queued before it)
 } req_t;
 
 // A spot check of one micro-batch's FWD at one stage (s_spot_*): the
@@ -276,8 +278,10 @@ struct swarm_engine_s {
     int min_nodes;           // ready nodes needed before training starts
     double rebalance_every;  // seconds between rebalancing checks, 0 = never
     double last_rebalance;   // s of the last check
-    int rebalance_id;        // the move the last check found: peer id (0 none) ...
-    int rebalance_to;        // ... to this stage; made when the next check finds it too
+    int64_t reaped_at;       // ms of engine_reap's last pass
+    int spots_open;          // spot checks open (engine_spots_open)
+    int failed_any;          // a peer was marked failed since engine_reap last looked
+    int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
     int64_t now_ms;          // the time of what the engine handles now (ms, the caller's
@@ -452,6 +456,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state);
 int engine_ready_at(const swarm_engine_t *r, int stage, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
+double engine_bound_speed(const peer_t *pe);
 int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v);
 int engine_ready_count(const swarm_engine_t *r, int stage);
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);

@@ -82,9 +82,11 @@ void engine_mb_clear(swarm_engine_t *r, mb_t *b)
         free(b->dy[s]);
         b->dy[s] = NULL;
     }
-    for (int s = 0; b->spot && s < r->stages; s++)
+    for (int s = 0; b->spot && s < r->stages; s++) {
+        r->spots_open -= b->spot[s].n > 0;
         for (int k = 0; k < 3; k++)
             free(b->spot[s].out[k]);
+    }
     free(b->spot);
     *b = (mb_t) { .stage = -1 };
     for (int s = 0; s < r->stages; s++)
@@ -263,7 +265,7 @@ void engine_retry(swarm_engine_t *r)
             if (fwd && b->retry_kind)
                 held[at] = 1;
         }
-        for (int s = 0; s < r->stages; s++) {
+        for (int s = 0; r->redo_pending > 0 && s < r->stages; s++) {
             if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
                 b->redo_wanted[s] = 0;
                 r->redo_pending--; // counted when it was wanted

@@ -181,7 +181,9 @@ static void s_owed(const swarm_engine_t *r, double *backlog, int stage)
         // stages whose forward ran (or runs) and whose backward is not sent:
         // in forward up to the stage it is at, in backward below it
         int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
-        for (int k = 0; k < owed && k < S - 1; k++) {
+        // for one stage's view, only the forwards run on that stage: a
+        // peer runs its own stage's, and moves only between steps
+        for (int k = stage < 0 ? 0 : stage; k < owed && k < S - 1 && (stage < 0 || k == stage); k++) {
             int p = b->fwd_peer[k];
             // (a peer that ran stage k's forward may serve another stage
             // now: it moved, or its entry was reused)
@@ -235,6 +237,14 @@ void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimist
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v)
 {
     engine_views_as(r, v, 1);
+}
+
+// The speed a peer counts at in the bound (engine_stage_capacity): what
+// the node says it sustains, unless the router doubts it or has not heard
+// it yet (then the router's own measure, tok_s).
+double engine_bound_speed(const peer_t *pe)
+{
+    return !pe->claim_doubted && pe->node_tok_s > 0.0 ? pe->node_tok_s : pe->tok_s;
 }
 
 // What a routing pick sees: stage's ready peers only, v[k] being peer
@@ -295,7 +305,7 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
                          "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->stages, stage,
                     r->hp.micro, pe->id, net_dtype_name(r->wire), net_dtype_name(r->grad_wire));
     if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0)
-        pe->failed = 1; // not connected: engine_reap finds it dead
+        pe->failed = r->failed_any = 1; // not connected: engine_reap finds it dead
     net_msg_destroy(&a);
     if (rc != 0)
         return rc;
@@ -369,6 +379,9 @@ static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
     engine_speed_restart(pe, r->now_ms);
     swarm_peer_view_t *views = r->views;
     engine_views(r, views);
+    for (int q = 0; q < r->npeers; q++) // the stages weighed as the bound and rebalancing weigh them
+        if (q != p && r->peers[q].state == P_READY)
+            views[q].tok_s = engine_bound_speed(&r->peers[q]);
     swarm_peer_view_t me = views[p];
     int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)
                                : swarm_policy_assign(views, r->npeers, r->stages, r->stage_need, &me);
@@ -538,7 +551,7 @@ double engine_stage_capacity(const swarm_engine_t *r, int s)
     double tok = 0.0;
     for (int k = 0; k < r->ready[s].n; k++) {
         const peer_t *pe = &r->peers[r->ready[s].peer[k]];
-        tok += pe->claim_doubted ? pe->tok_s : pe->node_tok_s;
+        tok += engine_bound_speed(pe);
     }
     return tok;
 }

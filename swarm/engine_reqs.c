@@ -129,9 +129,10 @@ static req_t *s_req_new(swarm_engine_t *r, int kind, int peer, int mb, int stage
     if (!q)
         return NULL;
     uint64_t id = r->last_id = (++r->next_id << REQ_SLOT_BITS) | (uint64_t) slot;
-    *q = (req_t) { id, kind, peer, mb, stage, r->now_ms, 0, s_req_thirds(r, kind, stage) };
-    engine_trace(r, "send", kind, mb, stage, peer);
     peer_t *pe = &r->peers[peer];
+    *q = (req_t) { id, kind, peer, mb, stage, r->now_ms, 0, s_req_thirds(r, kind, stage),
+                   pe->held_thirds };
+    engine_trace(r, "send", kind, mb, stage, peer);
     pe->inflight++;
     pe->held_thirds += q->thirds;
     if (kind == R_FWD || kind == R_BWD) {
@@ -160,6 +161,7 @@ void engine_req_done(swarm_engine_t *r, req_t *q)
         pe->inflight--;
     pe->held_thirds -= q->thirds;
     if (q->kind == R_FWD || q->kind == R_BWD) {
+        pe->worked_at = r->now_ms;
         pe->held_kind[q->kind == R_BWD]--;
         if (pe->working > 0 && --pe->working == 0)
             pe->busy_s += (double) (r->now_ms - pe->busy_from) / 1000.0;
@@ -238,7 +240,7 @@ int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int s
         if (!r->peers[p].failed)
             engine_warn(r, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
                         r->peers[p].name, strerror(-rc));
-        r->peers[p].failed = 1;
+        r->peers[p].failed = r->failed_any = 1;
         engine_req_done(r, q);
     } else if ((kind == R_BWD || (kind == R_FWD && stage == r->stages - 1 && !r->evaluating))
                && stage >= 0 && stage < r->stages && r->stepped[stage]) {

@@ -44,23 +44,21 @@ static spot_t *s_spot_of(const swarm_engine_t *r, const req_t *q)
 }
 
 // The check is settled (or given up).
-static void s_spot_release(spot_t *c)
+static void s_spot_release(swarm_engine_t *r, spot_t *c)
 {
     for (int k = 0; k < 3; k++) {
         free(c->out[k]);
         c->out[k] = NULL;
     }
+    r->spots_open -= c->n > 0;
     c->n = 0;
 }
 
-// Checks of this step not settled yet: the update waits for them.
+// Checks of this step not settled yet: the update waits for them. Counted
+// as they open and settle (engine_mb_clear forgets a micro-batch's).
 int engine_spots_open(const swarm_engine_t *r)
 {
-    int n = 0;
-    for (int i = 0; r->mbs && i < r->G; i++)
-        for (int s = 0; r->mbs[i].spot && s < r->stages; s++)
-            n += r->mbs[i].spot[s].n > 0;
-    return n;
+    return r->spots_open;
 }
 
 // When sampled (never while evaluating), keep micro-batch q->mb's FWD
@@ -77,13 +75,14 @@ void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss)
     if (other < 0 || (!b->spot && !(b->spot = calloc((size_t) r->stages, sizeof *b->spot))))
         return;
     spot_t *c = &b->spot[q->stage];
+    r->spots_open += c->n == 0;
     c->n = 1;
     c->peer[0] = q->peer;
     c->loss[0] = loss;
     if (q->stage < r->stages - 1)
         c->out[0] = engine_dup_bytes(r->scratch, engine_acts_count(r) * sizeof(float));
     if (s_spot_send(r, q->mb, q->stage, other) != 0)
-        s_spot_release(c);
+        s_spot_release(r, c);
 }
 
 static int s_spot_same(const swarm_engine_t *r, const spot_t *c, int x, int y)
@@ -131,7 +130,7 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     const peer_t *a = &r->peers[c->peer[0]], *v = &r->peers[q->peer];
     if (k == 1 && s_spot_same(r, c, 0, 1)) {
         r->spot_checks++;
-        s_spot_release(c);
+        s_spot_release(r, c);
         return;
     }
     if (k == 1) {
@@ -142,7 +141,7 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
                     third >= 0 ? "; asking a third replica" : "; no third replica to decide");
         if (third < 0 || s_spot_send(r, q->mb, s, third) != 0) {
             r->spot_undecided++;
-            s_spot_release(c);
+            s_spot_release(r, c);
         }
         return;
     }
@@ -151,7 +150,7 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
              : s_spot_same(r, c, 1, 2) && !s_spot_same(r, c, 0, 2) ? c->peer[0] : -1;
     if (liar < 0) {
         r->spot_undecided++;
-        s_spot_release(c);
+        s_spot_release(r, c);
         return;
     }
     char why[96];
@@ -168,6 +167,6 @@ void engine_spot_lost(swarm_engine_t *r, const req_t *q)
     if (c) {
         if (c->n == 2)
             r->spot_undecided++;
-        s_spot_release(c);
+        s_spot_release(r, c);
     }
 }

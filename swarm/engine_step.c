@@ -230,22 +230,46 @@ static int s_voter(const peer_t *pe, int s)
     return pe->updated && pe->state == P_READY && pe->stage == s; // the dead do not vote
 }
 
+static int s_by_checksum(const void *a, const void *b)
+{
+    const peer_t *x = *(const peer_t *const *) a, *y = *(const peer_t *const *) b;
+    int c = strcmp(x->checksum, y->checksum);
+    return c ? c : (x < y ? -1 : x > y);
+}
+
+// The voter of stage s whose checksum most of its voters share (the first
+// in peer order among the most shared), and how many share it; -1 when the
+// stage has none. O(n log n): voters sorted by checksum, runs counted.
+static int s_majority(swarm_engine_t *r, int s, const peer_t **by, int *votes, int *best_votes)
+{
+    int n = 0;
+    for (int p = 0; p < r->npeers; p++)
+        if (s_voter(&r->peers[p], s))
+            by[n++] = &r->peers[p];
+    qsort(by, (size_t) n, sizeof *by, s_by_checksum);
+    int most = 0;
+    for (int i = 0, j; i < n; i = j) {
+        for (j = i; j < n && !strcmp(by[j]->checksum, by[i]->checksum); j++)
+            ;
+        for (int k = i; k < j; k++)
+            votes[by[k] - r->peers] = j - i;
+        most = j - i > most ? j - i : most;
+    }
+    *best_votes = most;
+    for (int p = 0; p < r->npeers; p++)
+        if (s_voter(&r->peers[p], s) && votes[p] == most)
+            return p;
+    return -1;
+}
+
 void engine_consensus(swarm_engine_t *r, long step)
 {
+    const peer_t **by = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *by);
+    int *votes = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *votes);
+    if (!by || !votes)
+        abort(); // a bookkeeping allocation, as the engine's others
     for (int s = 0; s < r->stages; s++) {
-        int best = -1, best_votes = 0;
-        for (int p = 0; p < r->npeers; p++) {
-            if (!s_voter(&r->peers[p], s))
-                continue;
-            int votes = 0;
-            for (int q = 0; q < r->npeers; q++)
-                votes += s_voter(&r->peers[q], s)
-                         && !strcmp(r->peers[q].checksum, r->peers[p].checksum);
-            if (votes > best_votes) {
-                best = p;
-                best_votes = votes;
-            }
-        }
+        int best_votes = 0, best = s_majority(r, s, by, votes, &best_votes);
         for (int p = 0; p < r->npeers && best >= 0; p++) {
             peer_t *pe = &r->peers[p];
             if (!s_voter(pe, s) || !strcmp(pe->checksum, r->peers[best].checksum))
@@ -267,6 +291,8 @@ void engine_consensus(swarm_engine_t *r, long step)
             engine_peer_state(r, p, P_JOINING); // engine_joins asks a replica that agrees
         }
     }
+    free(by);
+    free(votes);
 }
 
 // All gradients are in: sum each stage's over its replicas in peer order,

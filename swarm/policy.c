@@ -4,8 +4,9 @@
  * Routing picks the replica with the earliest projected finish, and a
  * step's forwards one that is done by the stage's projected end of step;
  * assignment puts a joining node on the stage with the least total
- * throughput; rebalancing and refilling move one peer between stages; the
- * window is how many micro-batches keep every stage busy.
+ * throughput; refilling moves one peer into a stage that lost every
+ * replica (rebalancing, the best split, is policy_plan.c's); the window is
+ * how many micro-batches keep every stage busy.
  */
 #include "swarm.h"
 
@@ -129,9 +130,14 @@ int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, 
     return best;
 }
 
-// Summed tok_s of each stage's ready peers into tot[]; the bottleneck.
-static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double *tot, int *count)
+int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
+                        const double *need, int empty)
 {
+    double tot[SWARM_MAX_STAGES];
+    int count[SWARM_MAX_STAGES];
+    if (stages < 2 || stages > SWARM_MAX_STAGES || empty < 0 || empty >= stages
+        || !(cost[empty] > 0.0))
+        return -1;
     for (int s = 0; s < stages; s++)
         tot[s] = 0.0, count[s] = 0;
     for (int i = 0; i < n; i++) {
@@ -140,33 +146,23 @@ static double s_totals(const swarm_peer_view_t *peers, int n, int stages, double
             count[peers[i].stage]++;
         }
     }
-    double low = tot[0];
-    for (int s = 1; s < stages; s++)
-        low = tot[s] < low ? tot[s] : low;
-    return low;
-}
-
-// The ready peer whose move to stage `to` leaves the highest bottleneck
-// (least stage total) above `floor`, or -1: never one of `to` or the last
-// of its stage, nor one moved within `hold` seconds of `now`; skip_empty:
-// stages with no replica, but `to`, do not count.
-static int s_best_move(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                       const double *need, const double *tot, const int *count, int to,
-                       int skip_empty, double floor, double now, double hold)
-{
+    // the ready peer whose move leaves the highest bottleneck, never the
+    // last of its stage; no margin, no hold; another empty stage does not
+    // count (it waits for its own refill)
     int best = -1;
+    double floor = -1.0;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &peers[i];
         int from = p->stage;
-        if (!p->ready || from < 0 || from >= stages || from == to || count[from] < 2
-            || now - p->moved_at < hold || !swarm_policy_holds(p, need, to))
+        if (!p->ready || from < 0 || from >= stages || from == empty || count[from] < 2
+            || !swarm_policy_holds(p, need, empty))
             continue;
         double after = 1e300;
         for (int s = 0; s < stages; s++) {
-            if (skip_empty && count[s] == 0 && s != to)
+            if (count[s] == 0 && s != empty)
                 continue;
             double t = tot[s] - (s == from ? p->tok_s : 0.0)
-                     + (s == to ? p->tok_s * cost[from] / cost[to] : 0.0);
+                     + (s == empty ? p->tok_s * cost[from] / cost[empty] : 0.0);
             after = t < after ? t : after;
         }
         if (after > floor) {
@@ -175,36 +171,6 @@ static int s_best_move(const swarm_peer_view_t *peers, int n, int stages, const 
         }
     }
     return best;
-}
-
-int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                           const double *need, double now, double margin, double hold, int *to)
-{
-    double tot[256];
-    int count[256];
-    if (stages < 2 || stages > 256)
-        return -1;
-    double low = s_totals(peers, n, stages, tot, count);
-    int weak = 0;
-    for (int s = 1; s < stages; s++)
-        weak = tot[s] < tot[weak] ? s : weak;
-    *to = weak;
-    if (cost[weak] <= 0.0)
-        return -1;
-    return s_best_move(peers, n, stages, cost, need, tot, count, weak, 0, low * (1.0 + margin),
-                       now, hold);
-}
-
-int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                        const double *need, int empty)
-{
-    double tot[256];
-    int count[256];
-    if (stages < 2 || stages > 256 || empty < 0 || empty >= stages || !(cost[empty] > 0.0))
-        return -1;
-    s_totals(peers, n, stages, tot, count);
-    // no margin, no hold; another empty stage waits for its own refill
-    return s_best_move(peers, n, stages, cost, need, tot, count, empty, 1, -1.0, 0.0, -INFINITY);
 }
 
 // Little's law for `in`: micro-batches in flight that keep the bottleneck

@@ -101,15 +101,43 @@ int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const
 int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, const double *need,
                              const swarm_peer_view_t *me);
 
-// Rebalancing: the peer to move from the strongest stage to the weakest,
-// or -1. cost[s] is stage s's work per token (any unit): a peer doing
-// tok_s on stage a does about tok_s * cost[a] / cost[b] on stage b. A move
-// must raise the pipeline's bottleneck (min over stages of summed tok_s) by
-// more than `margin` (0.2 = 20%), may not empty a stage, may not move a
-// peer moved within `hold` seconds of `now`, nor one that cannot hold the
-// stage (need, as for swarm_policy_assign). *to gets the new stage.
-int swarm_policy_rebalance(const swarm_peer_view_t *peers, int n, int stages, const double *cost,
-                           const double *need, double now, double margin, double hold, int *to);
+// Rebalancing (policy_plan.c): which stage each peer should serve so
+// that the pipeline's bound, the least over stages of the summed tok_s of
+// its ready and joining replicas, is highest. cost[s] is stage s's work
+// per token (any unit): a peer doing tok_s on stage a does about
+// tok_s * cost[a] / cost[b] on stage b.
+typedef struct {
+    int stages;            // S, 1..SWARM_MAX_STAGES
+    const double *cost;    // [S] work per token
+    const double *need;    // [S] bytes a node holds for it (swarm_policy_holds), NULL none
+    const double *move_s;  // [S] seconds a moved peer's state takes to fetch, NULL 0; a
+                           // plan's fetches go one after another (all through the router)
+    double now, hold;      // a peer moved within `hold` seconds of `now` stays
+    double margin;         // a plan must raise the bound by more than this (0.05 = 5%)
+    double horizon;        // s: over this, its gain must be more than its fetches cost
+} swarm_plan_t;
+
+// The bound of assignment `at` (a stage for each peer; NULL: where they are).
+double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan,
+                          const int *at);
+// The best assignment of every counted peer from scratch (hold ignored),
+// into at[n] when not NULL, and its bound: exact up to 12 peers, a local
+// search's beyond (policy_plan.c says how).
+double swarm_policy_best(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *at);
+// The moves that take the swarm to the best assignment it can reach now:
+// to[i] each peer's stage after them (its own when it stays), and how many
+// they are; 0 (to[] unchanged) when none is worth making: the new bound
+// must beat the old by more than the margin, and its gain over the
+// horizon be more than the whole bound for the fetches' summed seconds
+// (every stage waits for them). Past 12 movable peers, of the local
+// search's steps the plan takes the first k that are worth most. Only ready
+// peers move, none moved within `hold`, none to a stage it cannot hold;
+// every stage keeps two of its ready replicas when it has three or more,
+// else one (the state a newcomer fetches, and a spare if one fails
+// meanwhile); a stage with none is refill's, and no plan is made.
+// *now_bound and *new_bound get the bound before and after.
+int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to,
+                      double *now_bound, double *new_bound);
 
 // Refilling: the ready peer to move into stage `empty`, which has lost every
 // replica, or -1 when no stage has two or more. Of those, the move that
@@ -347,14 +375,22 @@ typedef struct {
     const double *speeds;    // device speeds (training tokens/s on a stage of mean cost),
     int nspeeds;             // each peer draws one; none: 20,000 each
     int64_t latency_ms;      // one way, router <-> each peer
+    int64_t latency_hi_ms;   // more than latency_ms: each peer draws its own in between
     double bandwidth_mbit;   // each peer's link, each way (a message takes its bytes' time
                              // on the wire, one after another); 0 unlimited
+    double bandwidth_hi_mbit; // more than bandwidth_mbit: each peer draws its own in between
+    double router_mbit;      // the router's own link, each way, shared by every message; 0
+                             // unlimited
+    int direct;              // activations go node to node: a FWD/BWD's tensors take the
+                             // peers' links, not the router's (a projection of that design)
     int64_t jitter_ms;       // up to this much more latency, drawn per message (a link
                              // keeps its order: one TCP stream)
     double loss;             // the fraction of messages that lose a segment: they and
                              // what follows them on the link wait a retransmission
     double kill_every_s;     // a random live peer is killed this often (and a new one
                              // joins 1 s later); 0 never
+    double leave_rate;       // or: each live peer leaves at this rate an hour, a Poisson
+                             // process (a new one joins 1 s later); 0 never
     double limit_s;          // virtual seconds before the run counts as stuck
     const swarm_sim_nodes_t *nodes; // --numeric: real nodes; NULL: synthetic peers
     int liars;               // peers of the first `peers` that lie (drawn by the seed)
@@ -369,6 +405,8 @@ typedef struct {
     long steps;              // steps trained
     double seconds;          // virtual seconds they took
     double tok_s;            // training tokens a virtual second
+    double router_mb_s[2];   // MB a virtual second on the router's link, to the peers and from
+    double engine_core;      // the engine's CPU seconds a virtual second (1: a whole core)
     double bound;            // mean over the run of the engine's assignment's bound
     double best;             // the same for the best split of the live peers (an upper bound)
     double us_per_request;   // CPU microseconds in the engine per message it sent

@@ -674,45 +674,75 @@ START_TEST(test_assign_and_moves_keep_to_each_peers_memory)
     swarm_peer_view_t q[4] = {
         s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1000), s_view(0, 1, 0, 1000), s_view(1, 1, 0, 100),
     };
+    for (int i = 0; i < 4; i++)
+        q[i].moved_at = -1e30;
     q[0].memory = q[1].memory = 150e6;
-    int to = -1;
-    ck_assert_int_eq(swarm_policy_rebalance(q, 4, 2, cost2, need2, 100.0, 0.2, 30.0, &to), 2);
-    ck_assert_int_eq(to, 1);
+    swarm_plan_t plan = { .stages = 2, .cost = cost2, .need = need2, .now = 100.0, .hold = 30.0,
+                          .margin = 0.2, .horizon = 300.0 };
+    int to[4];
+    double low, high;
+    ck_assert_int_eq(swarm_policy_plan(q, 4, &plan, to, &low, &high), 1);
+    ck_assert(to[0] == 0 && to[1] == 0 && to[2] == 1 && to[3] == 1);
     q[2].memory = 150e6;
-    ck_assert_int_eq(swarm_policy_rebalance(q, 4, 2, cost2, need2, 100.0, 0.2, 30.0, &to), -1);
-    ck_assert_int_ge(swarm_policy_rebalance(q, 4, 2, cost2, NULL, 100.0, 0.2, 30.0, &to), 0);
+    ck_assert_int_eq(swarm_policy_plan(q, 4, &plan, to, &low, &high), 0);
+    plan.need = NULL;
+    ck_assert_int_ge(swarm_policy_plan(q, 4, &plan, to, &low, &high), 1);
 }
 END_TEST
 
-START_TEST(test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps)
+// A plan for peers of these stages and speeds, never moved before.
+static int s_plan(swarm_peer_view_t *p, int n, const swarm_plan_t *plan, int *to, double *low,
+                  double *high)
+{
+    for (int i = 0; i < n; i++)
+        if (p[i].moved_at == 0.0)
+            p[i].moved_at = -1e30;
+    return swarm_policy_plan(p, n, plan, to, low, high);
+}
+
+START_TEST(test_plan_moves_only_when_it_pays)
 {
     const double cost[2] = { 1.0, 1.0 };
     swarm_peer_view_t p[3] = {
         s_view(0, 1, 0, 1500), s_view(0, 1, 0, 1500), s_view(1, 1, 0, 500),
     };
-    for (int i = 0; i < 3; i++)
-        p[i].moved_at = -1e30;
-    int to = -1;
-    // stage 0 has 3000 tok/s, stage 1 500: moving one raises the bottleneck to 1500
-    int who = swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to);
-    ck_assert_int_ge(who, 0);
-    ck_assert_int_le(who, 1);
-    ck_assert_int_eq(to, 1);
+    swarm_plan_t plan = { .stages = 2, .cost = cost, .now = 100.0, .hold = 30.0, .margin = 0.2,
+                          .horizon = 300.0 };
+    int to[3];
+    double low, high;
+    // stage 0 has 3000 tok/s, stage 1 500: moving one raises the bound to 1500
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 1);
+    ck_assert(low == 500.0 && high == 1500.0);
+    ck_assert_int_eq(to[2], 1);
+    ck_assert((to[0] == 1) != (to[1] == 1));
+    ck_assert(swarm_policy_bound(p, 3, &plan, to) == 1500.0);
+    // a state that takes 100 s to fetch: 1000 tok/s more for 200 s does
+    // not repay 500 tok/s lost for 100 s? it does (200,000 > 50,000); over
+    // a horizon of 120 s it does not (20,000 < 50,000)
+    double fetch[2] = { 100.0, 100.0 };
+    plan.move_s = fetch;
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 1);
+    plan.horizon = 120.0;
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 0);
+    ck_assert(to[0] == 0 && to[1] == 0 && to[2] == 1);
+    plan.move_s = NULL, plan.horizon = 300.0;
     // moved 10 s ago: held in place
     p[0].moved_at = p[1].moved_at = 90.0;
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
-    // nearly balanced: no move improves the bottleneck by 20%
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 0);
+    // nearly balanced: nothing improves the bound by 20%
     p[0].moved_at = p[1].moved_at = -1e30;
     p[0].tok_s = 1000, p[1].tok_s = 900, p[2].tok_s = 1000;
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 0);
     // a stage's only replica is never moved, even when it is the strongest
     swarm_peer_view_t q[2] = { s_view(0, 1, 0, 9000), s_view(1, 1, 0, 10) };
-    q[0].moved_at = q[1].moved_at = -1e30;
-    ck_assert_int_eq(swarm_policy_rebalance(q, 2, 2, cost, NULL, 100.0, 0.2, 30.0, &to), -1);
+    ck_assert_int_eq(s_plan(q, 2, &plan, to, &low, &high), 0);
+    // a stage with no replica is refill's: no plan
+    swarm_peer_view_t e[3] = { s_view(0, 1, 0, 900), s_view(0, 1, 0, 900), s_view(1, 0, 0, 10) };
+    ck_assert_int_eq(s_plan(e, 3, &plan, to, &low, &high), 0);
 }
 END_TEST
 
-START_TEST(test_rebalance_counts_stage_cost)
+START_TEST(test_plan_counts_stage_cost)
 {
     // stage 1 costs 4x stage 0 per token: a 2000 tok/s peer of stage 0
     // would do 500 there, taking stage 1 from 100 to 600
@@ -720,15 +750,182 @@ START_TEST(test_rebalance_counts_stage_cost)
     swarm_peer_view_t p[3] = {
         s_view(0, 1, 0, 2000), s_view(0, 1, 0, 2000), s_view(1, 1, 0, 100),
     };
-    for (int i = 0; i < 3; i++)
-        p[i].moved_at = -1e30;
-    int to = -1;
-    ck_assert_int_ge(swarm_policy_rebalance(p, 3, 2, cost, NULL, 0.0, 0.2, 30.0, &to), 0);
-    ck_assert_int_eq(to, 1);
-    // but not when the weak stage is so costly that the move gains < 20%
-    p[2].tok_s = 480;   // 480 -> 980 vs stage 0 2000: fine; make it marginal:
-    p[0].tok_s = p[1].tok_s = 300; // stage 0 600, stage 1 480 -> move: 300 vs 555
-    ck_assert_int_eq(swarm_policy_rebalance(p, 3, 2, cost, NULL, 0.0, 0.2, 30.0, &to), -1);
+    swarm_plan_t plan = { .stages = 2, .cost = cost, .now = 0.0, .hold = 30.0, .margin = 0.2,
+                          .horizon = 300.0 };
+    int to[3];
+    double low, high;
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 1);
+    ck_assert_int_eq(to[2], 1);
+    ck_assert(low == 100.0 && high == 600.0);
+    // stage 0 600, stage 1 480: a move leaves 300 and 555, a worse bound
+    p[2].tok_s = 480;
+    p[0].tok_s = p[1].tok_s = 300;
+    ck_assert_int_eq(s_plan(p, 3, &plan, to, &low, &high), 0);
+    ck_assert(high == 480.0);
+}
+END_TEST
+
+// The traps of one-peer moves: no single move lifts these bounds, a swap
+// or several moves at once do.
+START_TEST(test_plan_swaps_and_moves_several_where_one_move_cannot)
+{
+    const double cost[3] = { 1.0, 1.0, 1.0 };
+    // {6, 6} and {3, 4}: 7. Moving any one peer leaves 6 or less; swapping
+    // a 6 for the 3 gives {6, 3} and {6, 4}: 9
+    swarm_peer_view_t p[4] = { s_view(0, 1, 0, 6), s_view(0, 1, 0, 6), s_view(1, 1, 0, 3),
+                               s_view(1, 1, 0, 4) };
+    swarm_plan_t plan = { .stages = 2, .cost = cost, .now = 0.0, .hold = 30.0, .margin = 0.1,
+                          .horizon = 300.0 };
+    int to[16];
+    double low, high;
+    ck_assert_int_eq(s_plan(p, 4, &plan, to, &low, &high), 2);
+    ck_assert(low == 7.0 && high == 9.0);
+    ck_assert_int_eq(to[0] + to[1], 1); // one 6 each
+    ck_assert_int_eq(to[2] + to[3], 1);
+    // three stages, {4, 4, 4, 4}, {2}, {2}: two moves at once make 6, 6, 6
+    swarm_peer_view_t q[6] = { s_view(0, 1, 0, 4), s_view(0, 1, 0, 4), s_view(0, 1, 0, 4),
+                               s_view(0, 1, 0, 4), s_view(1, 1, 0, 2), s_view(2, 1, 0, 2) };
+    plan.stages = 3;
+    ck_assert_int_eq(s_plan(q, 6, &plan, to, &low, &high), 2);
+    ck_assert(low == 2.0 && high == 6.0);
+    int on[3] = { 0 };
+    for (int i = 0; i < 6; i++)
+        on[to[i]]++;
+    ck_assert(on[0] == 2 && on[1] == 2 && on[2] == 2 && to[4] == 1 && to[5] == 2);
+    // every stage keeps one of its own replicas (two of three or more):
+    // {1}, {10, 10} can only take a 10 into stage 0 beside the 1
+    swarm_peer_view_t k[3] = { s_view(0, 1, 0, 1), s_view(1, 1, 0, 10), s_view(1, 1, 0, 10) };
+    plan.stages = 2;
+    ck_assert_int_eq(s_plan(k, 3, &plan, to, &low, &high), 1);
+    ck_assert(to[0] == 0 && high == 10.0);
+    // {9, 1, 1} and {1}: moving both 1s would make {9} and {1, 1, 1}, 3, but
+    // a stage of three keeps two: one 1 moves, and the bound is 2
+    swarm_peer_view_t t[4] = { s_view(0, 1, 0, 9), s_view(0, 1, 0, 1), s_view(0, 1, 0, 1),
+                               s_view(1, 1, 0, 1) };
+    ck_assert_int_eq(s_plan(t, 4, &plan, to, &low, &high), 1);
+    ck_assert(low == 1.0 && high == 2.0 && to[0] == 0 && to[1] + to[2] == 1);
+}
+END_TEST
+
+// Every assignment of n peers to S stages (each stage someone; each peer
+// one it holds; with `keep`, held peers where they are and each stage two
+// of its own replicas when it has three or more, else one): the best
+// bound, by enumeration.
+static double s_brute(const swarm_peer_view_t *p, int n, const swarm_plan_t *plan, int keep)
+{
+    int S = plan->stages, at[16], had[4] = { 0 };
+    for (int i = 0; i < n; i++)
+        had[p[i].stage]++;
+    long all = 1;
+    for (int i = 0; i < n; i++)
+        all *= S;
+    double best = 0.0;
+    for (long code = 0; code < all; code++) {
+        long c = code;
+        double T[4] = { 0 };
+        int count[4] = { 0 }, own[4] = { 0 }, ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            at[i] = (int) (c % S), c /= S;
+            if (!swarm_policy_holds(&p[i], plan->need, at[i]))
+                ok = 0;
+            if (keep && at[i] != p[i].stage && plan->now - p[i].moved_at < plan->hold)
+                ok = 0;
+            double w = p[i].tok_s * plan->cost[p[i].stage];
+            T[at[i]] += w / plan->cost[at[i]];
+            count[at[i]]++;
+            own[at[i]] += at[i] == p[i].stage;
+        }
+        double low = INFINITY;
+        for (int s = 0; s < S && ok; s++) {
+            if (count[s] == 0 || (keep && own[s] < (had[s] > 2 ? 2 : had[s] > 0)))
+                ok = 0;
+            low = T[s] < low ? T[s] : low;
+        }
+        if (ok && low > best)
+            best = low;
+    }
+    return best;
+}
+
+START_TEST(test_plan_equals_brute_force_up_to_10_peers_and_4_stages)
+{
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    double cost[4], need[4];
+    int cases = 0, planned = 0;
+    for (int round = 0; round < 400; round++) {
+        int S = 2 + (int) (swarm_splitmix64(&rng) % 3);
+        int n = S + (int) (swarm_splitmix64(&rng) % (11 - S));
+        swarm_peer_view_t p[10];
+        for (int s = 0; s < S; s++) {
+            cost[s] = 1.0 + (double) (swarm_splitmix64(&rng) % 3);
+            need[s] = (double) (1 + swarm_splitmix64(&rng) % 4) * 100e6;
+        }
+        for (int i = 0; i < n; i++) {
+            // a volunteer mix: CPUs of 1-4 units, one in five a GPU of 20-50
+            double speed = swarm_splitmix64(&rng) % 5 == 0 ? 20 + (double) (swarm_splitmix64(&rng) % 31)
+                                                          : 1 + (double) (swarm_splitmix64(&rng) % 4);
+            int stage = i < S ? i : (int) (swarm_splitmix64(&rng) % S);
+            p[i] = s_view(stage, 1, 0, speed / cost[stage]);
+            p[i].moved_at = swarm_splitmix64(&rng) % 6 == 0 ? 95.0 : -1e30;
+            // some can hold only the smaller stages (but their own)
+            p[i].memory = swarm_splitmix64(&rng) % 3 == 0 ? need[stage] + 1.0 : 0.0;
+        }
+        swarm_plan_t plan = { .stages = S, .cost = cost, .need = need, .now = 100.0,
+                              .hold = 30.0, .margin = 0.0, .horizon = 300.0 };
+        double best = swarm_policy_best(p, n, &plan, NULL), brute = s_brute(p, n, &plan, 0);
+        ck_assert_msg(best >= 0.98 * brute && best <= brute * (1 + 1e-9),
+                      "round %d: best %g, brute force %g", round, best, brute);
+        int to[10];
+        double low, high;
+        int moves = swarm_policy_plan(p, n, &plan, to, &low, &high);
+        double reach = s_brute(p, n, &plan, 1);
+        ck_assert_msg(high >= 0.98 * reach && high <= reach * (1 + 1e-9),
+                      "round %d: plan %g, brute force %g", round, high, reach);
+        if (moves > 0) {
+            ck_assert(swarm_policy_bound(p, n, &plan, to) == high);
+            for (int i = 0; i < n; i++)
+                ck_assert(to[i] == p[i].stage || (swarm_policy_holds(&p[i], need, to[i])
+                                                  && !(100.0 - p[i].moved_at < 30.0)));
+            planned++;
+        } else {
+            ck_assert(high <= low * (1 + 1e-9));
+        }
+        cases++;
+    }
+    ck_assert_int_eq(cases, 400);
+    ck_assert_int_gt(planned, 100); // most random starts have a better split
+}
+END_TEST
+
+// A large swarm (the local search, not the exact one): from the worst
+// start, every GPU on stage 0, within 2% of the fractional bound (every
+// stage exactly its share of the summed speed), which no split beats.
+START_TEST(test_plan_near_the_fractional_bound_on_a_large_swarm)
+{
+    enum { N = 400, S = 8 };
+    static swarm_peer_view_t p[N];
+    double cost[S], all = 0.0, costs = 0.0;
+    uint64_t rng = 7;
+    for (int s = 0; s < S; s++)
+        cost[s] = s == 3 ? 2.0 : 1.0, costs += cost[s];
+    for (int i = 0; i < N; i++) {
+        int gpu = i % 10 == 0;
+        double speed = gpu ? 20000 + (double) (swarm_splitmix64(&rng) % 30000)
+                           : 500 + (double) (swarm_splitmix64(&rng) % 1500);
+        int stage = gpu ? 0 : 1 + i % (S - 1);
+        p[i] = s_view(stage, 1, 0, speed / cost[stage]);
+        all += speed;
+    }
+    swarm_plan_t plan = { .stages = S, .cost = cost, .now = 0.0, .hold = 30.0, .margin = 0.1,
+                          .horizon = 300.0 };
+    static int to[N];
+    double low, high;
+    int moves = s_plan(p, N, &plan, to, &low, &high);
+    ck_assert_int_gt(moves, 0);
+    ck_assert_msg(high >= 0.98 * all / costs, "plan %g against %g", high, all / costs);
+    ck_assert(swarm_policy_bound(p, N, &plan, to) == high);
+    double best = swarm_policy_best(p, N, &plan, NULL);
+    ck_assert_msg(best >= 0.98 * all / costs, "best %g against %g", best, all / costs);
 }
 END_TEST
 
@@ -991,8 +1188,11 @@ int main(void)
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
     tcase_add_test(tc, test_assign_and_moves_keep_to_each_peers_memory);
-    tcase_add_test(tc, test_rebalance_moves_from_strongest_to_weakest_only_when_it_helps);
-    tcase_add_test(tc, test_rebalance_counts_stage_cost);
+    tcase_add_test(tc, test_plan_moves_only_when_it_pays);
+    tcase_add_test(tc, test_plan_counts_stage_cost);
+    tcase_add_test(tc, test_plan_swaps_and_moves_several_where_one_move_cannot);
+    tcase_add_test(tc, test_plan_equals_brute_force_up_to_10_peers_and_4_stages);
+    tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     tcase_add_test(tc, test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail);
     suite_add_tcase(s, tc);

@@ -1,0 +1,494 @@
+/* policy_plan.c - which stage each peer should serve: the assignment that
+ * keeps the pipeline's bottleneck (the least, over stages, of the summed
+ * speeds of its replicas) highest, and the moves that take the swarm
+ * there (swarm.h). Pure: no I/O, no clock.
+ *
+ * A peer's speed on another stage is its measured one scaled by the two
+ * stages' costs, so each peer has one weight w = tok_s * cost[its stage]
+ * and adds w / cost[s] to stage s. Finding the best split is a
+ * partition problem (NP-hard in general), so:
+ *   - up to PLAN_EXACT_PEERS movable peers, an exact branch and bound
+ *     over the peers sorted by weight (heaviest first; the pruning bound
+ *     gives each stage everything still to place);
+ *   - beyond, two starts, each improved by local search: the current
+ *     assignment, and a greedy one from scratch (each peer, heaviest
+ *     first, to the stage with the least so far). The search moves one
+ *     peer into the bottleneck stage, or swaps two between it and
+ *     another, while that lifts both stages above the bottleneck's old
+ *     total: the stages' sorted totals rise at every step, so it ends,
+ *     and a swap gets out of the traps one-peer moves stop in.
+ * Every plan keeps on each stage two of the ready replicas it has now
+ * when it has three or more, else one: a newcomer fetches its state from
+ * one, and a big stage serves on if the other fails meanwhile. It moves no peer moved within
+ * `hold` seconds, nor one to a stage it cannot hold.
+ */
+#include "swarm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_EXACT_PEERS 12       // movable peers the exact search takes
+#define PLAN_EXACT_NODES 2000000  // its search nodes at most (then the best found)
+#define PLAN_SEARCH_STEPS 4096    // improvements of one local search at most
+#define PLAN_KEEP 2               // a stage of more ready replicas keeps this many of them
+
+typedef struct wi {
+    double w;
+    int i;
+} wi_t; // a peer and its weight, to sort by weight
+
+typedef struct {
+    const swarm_peer_view_t *v;
+    const swarm_plan_t *pl;
+    int n, S;
+    int keep;          // keep each stage's own replicas on it (up to PLAN_KEEP)
+    double *w;         // each counted peer's weight (0: not counted)
+    int *from;         // its stage now (-1: not counted)
+    int *movable;      // it may change stage
+    int *at;           // the assignment being worked on
+    int *scratch;      // another
+    struct wi *order, *list; // the movable peers by weight; a stage's
+    double T[SWARM_MAX_STAGES]; // each stage's summed speed under `at`
+    int count[SWARM_MAX_STAGES]; // its peers under `at`
+    int own[SWARM_MAX_STAGES];   // of them, its own ready replicas now
+    int keep_own[SWARM_MAX_STAGES]; // how many of those it must keep
+} plan_ctx_t;
+
+static int s_holds(const plan_ctx_t *c, int i, int s)
+{
+    return swarm_policy_holds(&c->v[i], c->pl->need, s);
+}
+
+// Peer i is one of stage s's own ready replicas.
+static int s_mine(const plan_ctx_t *c, int i, int s)
+{
+    return s == c->from[i] && c->v[i].ready;
+}
+
+static void s_totals(plan_ctx_t *c)
+{
+    for (int s = 0; s < c->S; s++)
+        c->T[s] = 0.0, c->count[s] = 0, c->own[s] = 0;
+    for (int i = 0; i < c->n; i++) {
+        int s = c->at[i];
+        if (s < 0)
+            continue;
+        c->T[s] += c->w[i] / c->pl->cost[s];
+        c->count[s]++;
+        c->own[s] += s_mine(c, i, s);
+    }
+}
+
+static double s_low(const plan_ctx_t *c, int *which)
+{
+    int b = 0;
+    for (int s = 1; s < c->S; s++)
+        b = c->T[s] < c->T[b] ? s : b;
+    if (which)
+        *which = b;
+    return c->T[b];
+}
+
+// Peer i leaves stage s under `at`: s keeps a peer, and the own replicas
+// it must.
+static int s_may_leave(const plan_ctx_t *c, int i, int s)
+{
+    return c->count[s] >= 2 && (!s_mine(c, i, s) || c->own[s] > c->keep_own[s]);
+}
+
+static void s_put(plan_ctx_t *c, int i, int s)
+{
+    int a = c->at[i];
+    c->T[a] -= c->w[i] / c->pl->cost[a];
+    c->count[a]--;
+    c->own[a] -= s_mine(c, i, a);
+    c->at[i] = s;
+    c->T[s] += c->w[i] / c->pl->cost[s];
+    c->count[s]++;
+    c->own[s] += s_mine(c, i, s);
+}
+
+typedef struct {
+    int i, j;      // move i into the bottleneck; with j >= 0, j goes to i's stage
+    double value;  // the lower of the two stages' totals after it
+} step_t;
+
+
+static int s_by_weight(const void *a, const void *b)
+{
+    const wi_t *x = a, *y = b;
+    return x->w < y->w ? -1 : x->w > y->w ? 1 : x->i - y->i;
+}
+
+// The best swap of peer i (on stage s) with one of `list` (stage b's
+// movable peers, by weight): the one nearest the weight that levels the
+// two stages, or a neighbour of it that is allowed.
+static void s_best_swap(const plan_ctx_t *c, int i, int b, const wi_t *list, int nl, step_t *best)
+{
+    int s = c->at[i];
+    double cb = c->pl->cost[b], cs = c->pl->cost[s];
+    double want = c->w[i] - (c->T[s] - c->T[b]) / (1.0 / cb + 1.0 / cs);
+    int lo = 0, hi = nl;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (list[mid].w < want)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (int k = lo - 4; k < lo + 4; k++) {
+        if (k < 0 || k >= nl)
+            continue;
+        int j = list[k].i;
+        double d = c->w[i] - c->w[j];
+        if (!(d > 0.0) || !s_holds(c, j, s))
+            continue;
+        // own replicas after: s loses i and gains j, b the other way
+        int own_s = c->own[s] - s_mine(c, i, s) + s_mine(c, j, s);
+        int own_b = c->own[b] - s_mine(c, j, b) + s_mine(c, i, b);
+        if (own_s < c->keep_own[s] || own_b < c->keep_own[b])
+            continue;
+        double tb = c->T[b] + d / cb, ts = c->T[s] - d / cs;
+        double value = tb < ts ? tb : ts;
+        if (value > best->value)
+            *best = (step_t) { i, j, value };
+    }
+}
+
+// Local search from `at` (see the top of the file); its bottleneck after.
+// trail (when not NULL) gets each step's peers and where they went, four
+// ints a step, and *steps how many.
+static double s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
+{
+    s_totals(c);
+    if (nsteps)
+        *nsteps = 0;
+    for (int steps = 0; steps < PLAN_SEARCH_STEPS; steps++) {
+        int b;
+        double low = s_low(c, &b);
+        step_t best = { -1, -1, low * (1.0 + 1e-9) + 1e-12 };
+        int nl = 0;
+        for (int i = 0; i < c->n; i++)
+            if (c->movable[i] && c->at[i] == b && s_may_leave(c, i, b))
+                list[nl++] = (wi_t) { c->w[i], i };
+        qsort(list, (size_t) nl, sizeof *list, s_by_weight);
+        for (int i = 0; i < c->n; i++) {
+            int s = c->at[i];
+            if (!c->movable[i] || s < 0 || s == b || !s_holds(c, i, b))
+                continue;
+            if (s_may_leave(c, i, s)) {
+                double tb = c->T[b] + c->w[i] / c->pl->cost[b];
+                double ts = c->T[s] - c->w[i] / c->pl->cost[s];
+                double value = tb < ts ? tb : ts;
+                if (value > best.value)
+                    best = (step_t) { i, -1, value };
+            }
+            s_best_swap(c, i, b, list, nl, &best);
+        }
+        if (best.i < 0)
+            break;
+        int s = c->at[best.i];
+        s_put(c, best.i, b);
+        if (best.j >= 0)
+            s_put(c, best.j, s);
+        if (trail) {
+            int *t = &trail[4 * (*nsteps)++];
+            t[0] = best.i, t[1] = b, t[2] = best.j, t[3] = s;
+        }
+    }
+    return s_low(c, NULL);
+}
+
+// Greedy from scratch into `at`: the unmovable where they are, then every
+// movable peer, heaviest first, to the stage it can hold with the least.
+static void s_greedy(plan_ctx_t *c, const wi_t *order, int m)
+{
+    for (int i = 0; i < c->n; i++)
+        c->at[i] = c->movable[i] ? -1 : c->from[i];
+    s_totals(c);
+    for (int k = m - 1; k >= 0; k--) {
+        int i = order[k].i, best = -1;
+        for (int s = 0; s < c->S; s++)
+            if (s_holds(c, i, s) && (best < 0 || c->T[s] < c->T[best]))
+                best = s;
+        c->at[i] = best >= 0 ? best : c->from[i];
+        c->T[c->at[i]] += c->w[i] / c->pl->cost[c->at[i]];
+    }
+}
+
+typedef struct {
+    plan_ctx_t *c;
+    const int *order;  // movable peers, heaviest first
+    int m;
+    double rest[PLAN_EXACT_PEERS + 1]; // weight from order[k] on
+    int *best_at;
+    double best;
+    int best_moves, moves;
+    long nodes;
+} exact_t;
+
+static void s_exact(exact_t *x, int k)
+{
+    plan_ctx_t *c = x->c;
+    if (++x->nodes > PLAN_EXACT_NODES)
+        return;
+    int wanted = 0; // peers still to come: one for an empty stage, the own ones to keep
+    for (int s = 0; s < c->S; s++) {
+        int short_own = c->keep_own[s] - c->own[s];
+        wanted += short_own > 0 ? short_own : c->count[s] == 0;
+    }
+    if (wanted > x->m - k)
+        return;
+    // at best every stage gets all that is left
+    double hope = INFINITY;
+    for (int s = 0; s < c->S; s++) {
+        double t = c->T[s] + x->rest[k] / c->pl->cost[s];
+        hope = t < hope ? t : hope;
+    }
+    double tol = 1e-9 * (x->best > 0 ? x->best : 1.0);
+    if (hope < x->best - tol || (hope <= x->best + tol && x->moves >= x->best_moves))
+        return;
+    if (k == x->m) {
+        double low = s_low(c, NULL);
+        if (low > x->best + tol || (low >= x->best - tol && x->moves < x->best_moves)) {
+            x->best = low;
+            x->best_moves = x->moves;
+            memcpy(x->best_at, c->at, (size_t) c->n * sizeof *c->at);
+        }
+        return;
+    }
+    int i = x->order[k], home = c->from[i];
+    for (int pass = 0; pass < 2; pass++) { // its own stage first: fewest moves found early
+        for (int s = 0; s < c->S; s++) {
+            if ((pass == 0) != (s == home) || !s_holds(c, i, s))
+                continue;
+            c->at[i] = s;
+            c->T[s] += c->w[i] / c->pl->cost[s];
+            c->count[s]++;
+            c->own[s] += s_mine(c, i, s);
+            x->moves += s != home;
+            s_exact(x, k + 1);
+            x->moves -= s != home;
+            c->own[s] -= s_mine(c, i, s);
+            c->count[s]--;
+            c->T[s] -= c->w[i] / c->pl->cost[s];
+        }
+    }
+    c->at[i] = -1;
+}
+
+// Assignment `at` into c->at, its totals summed afresh (the searches'
+// running sums drift in the last bits); its bound.
+static double s_settle(plan_ctx_t *c, const int *at)
+{
+    if (at != c->at)
+        memcpy(c->at, at, (size_t) c->n * sizeof *c->at);
+    s_totals(c);
+    return s_low(c, NULL);
+}
+
+// The best assignment into c->at (starting from c->at as it is); its bound.
+static double s_solve(plan_ctx_t *c)
+{
+    wi_t *order = c->order, *list = c->list;
+    int *scratch = c->scratch;
+    int m = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->movable[i])
+            order[m++] = (wi_t) { c->w[i], i };
+    qsort(order, (size_t) m, sizeof *order, s_by_weight); // lightest first
+    double low = s_improve(c, list, NULL, NULL);
+    memcpy(scratch, c->at, (size_t) c->n * sizeof *c->at);
+    if (m <= PLAN_EXACT_PEERS) {
+        exact_t x = { .c = c, .m = m, .best_at = scratch, .best = low, .best_moves = 0 };
+        for (int i = 0; i < c->n; i++)
+            x.best_moves += c->at[i] != c->from[i];
+        int heavy[PLAN_EXACT_PEERS];
+        for (int k = 0; k < m; k++)
+            heavy[k] = order[m - 1 - k].i;
+        x.order = heavy;
+        x.rest[m] = 0.0;
+        for (int k = m - 1; k >= 0; k--)
+            x.rest[k] = x.rest[k + 1] + c->w[heavy[k]];
+        for (int i = 0; i < c->n; i++)
+            c->at[i] = c->movable[i] ? -1 : c->from[i];
+        s_totals(c);
+        s_exact(&x, 0);
+        return s_settle(c, scratch);
+    }
+    // a start from scratch, kept when it is clearly better
+    s_greedy(c, order, m);
+    double fresh = s_improve(c, list, NULL, NULL);
+    return fresh > low * 1.02 ? s_settle(c, c->at) : s_settle(c, scratch);
+}
+
+// What moving to `at` from where the peers are costs: the state fetches,
+// one after another (they all pass through the router), seconds; *moves
+// how many.
+static double s_fetch(const plan_ctx_t *c, int *moves)
+{
+    double f = 0.0;
+    *moves = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->from[i] < 0 || c->at[i] == c->from[i])
+            continue;
+        ++*moves;
+        f += c->pl->move_s ? c->pl->move_s[c->at[i]] : 0.0;
+    }
+    return f;
+}
+
+// What a plan from bound `low` to `high` at fetch seconds `f` gains over
+// the horizon, in tokens: the bound's rise for the time after the fetches,
+// less the whole bound for their time (every stage waits for them).
+static double s_worth(const swarm_plan_t *pl, double low, double high, double f)
+{
+    return (high - low) * (pl->horizon - f) - low * f;
+}
+
+// Many peers: the local search from where they are, and of its steps the
+// first k that are worth most (each step's moves cost their fetches: a
+// plan does not move a thousand peers for what a dozen give). Into c->at;
+// its bound.
+static double s_priced(plan_ctx_t *c, int *trail)
+{
+    double low = s_low(c, NULL);
+    int steps = 0;
+    s_improve(c, c->list, trail, &steps);
+    // replay the steps from the start, pricing each prefix
+    memcpy(c->at, c->from, (size_t) c->n * sizeof *c->at);
+    s_totals(c);
+    int best_k = 0, moves;
+    double best_worth = 0.0;
+    for (int k = 0; k < steps; k++) {
+        const int *t = &trail[4 * k];
+        s_put(c, t[0], t[1]);
+        if (t[2] >= 0)
+            s_put(c, t[2], t[3]);
+        double high = s_low(c, NULL), f = s_fetch(c, &moves);
+        double w = s_worth(c->pl, low, high, f);
+        if (high > low * (1.0 + c->pl->margin) && w > best_worth)
+            best_k = k + 1, best_worth = w;
+    }
+    memcpy(c->at, c->from, (size_t) c->n * sizeof *c->at);
+    s_totals(c);
+    for (int k = 0; k < best_k; k++) {
+        const int *t = &trail[4 * k];
+        s_put(c, t[0], t[1]);
+        if (t[2] >= 0)
+            s_put(c, t[2], t[3]);
+    }
+    return s_settle(c, c->at);
+}
+
+// The peers that count: ready or joining on a stage; the others (from -1)
+// are left out of every total. 0, or -1 for bad arguments or no memory.
+static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_plan_t *pl, int keep)
+{
+    *c = (plan_ctx_t) { .v = v, .pl = pl, .n = n, .S = pl->stages, .keep = keep };
+    if (c->S < 1 || c->S > SWARM_MAX_STAGES || n < 0)
+        return -1;
+    for (int s = 0; s < c->S; s++)
+        if (!(pl->cost[s] > 0.0))
+            return -1;
+    size_t k = (size_t) (n > 0 ? n : 1);
+    c->w = malloc(k * sizeof *c->w);
+    c->from = malloc(4 * k * sizeof *c->from);
+    c->order = malloc(2 * k * sizeof *c->order);
+    if (!c->w || !c->from || !c->order) {
+        free(c->w);
+        free(c->from);
+        free(c->order);
+        return -1;
+    }
+    c->movable = c->from + k, c->at = c->from + 2 * k, c->scratch = c->from + 3 * k;
+    c->list = c->order + k;
+    for (int i = 0; i < n; i++) {
+        const swarm_peer_view_t *p = &v[i];
+        int counted = (p->ready || p->joining) && p->stage >= 0 && p->stage < c->S;
+        c->from[i] = counted ? p->stage : -1;
+        c->w[i] = counted ? (p->tok_s > 0.0 ? p->tok_s : 0.0) * pl->cost[p->stage] : 0.0;
+        c->movable[i] = counted && p->ready && !(pl->now - p->moved_at < pl->hold);
+        c->at[i] = c->from[i];
+    }
+    s_totals(c);
+    // two of three or more, one of one or two (a move from two is allowed)
+    for (int s = 0; s < c->S; s++)
+        c->keep_own[s] = !keep ? 0 : c->own[s] > PLAN_KEEP ? PLAN_KEEP : c->own[s] > 0;
+    return 0;
+}
+
+static void s_ctx_free(plan_ctx_t *c)
+{
+    free(c->w);
+    free(c->from);
+    free(c->order);
+}
+
+double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan,
+                          const int *at)
+{
+    plan_ctx_t c;
+    if (s_ctx(&c, peers, n, plan, 0) != 0)
+        return 0.0;
+    if (at)
+        for (int i = 0; i < n; i++)
+            c.at[i] = c.from[i] >= 0 ? at[i] : -1;
+    s_totals(&c);
+    double low = s_low(&c, NULL);
+    s_ctx_free(&c);
+    return low;
+}
+
+double swarm_policy_best(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *at)
+{
+    plan_ctx_t c;
+    if (s_ctx(&c, peers, n, plan, 0) != 0)
+        return 0.0;
+    for (int i = 0; i < n; i++)
+        c.movable[i] = c.from[i] >= 0; // every peer, moved or joining, from scratch
+    double best = s_solve(&c);
+    if (at)
+        for (int i = 0; i < n; i++)
+            at[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;
+    s_ctx_free(&c);
+    return best;
+}
+
+int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to,
+                      double *now_bound, double *new_bound)
+{
+    plan_ctx_t c;
+    *now_bound = *new_bound = 0.0;
+    for (int i = 0; i < n; i++)
+        to[i] = peers[i].stage;
+    if (s_ctx(&c, peers, n, plan, 1) != 0)
+        return 0;
+    double low = s_low(&c, NULL), best = low;
+    int empty = 0, movable = 0;
+    for (int s = 0; s < c.S; s++)
+        empty += c.count[s] == 0;
+    for (int i = 0; i < n; i++)
+        movable += c.movable[i];
+    int *trail = movable > PLAN_EXACT_PEERS ? malloc(4 * PLAN_SEARCH_STEPS * sizeof *trail) : NULL;
+    if (empty) // an empty stage is refill's (swarm_policy_refill)
+        ;
+    else if (movable <= PLAN_EXACT_PEERS)
+        best = s_solve(&c);
+    else if (trail)
+        best = s_priced(&c, trail);
+    free(trail);
+    // worth it: more than the margin (speeds swing), and the gain over the
+    // horizon more than what the fetches cost
+    int moves;
+    double fetch = s_fetch(&c, &moves);
+    *now_bound = low;
+    *new_bound = best;
+    int worth = moves > 0 && best > low * (1.0 + plan->margin) && s_worth(plan, low, best, fetch) > 0;
+    if (worth)
+        for (int i = 0; i < n; i++)
+            to[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;
+    s_ctx_free(&c);
+    return worth ? moves : 0;
+}

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SIM_SPEEDS_MAX 4096
 
@@ -32,7 +33,8 @@ static void s_help(FILE *out)
     fprintf(out,
         "usage: swarm sim --peers N --stages S [--steps K] [--seed X] [--numeric]\n"
         "                 [--speeds LIST] [--latency MS] [--bandwidth MBIT] [--jitter MS]\n"
-        "                 [--loss F] [--kill-every S] [--stall-every S]\n"
+        "                 [--loss F] [--kill-every S] [--leave-rate R] [--stall-every S]\n"
+        "                 [--router-bandwidth MBIT] [--direct]\n"
         "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
         "                 [router and training flags of swarm router]\n"
         "Train on a simulated swarm, in virtual time, deterministic from --seed: the real\n"
@@ -48,13 +50,22 @@ static void s_help(FILE *out)
         "  --speeds LIST      their speeds in training tokens/s, each drawn from the list;\n"
         "                     TOKS or TOKSxSHARE, comma-separated: 20000x9,400000 is nine\n"
         "                     CPUs to one GPU (default 20000)\n"
-        "  --latency MS       one way between the router and each peer (default 20)\n"
-        "  --bandwidth MBIT   each peer's link, each way, Mbit/s (default 0: unlimited)\n"
+        "  --latency MS       one way between the router and each peer (default 20);\n"
+        "                     LO-HI: each peer draws its own from the range (20-100)\n"
+        "  --bandwidth MBIT   each peer's link, each way, Mbit/s (default 0: unlimited);\n"
+        "                     LO-HI: each peer draws its own (10-100)\n"
+        "  --router-bandwidth MBIT  the router's own link, each way, shared by every\n"
+        "                     message (default 0: unlimited)\n"
+        "  --direct           project activations sent node to node: a FWD's or BWD's\n"
+        "                     tensors take the peers' links, not the router's\n"
         "  --jitter MS        up to this much more latency a message, in order (default 0)\n"
         "  --loss F           the fraction of messages that lose a segment and wait 200 ms,\n"
         "                     with what follows them on the link (default 0)\n"
         "  --kill-every S     kill a random peer every S virtual seconds; a new one joins\n"
         "                     1 s later (default 0: never)\n"
+        "  --leave-rate R     or: each peer leaves R times an hour on average, a Poisson\n"
+        "                     process (1: a departure a peer-hour); a new one joins 1 s\n"
+        "                     later (default 0: never)\n"
         "  --stall-every S    stop a random peer every S virtual seconds, as SIGSTOP does\n"
         "                     (default 0: never)\n"
         "  --stall S          for this long (default 3)\n"
@@ -140,7 +151,8 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     int out = 1;
     static const char *const takes_value[] = { "--peers", "--speeds", "--latency",
         "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
-        "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss" };
+        "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss", "--leave-rate",
+        "--router-bandwidth" };
     f->o.latency_ms = 20;
     f->o.limit_s = 36000;
     f->o.stall_s = 3;
@@ -153,9 +165,11 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             takes |= !strcmp(a, takes_value[k]);
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
             return 1;
-        if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric")) {
+        if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric") || !strcmp(a, "--direct")) {
             if (!strcmp(a, "--verbose"))
                 f->verbose = 1;
+            else if (!strcmp(a, "--direct"))
+                f->o.direct = 1;
             else
                 f->numeric = 1;
             continue;
@@ -169,8 +183,15 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             return -EINVAL;
         }
         char *end;
-        double x = strtod(v, &end);
+        double x = strtod(v, &end), hi = x;
         int number = *v && !*end;
+        // --latency and --bandwidth take a range LO-HI too: each peer its own
+        if (!number && *v && *end == '-' && end != v
+            && (!strcmp(a, "--latency") || !strcmp(a, "--bandwidth"))) {
+            char *end2;
+            hi = strtod(end + 1, &end2);
+            number = end2 != end + 1 && !*end2 && hi > x;
+        }
         if (!strcmp(a, "--speeds")) {
             if (s_speeds(f, v, err, n) != 0)
                 return -EINVAL;
@@ -192,9 +213,11 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
                 return s_bad(err, n, a, v, "virtual seconds, 0 or more");
             f->o.stall_s = x;
         } else if (!strcmp(a, "--bandwidth")) {
-            if (!number || x < 0 || x > 1e6)
-                return s_bad(err, n, a, v, "Mbit/s, 0 (unlimited) or more");
+            if (!number || x < 0 || hi > 1e6 || (hi > x && x <= 0))
+                return s_bad(err, n, a, v, "Mbit/s, 0 (unlimited) or more, or a range LO-HI "
+                             "(10-100) of more than 0");
             f->o.bandwidth_mbit = x;
+            f->o.bandwidth_hi_mbit = hi;
         } else if (!strcmp(a, "--jitter")) {
             if (!number || x < 0 || x > 10000)
                 return s_bad(err, n, a, v, "milliseconds, 0..10000");
@@ -216,9 +239,18 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
                 return s_bad(err, n, a, v, "a whole number of peers, 1..1000000");
             f->o.peers = (int) x;
         } else if (!strcmp(a, "--latency")) {
-            if (!number || x < 0 || x > 10000)
-                return s_bad(err, n, a, v, "milliseconds, 0..10000");
+            if (!number || x < 0 || hi > 10000)
+                return s_bad(err, n, a, v, "milliseconds, 0..10000, or a range LO-HI (20-100)");
             f->o.latency_ms = (int64_t) x;
+            f->o.latency_hi_ms = (int64_t) hi;
+        } else if (!strcmp(a, "--router-bandwidth")) {
+            if (!number || x < 0 || x > 1e7)
+                return s_bad(err, n, a, v, "Mbit/s, 0 (unlimited) or more");
+            f->o.router_mbit = x;
+        } else if (!strcmp(a, "--leave-rate")) {
+            if (!number || x < 0 || x > 1e6)
+                return s_bad(err, n, a, v, "departures a peer an hour, 0 (never) or more");
+            f->o.leave_rate = x;
         } else if (!strcmp(a, "--kill-every")) {
             if (!number || x < 0 || x > 1e6)
                 return s_bad(err, n, a, v, "virtual seconds, 0 (never) or more");
@@ -234,6 +266,10 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     if (f->o.peers < 1) {
         snprintf(err, n, "--peers N is required (the peers of the simulated swarm); see "
                  "'swarm sim --help'");
+        return -EINVAL;
+    }
+    if (f->o.leave_rate > 0 && f->o.kill_every_s > 0) {
+        snprintf(err, n, "--leave-rate and --kill-every: give one of them (two ways to kill peers)");
         return -EINVAL;
     }
     if (f->o.liars > f->o.peers) {
@@ -323,8 +359,18 @@ static void s_replay(FILE *out, int argc, char **argv)
     fprintf(out, "\n");
 }
 
+// Seconds of wall time since *t0.
+static double s_wall(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double) (t.tv_sec - t0->tv_sec) + 1e-9 * (double) (t.tv_nsec - t0->tv_nsec);
+}
+
 int cmd_sim(int argc, char **argv)
 {
+    struct timespec wall0;
+    clock_gettime(CLOCK_MONOTONIC, &wall0);
     char err[1024] = "";
     sim_flags_t f = { 0 };
     router_t *r = calloc(1, sizeof *r);
@@ -397,11 +443,16 @@ int cmd_sim(int argc, char **argv)
                "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
                res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6, lies);
+        printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
+               "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
+               f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);
         printf("sim | peers %d | stages %d | steps %ld | seed %llu | tok/s %.0f | bound %.0f | "
-               "best %.0f | /bound %.2f | /best %.2f | us/request %.1f | rollbacks %d | ",
+               "best %.0f | /bound %.2f | /best %.2f | bound/best %.3f | us/request %.1f | "
+               "wall %.1f s | rollbacks %d | ",
                f.o.peers, r->c.stages, res.steps, (unsigned long long) f.o.seed, res.tok_s,
                res.bound, res.best, res.bound > 0 ? res.tok_s / res.bound : 0.0,
-               res.best > 0 ? res.tok_s / res.best : 0.0, res.us_per_request, res.rollbacks);
+               res.best > 0 ? res.tok_s / res.best : 0.0, res.best > 0 ? res.bound / res.best : 0.0,
+               res.us_per_request, s_wall(&wall0), res.rollbacks);
         if (res.violation[0]) {
             printf("invariants FAILED: %s\n", res.violation);
             s_replay(stdout, nargs, args);

@@ -9,7 +9,7 @@
  * exactly its step's micro-batches. The invariants are checked as it runs;
  * the first violation stops the run and is reported.
  *
- * No model and no socket; time is virtual (clock() only measures the
+ * No model and no socket; time is virtual (a clock only measures the
  * engine's CPU per request, the one number of a run that is not
  * deterministic). What the engine logs reaches the caller's log callback
  * after the sim has read it. The peers are sim_peer.c.
@@ -91,12 +91,24 @@ int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent)
     sim_peer_t *pe = &s->peers[p];
     const swarm_sim_opts_t *o = s->o;
     int64_t start = sent > pe->wire_free[way] ? sent : pe->wire_free[way];
-    if (o->bandwidth_mbit > 0) {
+    if (pe->bandwidth_mbit > 0) {
         size_t bytes = engine_payload(m) + 64; // the header and meta, about
-        start += (int64_t) ceil((double) bytes * 8.0 / (o->bandwidth_mbit * 1e3));
+        start += (int64_t) ceil((double) bytes * 8.0 / (pe->bandwidth_mbit * 1e3));
     }
     pe->wire_free[way] = start;
-    int64_t t = start + o->latency_ms;
+    // the router's link, shared by all (with --direct, an activation's
+    // tensors go from node to node: only its header is the router's)
+    int type = net_msg_head_const(m)->type;
+    double bytes = o->direct && (type == NET_MSG_FWD || type == NET_MSG_BWD)
+                 ? 64.0 : (double) engine_payload(m) + 64.0;
+    s->router_bytes[way] += bytes;
+    if (o->router_mbit > 0) {
+        double from = (double) sent > s->router_free[way] ? (double) sent : s->router_free[way];
+        s->router_free[way] = from + bytes * 8.0 / (o->router_mbit * 1e3);
+        if ((double) start < s->router_free[way])
+            start = (int64_t) ceil(s->router_free[way]);
+    }
+    int64_t t = start + pe->latency_ms;
     if (o->jitter_ms > 0)
         t += (int64_t) (sim_uniform(s) * (double) (o->jitter_ms + 1));
     if (o->loss > 0 && sim_uniform(s) < o->loss)
@@ -227,16 +239,40 @@ static float s_io_clip(void *ctx, double norm)
     return s->model.clip_scale(s->model.ctx, norm);
 }
 
+// Seconds on a monotonic clock: the engine's time in a call (the sim is one
+// thread, so its wall time is its CPU time; clock() is a system call, this
+// is not, and at ten thousand peers it ran to a tenth of the run).
+static double s_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
+}
+
 // A call into the engine at now, its CPU time counted.
 static void s_engine_message(sim_t *s, const net_peer_t *who, net_msg_t *m)
 {
-    clock_t t0 = clock();
+    double t0 = s_cpu_s();
     swarm_engine_message(s->e, s->now, who, m);
     swarm_engine_tick(s->e, s->now);
-    s->engine_s += (double) (clock() - t0) / CLOCKS_PER_SEC;
+    s->engine_s += s_cpu_s() - t0;
 }
 
 // ---- the run ------------------------------------------------------------------
+
+// Milliseconds to the next kill: --kill-every's period, or the gap of a
+// Poisson process of --leave-rate departures a live peer an hour.
+static int64_t s_kill_gap_ms(sim_t *s)
+{
+    if (s->o->leave_rate <= 0)
+        return (int64_t) (1000.0 * s->o->kill_every_s);
+    int live = 0;
+    for (int p = 0; p < s->npeers; p++)
+        live += s->peers[p].alive;
+    double rate = s->o->leave_rate / 3.6e6 * (live > 0 ? live : 1); // a millisecond
+    double gap = -log(1.0 - sim_uniform(s)) / rate;
+    return gap < 1.0 ? 1 : gap > 1e12 ? (int64_t) 1e12 : (int64_t) gap;
+}
 
 static void s_event(sim_t *s, event_t ev)
 {
@@ -271,9 +307,9 @@ static void s_event(sim_t *s, event_t ev)
         sim_serve(s, ev.peer);
         break;
     case EV_TICK: {
-        clock_t t0 = clock();
+        double t0 = s_cpu_s();
         swarm_engine_tick(s->e, s->now);
-        s->engine_s += (double) (clock() - t0) / CLOCKS_PER_SEC;
+        s->engine_s += s_cpu_s() - t0;
         sim_push(s, s->now + SIM_TICK_MS, EV_TICK, -1, NULL);
         break;
     }
@@ -289,7 +325,7 @@ static void s_event(sim_t *s, event_t ev)
             sim_kill(s, p);
             sim_push(s, s->now + 1000, EV_JOIN, -1, NULL);
         }
-        sim_push(s, s->now + (int64_t) (1000.0 * s->o->kill_every_s), EV_KILL, -1, NULL);
+        sim_push(s, s->now + s_kill_gap_ms(s), EV_KILL, -1, NULL);
         break;
     }
     case EV_JOIN:
@@ -404,8 +440,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     if (o->churn)
         sim_churn_start(s);
     sim_push(s, 0, EV_TICK, -1, NULL);
-    if (o->kill_every_s > 0)
-        sim_push(s, (int64_t) (1000.0 * o->kill_every_s), EV_KILL, -1, NULL);
+    if (o->kill_every_s > 0 || o->leave_rate > 0)
+        sim_push(s, s_kill_gap_ms(s), EV_KILL, -1, NULL);
     if (o->stall_every_s > 0 && o->stall_s > 0)
         sim_push(s, (int64_t) (1000.0 * o->stall_every_s), EV_STALL, -1, NULL);
     double bound_sum = 0.0, best_sum = 0.0;
@@ -474,6 +510,9 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
         .bound = samples ? bound_sum / samples : 0, .best = samples ? best_sum / samples : 0,
         .us_per_request = s->requests ? 1e6 * s->engine_s / s->requests : 0,
+        .router_mb_s = { s->now > 0 ? s->router_bytes[LINK_DOWN] / 1e3 / (double) s->now : 0,
+                         s->now > 0 ? s->router_bytes[LINK_UP] / 1e3 / (double) s->now : 0 },
+        .engine_core = s->now > 0 ? s->engine_s / ((double) s->now / 1000.0) : 0,
         .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
         .liars_caught = s->liars_caught, .lies_applied = s->lies_applied,
         .catch_steps = s->catch_steps, .liars_loose = loose, .copies = s->ncopies, .memory = s->memory,

@@ -45,6 +45,8 @@ typedef struct {
     long first_lie;          // the step of its first lying gradient sum, -1 none yet
     int copy;                // --churn: the copy of the trace it belongs to, -1 none
     void *node;              // --numeric: its node (swarm_sim_nodes_t)
+    int64_t latency_ms;      // its link's, one way
+    double bandwidth_mbit;   // its link's, each way; 0 unlimited
     int64_t wire_free[2];    // ms: each direction of its link is free to send from then
     int64_t last_in[2];      // ms: the last arrival each way (a stream keeps its order)
     int stage;               // from ASSIGN, -1 none
@@ -76,6 +78,8 @@ typedef struct {
     int nheap, capheap;
     sim_peer_t *peers;
     int npeers, cappeers;
+    double router_free[2];   // ms: each direction of the router's own link is free from then
+    double router_bytes[2];  // bytes each way on the router's link (--direct: without activations)
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     float *ones;             // (micro, T, C) ones: every activation a peer sends

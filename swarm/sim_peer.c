@@ -469,7 +469,7 @@ static void s_hello(sim_t *s, int p)
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
-    sim_push(s, s->now + s->o->latency_ms, EV_TO_ENGINE, p, m);
+    sim_push(s, s->now + pe->latency_ms, EV_TO_ENGINE, p, m);
 }
 
 void sim_heartbeat(sim_t *s, int p)
@@ -478,12 +478,16 @@ void sim_heartbeat(sim_t *s, int p)
     char meta[160];
     if (s->now < pe->stall_until)
         return; // a stopped process says nothing
+    // as a node says it: its speed on the stage it serves (a stage's cost
+    // scales it), the HELLO's yardstick before it has one
+    double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%.1f\nstep=%ld\nslots=%d", pe->stage,
-             pe->queue.n, pe->speed * (s_lying(pe, SIM_LIE_SPEED) ? 1000.0 : 1.0), pe->step, s->G);
+             pe->queue.n, pe->speed / cost * (s_lying(pe, SIM_LIE_SPEED) ? 1000.0 : 1.0), pe->step,
+             s->G);
     net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
-    sim_push(s, s->now + s->o->latency_ms, EV_TO_ENGINE, p, m);
+    sim_push(s, s->now + pe->latency_ms, EV_TO_ENGINE, p, m);
 }
 
 // The way peer p lies (0 honest): the last --liars of the peers that join
@@ -520,6 +524,15 @@ int sim_peer_new(sim_t *s, int copy)
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
     int k = s->o->nspeeds > 0 ? (int) (sim_uniform(s) * s->o->nspeeds) : 0;
     pe->speed = s->o->nspeeds > 0 ? s->o->speeds[k < s->o->nspeeds ? k : 0] : 20000.0;
+    // its link: one of the range when there is one (no draw otherwise: a
+    // seed's runs stay what they were)
+    const swarm_sim_opts_t *o = s->o;
+    pe->latency_ms = o->latency_hi_ms > o->latency_ms
+                   ? o->latency_ms + (int64_t) (sim_uniform(s) * (double) (o->latency_hi_ms - o->latency_ms + 1))
+                   : o->latency_ms;
+    pe->bandwidth_mbit = o->bandwidth_hi_mbit > o->bandwidth_mbit
+                       ? o->bandwidth_mbit + sim_uniform(s) * (o->bandwidth_hi_mbit - o->bandwidth_mbit)
+                       : o->bandwidth_mbit;
     s_liar_maybe(s, pe, p);
     if (s->o->nodes) {
         const swarm_sim_nodes_t *nodes = s->o->nodes;

@@ -100,6 +100,27 @@ else
     bad "slow links did not slow the swarm: '$slow' against '$fast' tok/s"
 fi
 
+# the best split: uneven peers (CPUs of 500-2000 tok/s, GPUs 20-40x) over
+# links of 20-100 ms and 10-100 Mbit/s, and a Poisson departure a
+# peer-hour (a GPU that leaves takes a third of its stage); rebalancing
+# keeps the assignment within 15% of the best bound (the fractional one:
+# every stage exactly its share) over the run, which the joins alone do
+# not come near
+VOLUNTEER="--peers 40 --stages 4 --layers 8 --heads 2 --embd 16 --block 64 --micro-batch 16
+    --batch 2560 --iters 30 --eval-every 0 --speeds 500x4,1000x3,2000,20000,40000
+    --latency 20-100 --bandwidth 10-100 --leave-rate 1 --save-every 5 --seed 3"
+# shellcheck disable=SC2086
+sim_ok "a volunteer mix, rebalanced" $VOLUNTEER
+split=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --rebalance-every 0 >"$TMP/joins.out" 2>&1
+joins=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/joins.out")
+if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN { exit !(a >= 0.85 && a >= b + 0.2) }'; then
+    ok "rebalancing reached $split of the best split's bound (the joins alone: $joins)"
+else
+    bad "the best split: '$split' of best rebalanced, '$joins' without"
+fi
+
 # churn from each real trace, tiled over 200 peers (../shared/data/traces)
 TRACES=../shared/data/traces
 if [ -d "$TRACES" ]; then
@@ -148,7 +169,7 @@ for i in 1 2; do
     SWARM_PLAIN=1 "$SWARM" sim --peers 9 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 \
         --batch 12 --micro-batch 2 --iters 40 --eval-every 20 --eval-iters 2 --kill-every 4 \
         --save-every 10 --speeds 1000,3000x2,20000 --seed 7 --loss-log "$TMP/loss$i.txt" 2>&1 \
-        | sed 's|us/request [0-9.]*|us/request -|' >"$TMP/run$i.txt"
+        | sed 's|us/request [0-9.]*|us/request -|; s|wall [0-9.]* s|wall - s|' >"$TMP/run$i.txt"
 done
 if cmp -s "$TMP/run1.txt" "$TMP/run2.txt" && cmp -s "$TMP/loss1.txt" "$TMP/loss2.txt" \
     && [ "$(wc -l <"$TMP/loss1.txt")" -eq 40 ]; then
@@ -189,6 +210,15 @@ expect_error "a churn count that is no number" "bad-count.csv line 2: instances 
 printf '10,4\n5,6\n' >"$TMP/bad-order.csv"
 expect_error "a churn file out of order" "bad-order.csv line 2: time 5 comes before" \
     --peers 4 --stages 2 --churn "$TMP/bad-order.csv" $TINY
+printf '0,add,n1\n-5,remove,n1\n' >"$TMP/bad-time.csv"
+expect_error "a churn file with a negative time" "bad-time.csv line 2: time '-5': expected a number of milliseconds, 0 or more" \
+    --peers 4 --stages 2 --churn "$TMP/bad-time.csv" $TINY
+expect_error "a latency range upside down" "--latency 100-20: expected milliseconds" \
+    --peers 4 --stages 2 --latency 100-20 $TINY
+expect_error "a bandwidth range from nothing" "--bandwidth 0-100: expected Mbit/s" \
+    --peers 4 --stages 2 --bandwidth 0-100 $TINY
+expect_error "two ways to kill peers" "--leave-rate and --kill-every: give one of them" \
+    --peers 4 --stages 2 --leave-rate 1 --kill-every 2 $TINY
 head -c 4096 "$BUILD/swarm" >"$TMP/binary.csv"
 expect_error "a churn file that is not text" "binary.csv line" \
     --peers 4 --stages 2 --churn "$TMP/binary.csv" $TINY

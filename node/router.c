@@ -200,7 +200,7 @@ static void s_help(FILE *out)
         "                  speeds they report)\n"
         "  --rebalance-every SECONDS  every so often, work out the best split of the peers\n"
         "                  over the stages and make the moves (one, a swap, several) when\n"
-        "                  they lift the bound by more than 10%% and repay their state\n"
+        "                  they lift the bound by more than 5%% and repay their state\n"
         "                  fetches, two checks in a row (default 5; 0 = never)\n"
         "  --tensor-bound K  a peer whose activation or gradient has an RMS above K times\n"
         "                  its stage's running RMS is banned and its work redone\n"

@@ -27,18 +27,20 @@ trap 'rm -rf "$OUT"' EXIT INT TERM
 # with the GPT-2-sized micro-batches the ratios stand for; activations of
 # 2,048 numbers keep ten thousand peers within a core
 MODEL="--stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 16 --eval-every 0
-    --save-every 50 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100"
+    --save-every 50 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100
+    --limit 100000000"
 
 # run NAME PEERS FLAGS...: one sim, its numbers as a table row
 run() {
-    name=$1 peers=$2
+    name=$1 peers=${2%%:*} steps=$STEPS
+    case $2 in *:*) steps=${2#*:} ;; esac
     shift 2
     # a micro-batch a peer each step, at least 64
     g=$((peers > 64 ? peers : 64))
-    echo "sim-scale.sh: $name: $peers peers, $STEPS steps ..." >&2
+    echo "sim-scale.sh: $name: $peers peers, $steps steps ..." >&2
     # shellcheck disable=SC2086
     SWARM_PLAIN=1 /usr/bin/env time -f "%M" -o "$OUT/rss" "$SWARM" sim --peers "$peers" $MODEL \
-        --batch $((g * 16)) --iters "$STEPS" --seed 1 "$@" >"$OUT/$name.out" 2>&1 || true
+        --batch $((g * 16)) --iters "$steps" --seed 1 "$@" >"$OUT/$name.out" 2>&1 || true
     line=$(grep "^sim |" "$OUT/$name.out" || echo "sim | (no result: $(tail -1 "$OUT/$name.out"))")
     mem=$(sed -n 's/.*engine memory at most \([0-9.]*\) MB.*/\1/p' "$OUT/$name.out")
     get() { echo "$line" | sed -n "s#.*| $1 \([0-9.]*\) .*#\1#p"; }
@@ -53,11 +55,12 @@ run() {
 echo "== swarm sim, 8 stages, $STEPS steps; $(nproc) cores"
 printf "%-22s %7s %8s %9s %9s %9s %8s %9s %8s %6s\n" run peers "us/req" "engine MB" "RSS MB" \
     "wall s" "bound/best" "/bound" rollbacks inv
+# (steps: each run's own, the sim's line says how many it ran)
 for p in $PEERS; do
     run "steady" "$p"
 done
 for t in $CHURN; do
     [ -f "$TRACES/$t" ] || { echo "sim-scale.sh: no $TRACES/$t; skipped" >&2; continue; }
-    run "churn $t" "$CHURN_PEERS" --churn "$TRACES/$t" --churn-scale 20
+    run "churn-$t" "$CHURN_PEERS" --churn "$TRACES/$t" --churn-scale 20
 done
-run "poisson 1/peer-hour" "$CHURN_PEERS" --leave-rate 1
+run "poisson-1-a-peer-hour" "$CHURN_PEERS" --leave-rate 1

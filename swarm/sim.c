@@ -96,10 +96,11 @@ int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent)
         start += (int64_t) ceil((double) bytes * 8.0 / (pe->bandwidth_mbit * 1e3));
     }
     pe->wire_free[way] = start;
-    // the router's link, shared by all (with --direct, an activation's
-    // tensors go from node to node: only its header is the router's)
+    // the router's link, shared by all (with --direct, the tensors of a
+    // FWD, a BWD and their RESULT go from node to node: only their headers
+    // are the router's)
     int type = net_msg_head_const(m)->type;
-    double bytes = o->direct && (type == NET_MSG_FWD || type == NET_MSG_BWD)
+    double bytes = o->direct && (type == NET_MSG_FWD || type == NET_MSG_BWD || type == NET_MSG_RESULT)
                  ? 64.0 : (double) engine_payload(m) + 64.0;
     s->router_bytes[way] += bytes;
     if (o->router_mbit > 0) {

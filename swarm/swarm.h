@@ -381,7 +381,7 @@ typedef struct {
     double bandwidth_hi_mbit; // more than bandwidth_mbit: each peer draws its own in between
     double router_mbit;      // the router's own link, each way, shared by every message; 0
                              // unlimited
-    int direct;              // activations go node to node: a FWD/BWD's tensors take the
+    int direct;              // activations go node to node: a FWD/BWD/RESULT's tensors take the
                              // peers' links, not the router's (a projection of that design)
     int64_t jitter_ms;       // up to this much more latency, drawn per message (a link
                              // keeps its order: one TCP stream)

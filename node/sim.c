@@ -270,7 +270,8 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         return -EINVAL;
     }
     if (f->o.leave_rate > 0 && f->o.kill_every_s > 0) {
-        snprintf(err, n, "--leave-rate and --kill-every: give one of them (two ways to kill peers)");
+        snprintf(err, n, "--leave-rate and --kill-every: give one of them (two ways to kill "
+                 "peers)");
         return -EINVAL;
     }
     if (f->o.liars > f->o.peers) {

@@ -234,11 +234,11 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 }
 
 // A request's deadline: 20 times what the peer's speed says it and the
-// work queued before it should take, and never under 5 s (a loaded machine is not a dead one). The
-// speed is taken as at least 1/DEADLINE_SLOWEST of the median the router
-// measured of the ready peers (r->speed_floor): a peer that claims a
-// speed near zero at HELLO would otherwise hold a step for hours before
-// its first request is measured.
+// work queued at it should take, and never under 5 s (a loaded machine is
+// not a dead one). The speed is taken as at least 1/DEADLINE_SLOWEST of
+// the median the router measured of the ready peers (r->speed_floor): a
+// peer that claims a speed near zero at HELLO would otherwise hold a step
+// for hours before its first request is measured.
 #define DEADLINE_SLOWEST 20.0
 
 static int64_t s_deadline_ms(const swarm_engine_t *r, const req_t *q)
@@ -420,10 +420,10 @@ static double s_move_s(const swarm_engine_t *r, int s)
 // Between steps, every --rebalance-every seconds: the moves that take the
 // swarm to the best split it can reach (swarm_policy_plan: worth it when
 // the bound gains more than 5% and, over five minutes, more than the
-// state fetches cost), made when the check before found a plan worth making too
-// (measured speeds swing by a tenth from one check to the next); each
-// moved peer gets its new stage's state from a live replica (engine_joins)
-// before the next step.
+// state fetches cost), made when the check before found a plan worth
+// making too (measured speeds swing by a tenth from one check to the
+// next); each moved peer gets its new stage's state from a live replica
+// (engine_joins) before the next step.
 void engine_rebalance(swarm_engine_t *r)
 {
     double now = engine_secs(r);

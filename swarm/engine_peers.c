@@ -181,9 +181,7 @@ static void s_owed(const swarm_engine_t *r, double *backlog, int stage)
         // stages whose forward ran (or runs) and whose backward is not sent:
         // in forward up to the stage it is at, in backward below it
         int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
-        // for one stage's view, only the forwards run on that stage: a
-        // peer runs its own stage's, and moves only between steps
-        for (int k = stage < 0 ? 0 : stage; k < owed && k < S - 1 && (stage < 0 || k == stage); k++) {
+        for (int k = 0; k < owed && k < S - 1; k++) {
             int p = b->fwd_peer[k];
             // (a peer that ran stage k's forward may serve another stage
             // now: it moved, or its entry was reused)
@@ -379,7 +377,8 @@ static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
     engine_speed_restart(pe, r->now_ms);
     swarm_peer_view_t *views = r->views;
     engine_views(r, views);
-    for (int q = 0; q < r->npeers; q++) // the stages weighed as the bound and rebalancing weigh them
+    // the stages weighed as the bound and rebalancing weigh them
+    for (int q = 0; q < r->npeers; q++)
         if (q != p && r->peers[q].state == P_READY)
             views[q].tok_s = engine_bound_speed(&r->peers[q]);
     swarm_peer_view_t me = views[p];

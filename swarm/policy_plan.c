@@ -10,17 +10,19 @@
  *   - up to PLAN_EXACT_PEERS movable peers, an exact branch and bound
  *     over the peers sorted by weight (heaviest first; the pruning bound
  *     gives each stage everything still to place);
- *   - beyond, two starts, each improved by local search: the current
- *     assignment, and a greedy one from scratch (each peer, heaviest
- *     first, to the stage with the least so far). The search moves one
- *     peer into the bottleneck stage, or swaps two between it and
- *     another, while that lifts both stages above the bottleneck's old
- *     total: the stages' sorted totals rise at every step, so it ends,
- *     and a swap gets out of the traps one-peer moves stop in.
+ *   - beyond, a local search. The search moves one peer into the
+ *     bottleneck stage, or swaps two between it and another, while that
+ *     lifts both stages above the bottleneck's old total: the stages'
+ *     sorted totals rise at every step, so it ends, and a swap gets out of
+ *     the traps one-peer moves stop in. A plan starts it from where the
+ *     peers are and takes the first k of its steps that are worth most
+ *     once their state fetches are paid for (s_priced); the best split
+ *     (swarm_policy_best) also starts it from a greedy split (each peer,
+ *     heaviest first, to the stage with the least) and keeps the better.
  * Every plan keeps on each stage two of the ready replicas it has now
  * when it has three or more, else one: a newcomer fetches its state from
- * one, and a big stage serves on if the other fails meanwhile. It moves no peer moved within
- * `hold` seconds, nor one to a stage it cannot hold.
+ * one, and a big stage serves on if the other fails meanwhile. It moves
+ * no peer moved within `hold` seconds, nor one to a stage it cannot hold.
  */
 #include "swarm.h"
 
@@ -42,7 +44,6 @@ typedef struct {
     const swarm_peer_view_t *v;
     const swarm_plan_t *pl;
     int n, S;
-    int keep;          // keep each stage's own replicas on it (up to PLAN_KEEP)
     double *w;         // each counted peer's weight (0: not counted)
     int *from;         // its stage now (-1: not counted)
     int *movable;      // it may change stage
@@ -386,7 +387,7 @@ static double s_priced(plan_ctx_t *c, int *trail)
 // are left out of every total. 0, or -1 for bad arguments or no memory.
 static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_plan_t *pl, int keep)
 {
-    *c = (plan_ctx_t) { .v = v, .pl = pl, .n = n, .S = pl->stages, .keep = keep };
+    *c = (plan_ctx_t) { .v = v, .pl = pl, .n = n, .S = pl->stages };
     if (c->S < 1 || c->S > SWARM_MAX_STAGES || n < 0)
         return -1;
     for (int s = 0; s < c->S; s++)
@@ -485,7 +486,8 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     double fetch = s_fetch(&c, &moves);
     *now_bound = low;
     *new_bound = best;
-    int worth = moves > 0 && best > low * (1.0 + plan->margin) && s_worth(plan, low, best, fetch) > 0;
+    int worth = moves > 0 && best > low * (1.0 + plan->margin)
+             && s_worth(plan, low, best, fetch) > 0;
     if (worth)
         for (int i = 0; i < n; i++)
             to[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;

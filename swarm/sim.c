@@ -100,8 +100,8 @@ int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent)
     // FWD, a BWD and their RESULT go from node to node: only their headers
     // are the router's)
     int type = net_msg_head_const(m)->type;
-    double bytes = o->direct && (type == NET_MSG_FWD || type == NET_MSG_BWD || type == NET_MSG_RESULT)
-                 ? 64.0 : (double) engine_payload(m) + 64.0;
+    int acts = type == NET_MSG_FWD || type == NET_MSG_BWD || type == NET_MSG_RESULT;
+    double bytes = o->direct && acts ? 64.0 : (double) engine_payload(m) + 64.0;
     s->router_bytes[way] += bytes;
     if (o->router_mbit > 0) {
         double from = (double) sent > s->router_free[way] ? (double) sent : s->router_free[way];

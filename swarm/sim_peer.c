@@ -527,12 +527,10 @@ int sim_peer_new(sim_t *s, int copy)
     // its link: one of the range when there is one (no draw otherwise: a
     // seed's runs stay what they were)
     const swarm_sim_opts_t *o = s->o;
-    pe->latency_ms = o->latency_hi_ms > o->latency_ms
-                   ? o->latency_ms + (int64_t) (sim_uniform(s) * (double) (o->latency_hi_ms - o->latency_ms + 1))
-                   : o->latency_ms;
-    pe->bandwidth_mbit = o->bandwidth_hi_mbit > o->bandwidth_mbit
-                       ? o->bandwidth_mbit + sim_uniform(s) * (o->bandwidth_hi_mbit - o->bandwidth_mbit)
-                       : o->bandwidth_mbit;
+    int64_t wide = o->latency_hi_ms - o->latency_ms;
+    pe->latency_ms = o->latency_ms + (wide > 0 ? (int64_t) (sim_uniform(s) * (double) (wide + 1)) : 0);
+    double span = o->bandwidth_hi_mbit - o->bandwidth_mbit;
+    pe->bandwidth_mbit = o->bandwidth_mbit + (span > 0 ? sim_uniform(s) * span : 0.0);
     s_liar_maybe(s, pe, p);
     if (s->o->nodes) {
         const swarm_sim_nodes_t *nodes = s->o->nodes;

@@ -49,7 +49,7 @@ typedef struct {
     int *movable;      // it may change stage
     int *at;           // the assignment being worked on
     int *scratch;      // another
-    struct wi *order, *list; // the movable peers by weight; a stage's
+    struct wi *order, *list; // the movable peers by weight; the bottleneck's
     double T[SWARM_MAX_STAGES]; // each stage's summed speed under `at`
     int count[SWARM_MAX_STAGES]; // its peers under `at`
     int own[SWARM_MAX_STAGES];   // of them, its own ready replicas now
@@ -98,23 +98,27 @@ static int s_may_leave(const plan_ctx_t *c, int i, int s)
     return c->count[s] >= 2 && (!s_mine(c, i, s) || c->own[s] > c->keep_own[s]);
 }
 
+// Peer i to stage s under `at`, the totals kept (either may be -1: none).
 static void s_put(plan_ctx_t *c, int i, int s)
 {
     int a = c->at[i];
-    c->T[a] -= c->w[i] / c->pl->cost[a];
-    c->count[a]--;
-    c->own[a] -= s_mine(c, i, a);
+    if (a >= 0) {
+        c->T[a] -= c->w[i] / c->pl->cost[a];
+        c->count[a]--;
+        c->own[a] -= s_mine(c, i, a);
+    }
     c->at[i] = s;
-    c->T[s] += c->w[i] / c->pl->cost[s];
-    c->count[s]++;
-    c->own[s] += s_mine(c, i, s);
+    if (s >= 0) {
+        c->T[s] += c->w[i] / c->pl->cost[s];
+        c->count[s]++;
+        c->own[s] += s_mine(c, i, s);
+    }
 }
 
 typedef struct {
     int i, j;      // move i into the bottleneck; with j >= 0, j goes to i's stage
     double value;  // the lower of the two stages' totals after it
 } step_t;
-
 
 static int s_by_weight(const void *a, const void *b)
 {
@@ -201,20 +205,25 @@ static double s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
     return s_low(c, NULL);
 }
 
-// Greedy from scratch into `at`: the unmovable where they are, then every
-// movable peer, heaviest first, to the stage it can hold with the least.
-static void s_greedy(plan_ctx_t *c, const wi_t *order, int m)
+// The unmovable where they are, the movable nowhere yet.
+static void s_unplace(plan_ctx_t *c)
 {
     for (int i = 0; i < c->n; i++)
         c->at[i] = c->movable[i] ? -1 : c->from[i];
     s_totals(c);
+}
+
+// Greedy from scratch into `at`: the unmovable where they are, then every
+// movable peer, heaviest first, to the stage it can hold with the least.
+static void s_greedy(plan_ctx_t *c, const wi_t *order, int m)
+{
+    s_unplace(c);
     for (int k = m - 1; k >= 0; k--) {
         int i = order[k].i, best = -1;
         for (int s = 0; s < c->S; s++)
             if (s_holds(c, i, s) && (best < 0 || c->T[s] < c->T[best]))
                 best = s;
-        c->at[i] = best >= 0 ? best : c->from[i];
-        c->T[c->at[i]] += c->w[i] / c->pl->cost[c->at[i]];
+        s_put(c, i, best >= 0 ? best : c->from[i]);
     }
 }
 
@@ -264,19 +273,13 @@ static void s_exact(exact_t *x, int k)
         for (int s = 0; s < c->S; s++) {
             if ((pass == 0) != (s == home) || !s_holds(c, i, s))
                 continue;
-            c->at[i] = s;
-            c->T[s] += c->w[i] / c->pl->cost[s];
-            c->count[s]++;
-            c->own[s] += s_mine(c, i, s);
+            s_put(c, i, s);
             x->moves += s != home;
             s_exact(x, k + 1);
             x->moves -= s != home;
-            c->own[s] -= s_mine(c, i, s);
-            c->count[s]--;
-            c->T[s] -= c->w[i] / c->pl->cost[s];
+            s_put(c, i, -1);
         }
     }
-    c->at[i] = -1;
 }
 
 // Assignment `at` into c->at, its totals summed afresh (the searches'
@@ -312,9 +315,7 @@ static double s_solve(plan_ctx_t *c)
         x.rest[m] = 0.0;
         for (int k = m - 1; k >= 0; k--)
             x.rest[k] = x.rest[k + 1] + c->w[heavy[k]];
-        for (int i = 0; i < c->n; i++)
-            c->at[i] = c->movable[i] ? -1 : c->from[i];
-        s_totals(c);
+        s_unplace(c);
         s_exact(&x, 0);
         return s_settle(c, scratch);
     }
@@ -348,6 +349,15 @@ static double s_worth(const swarm_plan_t *pl, double low, double high, double f)
     return (high - low) * (pl->horizon - f) - low * f;
 }
 
+// Step k of a search's trail, made again.
+static void s_replay(plan_ctx_t *c, const int *trail, int k)
+{
+    const int *t = &trail[4 * k];
+    s_put(c, t[0], t[1]);
+    if (t[2] >= 0)
+        s_put(c, t[2], t[3]);
+}
+
 // Many peers: the local search from where they are, and of its steps the
 // first k that are worth most (each step's moves cost their fetches: a
 // plan does not move a thousand peers for what a dozen give). Into c->at;
@@ -363,10 +373,7 @@ static double s_priced(plan_ctx_t *c, int *trail)
     int best_k = 0, moves;
     double best_worth = 0.0;
     for (int k = 0; k < steps; k++) {
-        const int *t = &trail[4 * k];
-        s_put(c, t[0], t[1]);
-        if (t[2] >= 0)
-            s_put(c, t[2], t[3]);
+        s_replay(c, trail, k);
         double high = s_low(c, NULL), f = s_fetch(c, &moves);
         double w = s_worth(c->pl, low, high, f);
         if (high > low * (1.0 + c->pl->margin) && w > best_worth)
@@ -374,12 +381,8 @@ static double s_priced(plan_ctx_t *c, int *trail)
     }
     memcpy(c->at, c->from, (size_t) c->n * sizeof *c->at);
     s_totals(c);
-    for (int k = 0; k < best_k; k++) {
-        const int *t = &trail[4 * k];
-        s_put(c, t[0], t[1]);
-        if (t[2] >= 0)
-            s_put(c, t[2], t[3]);
-    }
+    for (int k = 0; k < best_k; k++)
+        s_replay(c, trail, k);
     return s_settle(c, c->at);
 }
 

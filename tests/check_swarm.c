@@ -811,41 +811,61 @@ END_TEST
 // Every assignment of n peers to S stages (each stage someone; each peer
 // one it holds; with `keep`, held peers where they are and each stage two
 // of its own replicas when it has three or more, else one): the best
-// bound, by enumeration.
+// bound, by exhaustive search. Peer i goes to each stage in turn with the
+// stage sums carried along; a branch is cut only when even every peer
+// still to place added to a stage cannot lift that stage above the best
+// bound found, so the answer is the enumeration's.
+typedef struct {
+    const swarm_peer_view_t *p;
+    const swarm_plan_t *plan;
+    int n, keep, had[4], count[4], own[4];
+    double T[4], left[4][11], best; // left[s][i]: what peers i.. could add to s
+} brute_t;
+
+static void s_brute_at(brute_t *b, int i)
+{
+    int S = b->plan->stages;
+    for (int s = 0; s < S; s++)
+        if (b->T[s] + b->left[s][i] <= b->best)
+            return;
+    if (i == b->n) {
+        double low = INFINITY;
+        for (int s = 0; s < S; s++) {
+            if (b->count[s] == 0 || (b->keep && b->own[s] < (b->had[s] > 2 ? 2 : b->had[s] > 0)))
+                return;
+            low = b->T[s] < low ? b->T[s] : low;
+        }
+        b->best = low;
+        return;
+    }
+    const swarm_peer_view_t *v = &b->p[i];
+    double w = v->tok_s * b->plan->cost[v->stage];
+    for (int s = 0; s < S; s++) {
+        if (!swarm_policy_holds(v, b->plan->need, s))
+            continue;
+        if (b->keep && s != v->stage && b->plan->now - v->moved_at < b->plan->hold)
+            continue;
+        b->T[s] += w / b->plan->cost[s], b->count[s]++, b->own[s] += s == v->stage;
+        s_brute_at(b, i + 1);
+        b->T[s] -= w / b->plan->cost[s], b->count[s]--, b->own[s] -= s == v->stage;
+    }
+}
+
 static double s_brute(const swarm_peer_view_t *p, int n, const swarm_plan_t *plan, int keep)
 {
-    int S = plan->stages, at[16], had[4] = { 0 };
+    brute_t b = { .p = p, .plan = plan, .n = n, .keep = keep, .best = 0.0 };
     for (int i = 0; i < n; i++)
-        had[p[i].stage]++;
-    long all = 1;
-    for (int i = 0; i < n; i++)
-        all *= S;
-    double best = 0.0;
-    for (long code = 0; code < all; code++) {
-        long c = code;
-        double T[4] = { 0 };
-        int count[4] = { 0 }, own[4] = { 0 }, ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            at[i] = (int) (c % S), c /= S;
-            if (!swarm_policy_holds(&p[i], plan->need, at[i]))
-                ok = 0;
-            if (keep && at[i] != p[i].stage && plan->now - p[i].moved_at < plan->hold)
-                ok = 0;
-            double w = p[i].tok_s * plan->cost[p[i].stage];
-            T[at[i]] += w / plan->cost[at[i]];
-            count[at[i]]++;
-            own[at[i]] += at[i] == p[i].stage;
-        }
-        double low = INFINITY;
-        for (int s = 0; s < S && ok; s++) {
-            if (count[s] == 0 || (keep && own[s] < (had[s] > 2 ? 2 : had[s] > 0)))
-                ok = 0;
-            low = T[s] < low ? T[s] : low;
-        }
-        if (ok && low > best)
-            best = low;
+        b.had[p[i].stage]++;
+    for (int s = 0; s < plan->stages; s++) {
+        b.left[s][n] = 0.0;
+        for (int i = n - 1; i >= 0; i--)
+            b.left[s][i] = b.left[s][i + 1]
+                           + (swarm_policy_holds(&p[i], plan->need, s)
+                                  ? p[i].tok_s * plan->cost[p[i].stage] / plan->cost[s]
+                                  : 0.0);
     }
-    return best;
+    s_brute_at(&b, 0);
+    return b.best;
 }
 
 START_TEST(test_plan_equals_brute_force_up_to_10_peers_and_4_stages)

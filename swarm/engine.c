@@ -64,8 +64,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
         swarm_engine_destroy(&r);
         return -ENOMEM;
     }
-    for (int i = 0; i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+    engine_mbs_clear(r);
     if (r->window <= 0 || r->window > r->G)
         r->window = r->G; // and with --window auto, until the peers are measured
     r->tok_bytes = (size_t) r->hp.micro * r->hp.cfg.T * sizeof(int32_t);
@@ -87,12 +86,14 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->req_blocks);
     free(r->req_free);
     free(r->views);
-    free(r->backlog);
-    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+    free(r->by_peer);
+    for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         free(r->ready[s].peer);
-    for (int i = 0; r->mbs && i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+        free(r->audited[s].peer);
+    }
+    engine_mbs_clear(r);
     free(r->mbs);
+    free(r->owed);
     free(r->params);
     free(r->ck_state);
     free(r->m);

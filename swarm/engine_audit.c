@@ -67,6 +67,14 @@ int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, 
     return 0;
 }
 
+// Peer p's audit at stage s is wanted: among the stage's to look at (in
+// index order, as the ready peers are).
+static void s_audit_mark(swarm_engine_t *r, int s, int p)
+{
+    if (s >= 0 && s < r->stages)
+        engine_list_add(&r->audited[s], p);
+}
+
 // Replica p of stage s sent a sum outside the norm bound (why) while its
 // stage has other replicas: an honest replica's sum is that large when its
 // input gradients were, so instead of refusing it the router audits it,
@@ -78,11 +86,14 @@ void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why)
     engine_warn(r, "swarm router: step %ld: peer %d (%s) %s: it is audited, and the replicas whose "
                 "input gradients went into it\n", r->step, pe->id, pe->name, why);
     pe->audit.forced = pe->audit.want = 1;
+    s_audit_mark(r, s, p);
     for (int i = 0; s + 1 < r->stages && i < r->G; i++) {
         int d = r->mbs[i].grad_peer[s] == p ? r->mbs[i].dx_peer[s + 1] : -1;
         if (d >= 0 && r->peers[d].state == P_READY && r->peers[d].stage == s + 1
-            && !r->peers[d].audit.done)
+            && !r->peers[d].audit.done) {
             r->peers[d].audit.forced = r->peers[d].audit.want = 1;
+            s_audit_mark(r, s + 1, d);
+        }
     }
 }
 
@@ -215,11 +226,17 @@ static void s_audit_end(swarm_engine_t *r, int t)
     *a = (audit_t) { .done = 1 };
 }
 
+// Peer t is a ready replica of stage s.
+static int s_ready_in(const swarm_engine_t *r, int s, int t)
+{
+    return r->peers[t].state == P_READY && r->peers[t].stage == s;
+}
+
 // Whether stage s's sums are all in: every ready replica's, none norm only.
 static int s_stage_in(const swarm_engine_t *r, int s)
 {
-    if (!r->stepped[s] || r->ready[s].n < 2)
-        return 0;
+    if (!r->stepped[s] || r->ready[s].n < 2 || r->steps_open[s] > 0)
+        return 0; // (a STEP not answered yet: of a replica whose sum is not in)
     for (int k = 0; k < r->ready[s].n; k++) {
         const peer_t *pe = &r->peers[r->ready[s].peer[k]];
         if (!pe->got_grad || pe->norm_only)
@@ -249,10 +266,19 @@ void engine_audits_turn(swarm_engine_t *r)
                             && pe->grad && engine_share(r, r->ready[s].peer[k], s) > 0,
                     .forced = forced,
                 };
+                if (pe->audit.want)
+                    s_audit_mark(r, s, r->ready[s].peer[k]);
             }
         }
-        for (int k = 0; k < r->ready[s].n; k++) {
-            int t = r->ready[s].peer[k];
+        // settled audits, and targets gone, are done with for this attempt
+        engine_ready_t *l = &r->audited[s];
+        int kept = 0;
+        for (int k = 0; k < l->n; k++)
+            if (s_ready_in(r, s, l->peer[k]) && !r->peers[l->peer[k]].audit.done)
+                l->peer[kept++] = l->peer[k];
+        l->n = kept;
+        for (int k = 0; k < l->n; k++) {
+            int t = l->peer[k];
             audit_t *a = &r->peers[t].audit;
             if (!a->want || a->open || a->done)
                 continue;
@@ -289,9 +315,9 @@ int engine_audits_open(swarm_engine_t *r)
             n += s_stage_in(r, s); // (drawn on the next turn)
             continue;
         }
-        for (int k = 0; k < r->ready[s].n; k++) {
-            const audit_t *a = &r->peers[r->ready[s].peer[k]].audit;
-            n += a->want && !a->done;
+        for (int k = 0; k < r->audited[s].n; k++) {
+            int t = r->audited[s].peer[k];
+            n += s_ready_in(r, s, t) && r->peers[t].audit.want && !r->peers[t].audit.done;
         }
     }
     return n;
@@ -306,6 +332,8 @@ void engine_audits_reset(swarm_engine_t *r)
         r->peers[p].audit_of = -1;
     }
     memset(r->audit_drawn, 0, sizeof r->audit_drawn);
+    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+        r->audited[s].n = 0;
     r->audit_any = 0;
 }
 
@@ -419,4 +447,5 @@ void engine_audit_lost(swarm_engine_t *r, int p)
         return;
     r->audit_lost++;
     r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced };
+    s_audit_mark(r, r->peers[t].stage, t);
 }

@@ -119,18 +119,17 @@ void engine_step_end(swarm_engine_t *r)
 
 static void s_eval_batch(swarm_engine_t *r)
 {
+    engine_mbs_clear(r);
     for (int i = 0; i < r->G; i++) {
         mb_t *b = &r->mbs[i];
-        engine_mb_clear(r, b);
         b->in[0] = malloc(r->tok_bytes);
         b->targets = malloc(r->tok_bytes);
         if (!b->in[0] || !b->targets)
             abort();
         swarm_data_draw(r->data, r->eval_split, &r->eval_state, r->hp.micro, r->hp.cfg.T,
                         b->in[0], b->targets);
-        b->stage = 0;
         if (engine_fwd(r, i, 0) != 0)
-            b->stage = -2; // no peer now: s_eval_turn retries it
+            engine_mb_at(r, i, -2, 0, -1); // no peer now: s_eval_turn retries it
     }
 }
 
@@ -152,7 +151,7 @@ static void s_eval_turn(swarm_engine_t *r)
     engine_retry(r);
     for (int i = 0; i < r->G; i++) {
         if (r->mbs[i].stage == -2 && engine_fwd(r, i, 0) != 0)
-            r->mbs[i].stage = -2;
+            engine_mb_at(r, i, -2, 0, -1);
         if (r->mbs[i].stage != S)
             return;
     }
@@ -177,8 +176,7 @@ static void s_eval_turn(swarm_engine_t *r)
     if (r->io.evaluated)
         r->io.evaluated(r->io.ctx, r->step, r->eval_loss[0], r->eval_loss[1]);
     r->evaluating = 0;
-    for (int i = 0; i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+    engine_mbs_clear(r);
     r->phase = PH_WAIT;
 }
 

@@ -45,7 +45,7 @@ static void s_redo_lost(swarm_engine_t *r, int p)
             if (r->mbs[i].grad_peer[s] != p)
                 continue;
             r->mbs[i].grad_peer[s] = -1;
-            r->mbs[i].redo_wanted[s] = 1; // sent by engine_retry this turn
+            engine_redo_want(r, i, s); // sent by engine_retry this turn
             r->redo_pending++;
             redone++;
         }
@@ -139,8 +139,7 @@ static void s_rollback(swarm_engine_t *r, int s)
     for (int i = 0; i < r->req_slots; i++)
         if (engine_req_at(r, i)->id)
             engine_req_done(r, engine_req_at(r, i)); // (engine_req_done frees the slot: the loop goes on)
-    for (int i = 0; i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+    engine_mbs_clear(r);
     // from the last peer down: each leaves the end of its stage's ready
     // peers, and none of them is shifted
     for (int p = r->npeers - 1; p >= 0; p--) {
@@ -184,7 +183,7 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
             continue;
         engine_req_done(r, engine_req_at(r, i));
         if (q.redo) {
-            r->mbs[q.mb].redo_wanted[q.stage] = 1; // still counted in redo_pending
+            engine_redo_want(r, q.mb, q.stage); // still counted in redo_pending
         } else if ((q.kind == R_FWD || q.kind == R_BWD) && q.mb >= 0)
             s_ignore(engine_next(r, q.mb, q.kind, q.stage));
         else if (q.kind == R_UPDATE && q.mb == 1) {
@@ -263,7 +262,7 @@ static int64_t s_deadline_ms(const swarm_engine_t *r, const req_t *q)
 // of the ready peers' measured speeds (0 while none is measured).
 static double s_speed_floor(swarm_engine_t *r)
 {
-    double *speed = r->backlog; // scratch (no views are made meanwhile)
+    double *speed = r->by_peer; // scratch
     int n = 0;
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_READY && r->peers[p].samples > 0)

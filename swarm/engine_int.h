@@ -26,6 +26,11 @@ enum { P_JOINING = 1, P_READY, P_DEAD };
 enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD,
        R_AUDIT, R_AUDIT_SUM };
 
+// Where a micro-batch of S stages is (engine_mb_place): 0, 1 waiting
+// (stage -2: an evaluation one no peer took yet; -1: not started), 2 + s
+// in forward at stage s, 2 + S through, 3 + S + s in backward at stage s.
+#define MB_PLACES (2 * SWARM_MAX_STAGES + 3)
+
 // An audit of one replica's gradient sum (engine_audit.c), kept in the
 // target's entry.
 #define AUDIT_NORMS 32       // accepted norms a stage's bound is the median of
@@ -171,9 +176,11 @@ typedef struct {
     void *dy[SWARM_MAX_STAGES]; // wire bytes of the output gradient each stage's BWD got
     int grad_peer[SWARM_MAX_STAGES]; // who accumulated its gradient at each stage, -1 none
     int dx_peer[SWARM_MAX_STAGES]; // who returned the input gradient of each stage (dy[s - 1])
+    int owes;                // fwd_peer[0 .. owes - 1] owe its backward (counted in owed[])
     int retry_kind;          // R_FWD/R_BWD that could not be sent yet, 0 none
-    int retry_stage;         // its stage
+    int retry_next;          // the next micro-batch in its stage's queue, -1 none
     unsigned char redo_wanted[SWARM_MAX_STAGES]; // stage work to re-run once a peer is free
+    int redo_next[SWARM_MAX_STAGES]; // the next in the stage's redo queue, -1 none
     float loss;              // from the last stage
     spot_t *spot;            // per stage, from its first check on (NULL: none yet)
     uint8_t in_dtype[SWARM_MAX_STAGES + 1]; // NET_DTYPE_* of in[s] (s > 0)
@@ -294,8 +301,7 @@ struct swarm_engine_s {
     int key_used;            // of them holding a peer or a removed entry
     engine_ready_t ready[SWARM_MAX_STAGES]; // each stage's ready peers
     swarm_peer_view_t *views; // [peers_cap] scratch of engine_views_as and engine_views_stage
-    double *backlog;         // [peers_cap] scratch of engine_views_as and engine_views_stage,
-                             // by peer index
+    double *by_peer;         // [peers_cap] scratch, by peer index (a median of speeds)
     int next_peer_id;        // ids for logs, in join order (entries may be reused)
     req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
                              // req_blocks[k / REQ_BLOCK][k % REQ_BLOCK]; id 0 = free slot
@@ -304,8 +310,20 @@ struct swarm_engine_s {
     int req_nfree;           // its size
     uint64_t next_id;        // request ids' sequence numbers
     uint64_t last_id;        // the id of the request made last
+    int steps_open[SWARM_MAX_STAGES]; // R_STEP requests in the table, by stage
     mb_t *mbs;               // [G] micro-batches of the current step
     int G;                   // micro-batches per step
+    // kept as the micro-batches move (engine_mb_at), so that what a request
+    // asks of them costs O(stages), not O(G):
+    int mb_count[MB_PLACES]; // how many are at each place (engine_mb_place)
+    int mb_next;             // none below it is unstarted
+    int *owed;               // [peers_cap] thirds of a micro-batch's work each peer
+                             // owes: the backwards of the forwards it ran (mb_t.owes)
+    int retry_n;             // micro-batches in a retry queue
+    int retry_head[2][SWARM_MAX_STAGES]; // [FWD, BWD][stage]: first to send, -1 none
+    int retry_tail[2][SWARM_MAX_STAGES];
+    int redo_head[SWARM_MAX_STAGES]; // each stage's work to re-run, first in first out
+    int redo_tail[SWARM_MAX_STAGES];
     long step;               // optimizer updates done
     long first;              // step the run started at
     int started;             // training has begun (state lives on the nodes now)
@@ -353,6 +371,9 @@ struct swarm_engine_s {
     double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
     int audit_any;           // some stage's are
+    engine_ready_t audited[SWARM_MAX_STAGES]; // each stage's peers whose audit was wanted
+                             // this attempt (by index; some may be gone since): what
+                             // engine_audits_turn looks at, not every replica
     float *audit_sum;        // [max_stage_n] a verifier's sum, decoded (NULL before the first)
     float *audit_dx;         // (micro, T, C): the target's input gradient, decoded
     int audits;              // audits settled
@@ -454,6 +475,8 @@ int engine_cmp_double(const void *a, const void *b); // qsort, ascending
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.
 void engine_peer_state(swarm_engine_t *r, int p, int state);
 int engine_ready_at(const swarm_engine_t *r, int stage, int p);
+// p into the sorted list l, unless it is there.
+void engine_list_add(engine_ready_t *l, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
 double engine_bound_speed(const peer_t *pe);
@@ -465,12 +488,30 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
 void engine_joins(swarm_engine_t *r);
 void engine_window_update(swarm_engine_t *r);
 void *engine_dup_bytes(const void *src, size_t n);
-void engine_mb_clear(swarm_engine_t *r, mb_t *b);
+// Every micro-batch idle again, the queues empty (a new step, eval batch,
+// restart, rollback).
+void engine_mbs_clear(swarm_engine_t *r);
+// Micro-batch i is now at `stage` (-2 .. S), in backward or not, with
+// fwd_peer[stage] = fwd_peer when that is >= 0: every change of either goes
+// through here, the counts and what each peer owes follow.
+void engine_mb_at(swarm_engine_t *r, int i, int stage, int backward, int fwd_peer);
+static inline int engine_mb_place(int S, int stage, int backward)
+{
+    return stage < 0 ? stage + 2 : stage >= S ? 2 + S : backward ? 3 + S + stage : 2 + stage;
+}
+// Micro-batches at places lo .. hi - 1 (engine_mb_place).
+int engine_mb_count(const swarm_engine_t *r, int lo, int hi);
+// 0 when the counts, what each peer owes and the queues are what the
+// micro-batches say, counted again (O(G S): for tests), else -EPROTO.
+int engine_mb_recount(const swarm_engine_t *r);
 net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s);
 net_msg_t *engine_bwd_msg(swarm_engine_t *r, int i, int s);
 int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot);
 int engine_fwd(swarm_engine_t *r, int i, int s);
 int engine_next(swarm_engine_t *r, int i, int kind, int s);
+// Stage s's work of micro-batch i (its gradient, a dead peer's) to re-run:
+// queued for engine_retry (the caller counts it in redo_pending).
+void engine_redo_want(swarm_engine_t *r, int i, int s);
 void engine_retry(swarm_engine_t *r);
 int engine_mb_start(swarm_engine_t *r, int i);
 int engine_spots_open(const swarm_engine_t *r);

@@ -4,6 +4,8 @@
  */
 #include "engine_int.h"
 
+#include <assert.h>
+
 // A FWD/BWD reply's held= (s at the node) and busy= (s of compute): the
 // rest of its time dt was the network's round trip.
 static void s_peer_timing(peer_t *pe, int bwd, const msg_reply_t *y, double dt)
@@ -71,26 +73,121 @@ void engine_window_update(swarm_engine_t *r)
     r->window_n++;
 }
 
-void engine_mb_clear(swarm_engine_t *r, mb_t *b)
+// What micro-batch b owes now: the backward of each stage whose forward
+// ran (or runs) and whose BWD is not sent, in forward up to the stage it
+// is at, in backward below it (the last stage's runs in its FWD); none
+// while evaluating. Each owing peer holds it in owed[] (2 thirds of a
+// micro-batch's work: the router prefers to send the BWD there, where the
+// activations are).
+static void s_owes(swarm_engine_t *r, mb_t *b, int sign)
 {
-    for (int s = 0; s <= r->stages; s++) {
+    int S = r->stages;
+    if (sign > 0) {
+        int owes = r->evaluating || b->stage < 0 || b->stage >= S ? 0
+                 : b->backward ? b->stage : b->stage + 1;
+        b->owes = owes < S - 1 ? owes : S - 1;
+    }
+    for (int k = 0; k < b->owes; k++)
+        r->owed[b->fwd_peer[k]] += 2 * sign;
+    if (sign < 0)
+        b->owes = 0;
+}
+
+void engine_mb_at(swarm_engine_t *r, int i, int stage, int backward, int fwd_peer)
+{
+    mb_t *b = &r->mbs[i];
+    int S = r->stages;
+    s_owes(r, b, -1);
+    r->mb_count[engine_mb_place(S, b->stage, b->backward)]--;
+    b->stage = stage;
+    b->backward = backward;
+    if (fwd_peer >= 0)
+        b->fwd_peer[stage] = fwd_peer;
+    r->mb_count[engine_mb_place(S, stage, backward)]++;
+    s_owes(r, b, 1);
+    if (stage == -1 && i < r->mb_next)
+        r->mb_next = i;
+}
+
+int engine_mb_count(const swarm_engine_t *r, int lo, int hi)
+{
+    int n = 0;
+    for (int k = lo; k < hi; k++)
+        n += r->mb_count[k];
+    return n;
+}
+
+int engine_mb_recount(const swarm_engine_t *r)
+{
+    int S = r->stages, count[MB_PLACES] = {0}, queued = 0, bad = 0;
+    int *owed = calloc((size_t) r->peers_cap + 1, sizeof *owed);
+    if (!owed)
+        return -ENOMEM;
+    for (int i = 0; i < r->G; i++) {
+        const mb_t *b = &r->mbs[i];
+        count[engine_mb_place(S, b->stage, b->backward)]++;
+        bad |= b->stage == -1 && !b->in[0] && i < r->mb_next;
+        int owes = r->evaluating || b->stage < 0 || b->stage >= S ? 0
+                 : b->backward ? b->stage : b->stage + 1;
+        bad |= b->owes != (owes < S - 1 ? owes : S - 1);
+        for (int k = 0; k < b->owes; k++)
+            owed[b->fwd_peer[k]] += 2;
+        queued += b->retry_kind != 0;
+    }
+    bad |= queued != r->retry_n;
+    for (int q = 0; q < 2; q++)
+        for (int s = 0; s < S; s++)
+            for (int i = r->retry_head[q][s]; i >= 0; i = r->mbs[i].retry_next)
+                bad |= r->mbs[i].retry_kind != (q ? R_BWD : R_FWD), queued--;
+    for (int s = 0; s < S; s++) {
+        int wanted = 0;
+        for (int i = 0; i < r->G; i++)
+            wanted += r->mbs[i].redo_wanted[s];
+        for (int i = r->redo_head[s]; i >= 0; i = r->mbs[i].redo_next[s])
+            bad |= !r->mbs[i].redo_wanted[s], wanted--;
+        bad |= wanted != 0;
+    }
+    bad |= queued != 0 || engine_mb_count(r, 0, MB_PLACES) != r->G;
+    for (int k = 0; k < MB_PLACES; k++)
+        bad |= count[k] != r->mb_count[k];
+    for (int p = 0; p < r->peers_cap; p++)
+        bad |= owed[p] != r->owed[p];
+    free(owed);
+    return bad ? -EPROTO : 0;
+}
+
+// Micro-batch b's buffers freed, itself idle (-1) and in no queue.
+static void s_mb_free(swarm_engine_t *r, mb_t *b)
+{
+    for (int s = 0; s <= r->stages; s++)
         free(b->in[s]);
-        b->in[s] = NULL;
-    }
     free(b->targets);
-    for (int s = 0; s < r->stages; s++) {
+    for (int s = 0; s < r->stages; s++)
         free(b->dy[s]);
-        b->dy[s] = NULL;
-    }
     for (int s = 0; b->spot && s < r->stages; s++) {
         r->spots_open -= b->spot[s].n > 0;
         for (int k = 0; k < 3; k++)
             free(b->spot[s].out[k]);
     }
     free(b->spot);
-    *b = (mb_t) { .stage = -1 };
+    *b = (mb_t) { .stage = -1, .retry_next = -1 };
     for (int s = 0; s < r->stages; s++)
-        b->grad_peer[s] = b->dx_peer[s] = -1;
+        b->grad_peer[s] = b->dx_peer[s] = b->redo_next[s] = -1;
+}
+
+void engine_mbs_clear(swarm_engine_t *r)
+{
+    for (int i = 0; r->mbs && i < r->G; i++) {
+        s_owes(r, &r->mbs[i], -1);
+        s_mb_free(r, &r->mbs[i]);
+    }
+    memset(r->mb_count, 0, sizeof r->mb_count);
+    r->mb_count[engine_mb_place(r->stages, -1, 0)] = r->G;
+    r->mb_next = 0;
+    r->retry_n = 0;
+    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+        r->retry_head[0][s] = r->retry_head[1][s] = r->retry_tail[0][s] = r->retry_tail[1][s]
+            = r->redo_head[s] = r->redo_tail[s] = -1;
 }
 
 // The FWD message of micro-batch i at stage s.
@@ -170,13 +267,11 @@ static int s_pick(swarm_engine_t *r, int s, int prefer, double work)
     return engine_pick_but(r, s, prefer, work, NULL, 0);
 }
 
-// Forwards of this step not yet sent to stage s.
+// Forwards of this step not yet sent to stage s: micro-batches waiting
+// or in forward before it.
 static int s_forwards_left(const swarm_engine_t *r, int s)
 {
-    int n = 0;
-    for (int i = 0; i < r->G; i++)
-        n += r->mbs[i].stage < s && !r->mbs[i].backward;
-    return n;
+    return engine_mb_count(r, 0, engine_mb_place(r->stages, s, 0));
 }
 
 // The replica of stage s for a training forward, `left` forwards of the
@@ -197,8 +292,7 @@ int engine_fwd(swarm_engine_t *r, int i, int s)
     net_msg_t *m = p >= 0 ? engine_fwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
-    r->mbs[i].stage = s;
-    r->mbs[i].fwd_peer[s] = p;
+    engine_mb_at(r, i, s, 0, p);
     return engine_send(r, p, &m, R_FWD, i, s);
 }
 
@@ -218,8 +312,7 @@ static int s_bwd(swarm_engine_t *r, int i, int s)
     net_msg_t *m = p >= 0 ? engine_bwd_msg(r, i, s) : NULL;
     if (!m)
         return p < 0 ? p : -ENOMEM;
-    r->mbs[i].stage = s;
-    r->mbs[i].backward = 1;
+    engine_mb_at(r, i, s, 1, -1);
     return engine_send(r, p, &m, R_BWD, i, s);
 }
 
@@ -241,36 +334,88 @@ static int s_redo(swarm_engine_t *r, int i, int s)
     return rc;
 }
 
-// Send the next request of micro-batch i, or remember it for the next turn
+// Micro-batch i's next request, `kind` at stage s, waits for a peer: at
+// the end of that stage's queue of its kind (engine_retry sends it).
+static void s_retry_put(swarm_engine_t *r, int i, int kind, int s)
+{
+    mb_t *b = &r->mbs[i];
+    int q = kind == R_BWD;
+    assert(!b->retry_kind); // a micro-batch has one request to make at a time
+    b->retry_kind = kind;
+    b->retry_next = -1;
+    if (r->retry_tail[q][s] >= 0)
+        r->mbs[r->retry_tail[q][s]].retry_next = i;
+    else
+        r->retry_head[q][s] = i;
+    r->retry_tail[q][s] = i;
+    r->retry_n++;
+}
+
+// The first of stage s's queue q (0 FWD, 1 BWD) was sent: off the queue.
+static void s_retry_pop(swarm_engine_t *r, int q, int s)
+{
+    mb_t *b = &r->mbs[r->retry_head[q][s]];
+    r->retry_head[q][s] = b->retry_next;
+    if (b->retry_next < 0)
+        r->retry_tail[q][s] = -1;
+    b->retry_kind = 0;
+    b->retry_next = -1;
+    r->retry_n--;
+}
+
+void engine_redo_want(swarm_engine_t *r, int i, int s)
+{
+    mb_t *b = &r->mbs[i];
+    if (b->redo_wanted[s])
+        return;
+    b->redo_wanted[s] = 1;
+    b->redo_next[s] = -1;
+    if (r->redo_tail[s] >= 0)
+        r->mbs[r->redo_tail[s]].redo_next[s] = i;
+    else
+        r->redo_head[s] = i;
+    r->redo_tail[s] = i;
+}
+
+// The first of stage s's work to re-run was sent: off the queue.
+static void s_redo_pop(swarm_engine_t *r, int s)
+{
+    mb_t *b = &r->mbs[r->redo_head[s]];
+    r->redo_head[s] = b->redo_next[s];
+    if (b->redo_next[s] < 0)
+        r->redo_tail[s] = -1;
+    b->redo_wanted[s] = 0;
+    b->redo_next[s] = -1;
+    r->redo_pending--; // counted when it was wanted
+}
+
+// Send the next request of micro-batch i, or queue it for a later turn
 // when no peer of the stage can take it now (never lose a micro-batch).
 int engine_next(swarm_engine_t *r, int i, int kind, int s)
 {
     int rc = kind == R_FWD ? engine_fwd(r, i, s) : s_bwd(r, i, s);
-    r->mbs[i].retry_kind = rc == 0 ? 0 : kind;
-    r->mbs[i].retry_stage = s;
+    if (rc != 0)
+        s_retry_put(r, i, kind, s);
     return 0;
 }
 
-// Retry what could not be sent: chain requests and lost work to re-run.
+// Send what waits, each stage's queues first in first out: a stage that
+// holds a forward back (swarm_policy_pick_fit) holds the ones behind it
+// too until something changes, and a BWD or a re-run that finds no peer
+// (none is ready) the ones behind it. O(stages) when nothing waits.
 void engine_retry(swarm_engine_t *r)
 {
-    // a stage that held a forward back (swarm_policy_pick_fit) holds the
-    // others too until something changes: not asked again this turn
-    int held[SWARM_MAX_STAGES] = {0};
-    for (int i = 0; i < r->G; i++) {
-        mb_t *b = &r->mbs[i];
-        int at = b->retry_stage, fwd = b->retry_kind == R_FWD && at >= 0 && at < SWARM_MAX_STAGES;
-        if (b->retry_kind && !(fwd && held[at])) {
-            s_ignore(engine_next(r, i, b->retry_kind, at));
-            if (fwd && b->retry_kind)
-                held[at] = 1;
-        }
-        for (int s = 0; r->redo_pending > 0 && s < r->stages; s++) {
-            if (b->redo_wanted[s] && s_redo(r, i, s) == 0) {
-                b->redo_wanted[s] = 0;
-                r->redo_pending--; // counted when it was wanted
+    for (int s = 0; (r->retry_n > 0 || r->redo_pending > 0) && s < r->stages; s++) {
+        for (int q = 0; q < 2; q++) {
+            while (r->retry_head[q][s] >= 0) {
+                int i = r->retry_head[q][s];
+                if ((q ? s_bwd(r, i, s) : engine_fwd(r, i, s)) != 0)
+                    break;
+                s_retry_pop(r, q, s);
             }
         }
+        while (r->redo_head[s] >= 0 && s_redo(r, r->redo_head[s], s) == 0)
+            s_redo_pop(r, s);
     }
 }
 
@@ -286,8 +431,10 @@ int engine_mb_start(swarm_engine_t *r, int i)
     swarm_data_train_batch(r->data, r->hp.seed, r->step, r->hp.batch, i * micro, micro, T,
                            b->in[0], b->targets);
     int rc = engine_fwd(r, i, 0);
-    if (rc != 0)
-        engine_mb_clear(r, b);
+    if (rc != 0) {
+        engine_mb_at(r, i, -1, 0, -1);
+        s_mb_free(r, b);
+    }
     return rc;
 }
 
@@ -366,7 +513,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         b->loss = e->reply.loss;
         engine_spot_begin(r, q, b->loss);
         if (S == 1 || r->evaluating) {
-            b->stage = S;
+            engine_mb_at(r, q->mb, S, b->backward, -1);
             return 0;
         }
         if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
@@ -375,7 +522,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         return engine_next(r, q->mb, R_BWD, S - 2);
     }
     if (s == 0) {
-        b->stage = S; // through
+        engine_mb_at(r, q->mb, S, b->backward, -1); // through
         return 0;
     }
     if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)

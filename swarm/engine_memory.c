@@ -54,10 +54,11 @@ size_t engine_memory(const swarm_engine_t *r)
             n += s_mb_bytes(r, &r->mbs[i]);
     }
     // the peer table and the scratch sized with it, the index by key, the ready lists
-    n += (size_t) r->peers_cap * (sizeof *r->peers + sizeof *r->views + sizeof *r->backlog);
+    n += (size_t) r->peers_cap * (sizeof *r->peers + sizeof *r->views + sizeof *r->by_peer
+                                 + sizeof *r->owed);
     n += (size_t) r->key_cap * sizeof *r->key_index;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
-        n += (size_t) r->ready[s].cap * sizeof *r->ready[s].peer;
+        n += (size_t) (r->ready[s].cap + r->audited[s].cap) * sizeof *r->ready[s].peer;
     // the request table: its blocks, the pointers to them, the free list (as
     // long as the blocks); a request holds no payload (its message is sent)
     size_t blocks = ((size_t) r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK;
@@ -125,16 +126,17 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     // outputs at each stage but the last (which checks losses)
     n += G * (sizeof(mb_t) + 2 * r->tok_bytes + 2 * (S - 1) * A + S * sizeof(spot_t)
               + 3 * (S - 1) * A);
-    // the peer table (with views and backlog) and its index by key: a new
+    // the peer table (with views, scratch and owed) and its index by key: a new
     // entry is made only when fewer than PEERS_KEEP_DEAD are dead or none of
     // the dead can be reused (banned, or with a part in the step), so it
     // holds at most P + PEERS_KEEP_DEAD; the index, at most half full, is
     // rebuilt at 4 slots an entry
     size_t entries = P + PEERS_KEEP_DEAD;
-    n += s_doubled(16, entries) * (sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double));
+    n += s_doubled(16, entries) * (sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double) + sizeof(int));
     n += s_doubled(64, 4 * (entries + 1)) * sizeof(int);
-    // each stage's ready peers: none of them dead
-    n += S * s_doubled(8, P) * sizeof(int);
+    // each stage's ready peers (none of them dead), and those whose audit
+    // was wanted (ready when it was)
+    n += 2 * S * s_doubled(8, P) * sizeof(int);
     // gradient sums: a peer's buffer (the largest stage's size) lives while
     // it does, and a dead one's only to the end of the step its sum is in
     n += P * r->max_stage_n * sizeof(float);

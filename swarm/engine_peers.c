@@ -99,8 +99,11 @@ static int s_ready_slot(const engine_ready_t *l, int p)
     return lo;
 }
 
-static void s_ready_add(engine_ready_t *l, int p)
+void engine_list_add(engine_ready_t *l, int p)
 {
+    int k = s_ready_slot(l, p);
+    if (k < l->n && l->peer[k] == p)
+        return;
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 8;
         int *peer = realloc(l->peer, (size_t) cap * sizeof *peer);
@@ -109,8 +112,6 @@ static void s_ready_add(engine_ready_t *l, int p)
         l->peer = peer;
         l->cap = cap;
     }
-    int k = s_ready_slot(l, p);
-    assert(k == l->n || l->peer[k] != p);
     memmove(&l->peer[k + 1], &l->peer[k], (size_t) (l->n - k) * sizeof l->peer[0]);
     l->peer[k] = p;
     l->n++;
@@ -132,8 +133,10 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
     if (pe->state == P_READY)
         s_ready_del(&r->ready[pe->stage], p);
     pe->state = state;
-    if (state == P_READY)
-        s_ready_add(&r->ready[pe->stage], p);
+    if (state == P_READY) {
+        assert(engine_ready_at(r, pe->stage, p) < 0);
+        engine_list_add(&r->ready[pe->stage], p);
+    }
 }
 
 // Peer p's place among the ready peers of `stage`, or -1 when it is not one.
@@ -159,37 +162,11 @@ int engine_ready_count(const swarm_engine_t *r, int stage)
 // ---- the views the policy sees ----
 
 // What peer p holds, in training tokens (swarm_peer_view_t.backlog): its
-// FWD/BWD requests in flight; s_owed adds the rest.
-static double s_held(const swarm_engine_t *r, const peer_t *pe)
+// FWD/BWD requests in flight and the backwards it owes for the forwards it
+// ran this step whose BWD is not sent yet (owed[], engine_mb_at).
+static double s_backlog(const swarm_engine_t *r, int p)
 {
-    return (double) r->hp.micro * r->hp.cfg.T * pe->held_thirds / 3.0;
-}
-
-// The backward each peer owes for every forward it ran this step whose
-// BWD is not sent yet (the router prefers to send it there, where the
-// activations are), added to backlog[peer]: of every peer (stage < 0), or
-// of stage's ready peers only (whose backlog[] is all that is set). In the
-// same order either way, so the sums are the same bits.
-static void s_owed(const swarm_engine_t *r, double *backlog, int stage)
-{
-    if (r->evaluating || !r->mbs)
-        return;
-    double tokens = (double) r->hp.micro * r->hp.cfg.T;
-    int S = r->stages;
-    for (int i = 0; i < r->G; i++) {
-        const mb_t *b = &r->mbs[i];
-        // stages whose forward ran (or runs) and whose backward is not sent:
-        // in forward up to the stage it is at, in backward below it
-        int owed = b->stage < 0 || b->stage >= S ? 0 : b->backward ? b->stage : b->stage + 1;
-        for (int k = 0; k < owed && k < S - 1; k++) {
-            int p = b->fwd_peer[k];
-            // (a peer that ran stage k's forward may serve another stage
-            // now: it moved, or its entry was reused)
-            if (p >= 0 && p < r->npeers
-                && (stage < 0 || (r->peers[p].state == P_READY && r->peers[p].stage == stage)))
-                backlog[p] += tokens * 2.0 / 3.0;
-        }
-    }
+    return (double) r->hp.micro * r->hp.cfg.T * (r->peers[p].held_thirds + r->owed[p]) / 3.0;
 }
 
 // Peer p as the policy sees it, with its speed tok_s and backlog.
@@ -214,10 +191,7 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
 // per event (admission, refills, rebalancing), not per request.
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic)
 {
-    double fastest[SWARM_MAX_STAGES] = {0}, *backlog = r->backlog;
-    for (int i = 0; i < r->npeers; i++)
-        backlog[i] = s_held(r, &r->peers[i]);
-    s_owed(r, backlog, -1);
+    double fastest[SWARM_MAX_STAGES] = {0};
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *p = &r->peers[i];
         if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
@@ -228,7 +202,7 @@ void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimist
         double tok_s = p->tok_s;
         if (optimistic && p->samples == 0 && p->stage >= 0 && fastest[p->stage] > tok_s)
             tok_s = fastest[p->stage];
-        v[i] = s_view(p, tok_s, backlog[i]);
+        v[i] = s_view(p, tok_s, s_backlog(r, i));
     }
 }
 
@@ -247,24 +221,22 @@ double engine_bound_speed(const peer_t *pe)
 
 // What a routing pick sees: stage's ready peers only, v[k] being peer
 // ready[stage].peer[k], as engine_views (optimistic) would show them; their
-// number. O(replicas + the step's micro-batches times stages).
+// number. O(replicas).
 int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v)
 {
     if (stage < 0 || stage >= r->stages)
         return 0;
     const engine_ready_t *l = &r->ready[stage];
-    double fastest = 0.0, *backlog = r->backlog;
+    double fastest = 0.0;
     for (int k = 0; k < l->n; k++) {
         const peer_t *p = &r->peers[l->peer[k]];
-        backlog[l->peer[k]] = s_held(r, p);
         if (p->samples > 0 && p->tok_s > fastest)
             fastest = p->tok_s;
     }
-    s_owed(r, backlog, stage);
     for (int k = 0; k < l->n; k++) {
         const peer_t *p = &r->peers[l->peer[k]];
         double tok_s = p->samples == 0 && fastest > p->tok_s ? fastest : p->tok_s;
-        v[k] = s_view(p, tok_s, backlog[l->peer[k]]);
+        v[k] = s_view(p, tok_s, s_backlog(r, l->peer[k]));
     }
     return l->n;
 }
@@ -326,7 +298,7 @@ int engine_cmp_double(const void *a, const void *b)
 // that one peer's false claim does not skew it).
 static double s_hello_speed(const swarm_engine_t *r, double hello)
 {
-    double *ratio = r->backlog; // scratch (no views are made meanwhile)
+    double *ratio = r->by_peer; // scratch
     int n = 0;
     for (int i = 0; i < r->npeers; i++) {
         const peer_t *pe = &r->peers[i];
@@ -461,10 +433,14 @@ static int s_peer_slot(swarm_engine_t *r)
         swarm_peer_view_t *views = peers ? realloc(r->views, (size_t) cap * sizeof *views) : NULL;
         if (views)
             r->views = views;
-        double *backlog = views ? realloc(r->backlog, (size_t) cap * sizeof *backlog) : NULL;
-        if (!backlog)
+        double *by_peer = views ? realloc(r->by_peer, (size_t) cap * sizeof *by_peer) : NULL;
+        if (by_peer)
+            r->by_peer = by_peer;
+        int *owed = by_peer ? realloc(r->owed, (size_t) cap * sizeof *owed) : NULL;
+        if (!owed)
             return -ENOMEM;
-        r->backlog = backlog;
+        memset(owed + r->peers_cap, 0, (size_t) (cap - r->peers_cap) * sizeof *owed);
+        r->owed = owed;
         r->peers_cap = cap;
     }
     return r->npeers++;

@@ -140,6 +140,8 @@ static req_t *s_req_new(swarm_engine_t *r, int kind, int peer, int mb, int stage
         if (pe->working++ == 0)
             pe->busy_from = q->sent;
     }
+    if (kind == R_STEP && stage >= 0 && stage < SWARM_MAX_STAGES)
+        r->steps_open[stage]++;
     return q;
 }
 
@@ -166,6 +168,8 @@ void engine_req_done(swarm_engine_t *r, req_t *q)
         if (pe->working > 0 && --pe->working == 0)
             pe->busy_s += (double) (r->now_ms - pe->busy_from) / 1000.0;
     }
+    if (q->kind == R_STEP && q->stage >= 0 && q->stage < SWARM_MAX_STAGES)
+        r->steps_open[q->stage]--;
     r->req_free[r->req_nfree++] = (int) (q->id & ((1u << REQ_SLOT_BITS) - 1));
     q->id = 0;
 }

@@ -55,7 +55,7 @@ static void s_spot_release(swarm_engine_t *r, spot_t *c)
 }
 
 // Checks of this step not settled yet: the update waits for them. Counted
-// as they open and settle (engine_mb_clear forgets a micro-batch's).
+// as they open and settle (engine_mbs_clear forgets a micro-batch's).
 int engine_spots_open(const swarm_engine_t *r)
 {
     return r->spots_open;
@@ -102,8 +102,7 @@ void engine_step_restart(swarm_engine_t *r, const char *why)
         if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY))
             engine_req_done(r, q); // their answers are stale now (not the last step's)
     }
-    for (int i = 0; i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+    engine_mbs_clear(r);
     r->pending = r->redo_pending = 0;
     for (int p = 0; p < r->npeers; p++) {
         if (r->peers[p].state != P_READY)

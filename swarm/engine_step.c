@@ -32,8 +32,7 @@ net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta)
 
 void engine_step_begin(swarm_engine_t *r)
 {
-    for (int i = 0; i < r->G; i++)
-        engine_mb_clear(r, &r->mbs[i]);
+    engine_mbs_clear(r);
     for (int p = 0; p < r->npeers; p++) {
         peer_t *pe = &r->peers[p];
         pe->got_grad = pe->in_step = 0; // nobody's gradient of this step is in yet
@@ -50,31 +49,26 @@ void engine_step_begin(swarm_engine_t *r)
     engine_window_update(r);
 }
 
-// Every micro-batch's loss is in: each is through or in its backward.
+// Every micro-batch's loss is in: each is through or in its backward
+// (none waits or is in forward).
 static int s_losses_in(const swarm_engine_t *r)
 {
-    for (int i = 0; i < r->G; i++)
-        if (r->mbs[i].stage != r->stages && !r->mbs[i].backward)
-            return 0;
-    return 1;
+    return engine_mb_count(r, 0, engine_mb_place(r->stages, r->stages, 0)) == 0;
 }
 
 // Every micro-batch's gradient work at stage s has been sent this step:
-// its BWD (the last stage: its FWD, which runs the backward too).
+// its BWD (the last stage: its FWD, which runs the backward too). None
+// waits to be sent, nor any of stage s's work to be run again.
 static int s_stage_sent(const swarm_engine_t *r, int s)
 {
     int S = r->stages;
-    for (int i = 0; i < r->G; i++) {
-        const mb_t *b = &r->mbs[i];
-        if (b->stage == S)
-            continue;
-        if (b->stage < 0 || (s < S - 1 ? !(b->backward && b->stage <= s)
-                                       : !(b->backward || b->stage == S - 1)))
-            return 0;
-        if (b->retry_kind || b->redo_wanted[s])
-            return 0;
-    }
-    return 1;
+    if (r->retry_n > 0 || r->redo_head[s] >= 0)
+        return 0;
+    if (s == S - 1) // none waits or is in forward before the last stage
+        return engine_mb_count(r, 0, engine_mb_place(S, S - 1, 0)) == 0;
+    // none waits or is in forward, none in backward above s
+    return engine_mb_count(r, 0, engine_mb_place(S, S, 0)) == 0
+           && engine_mb_count(r, engine_mb_place(S, s + 1, 1), engine_mb_place(S, S - 1, 1)) == 0;
 }
 
 // Replicas of stage s whose gradient sum came in this step and that died
@@ -404,19 +398,17 @@ static void s_step_apply_ask(swarm_engine_t *r, int s)
 void engine_step_micro(swarm_engine_t *r)
 {
     engine_retry(r);
-    int flying = 0, done = 0, S = r->stages;
-    for (int i = 0; i < r->G; i++) {
-        if (r->mbs[i].stage == S)
-            done++;
-        else if (r->mbs[i].stage >= 0)
-            flying++;
-    }
-    for (int i = 0; i < r->G && flying < r->window; i++) {
-        if (r->mbs[i].stage == -1 && !r->mbs[i].in[0]) {
-            if (engine_mb_start(r, i) != 0)
-                return; // no ready peer right now; try again on the next turn
-            flying++;
+    int S = r->stages, done = engine_mb_count(r, engine_mb_place(S, S, 0), engine_mb_place(S, S, 0) + 1);
+    int flying = r->G - done - engine_mb_count(r, 0, engine_mb_place(S, 0, 0));
+    while (flying < r->window && r->mb_next < r->G) {
+        int i = r->mb_next;
+        if (r->mbs[i].stage != -1 || r->mbs[i].in[0]) {
+            r->mb_next++; // started
+            continue;
         }
+        if (engine_mb_start(r, i) != 0)
+            return; // no ready peer right now; try again on the next turn
+        flying++;
     }
     // a stage with all its gradient work sent is asked for its gradients
     // now: the STEP queues behind that work at each replica (served in

@@ -470,10 +470,12 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
         pe->busy[0] = 0.01 * (double) (swarm_splitmix64(&rng) % 3);
         pe->rtt = 0.005 * (double) (swarm_splitmix64(&rng) % 3);
         pe->failed = swarm_splitmix64(&rng) % 16 == 0;
-        mb_t *b = &e->mbs[swarm_splitmix64(&rng) % (uint64_t) e->G];
-        b->stage = (int) (swarm_splitmix64(&rng) % 4) - 1;
-        b->backward = (int) (swarm_splitmix64(&rng) % 2);
-        b->fwd_peer[swarm_splitmix64(&rng) % 3] = p;
+        // a micro-batch p ran a forward of, now anywhere
+        int i = (int) (swarm_splitmix64(&rng) % (uint64_t) e->G);
+        engine_mb_at(e, i, (int) (swarm_splitmix64(&rng) % 3), 0, p);
+        int at = (int) (swarm_splitmix64(&rng) % 5) - 1;
+        engine_mb_at(e, i, at, at >= 0 && at < 2 && swarm_splitmix64(&rng) % 2, -1);
+        ck_assert_int_eq(engine_mb_recount(e), 0);
         s_check_ready_lists(e);
         int not[2] = { (int) (swarm_splitmix64(&rng) % (uint64_t) e->npeers), -1 };
         int prefer = (int) (swarm_splitmix64(&rng) % (uint64_t) (e->npeers + 1)) - 1;
@@ -502,6 +504,7 @@ static void s_round(world_t *w, swarm_engine_t *e)
     if (n > 0)
         memmove(w->q, w->q + n, (size_t) w->nq * sizeof *w->q);
     swarm_engine_tick(e, w->now);
+    ck_assert_int_eq(engine_mb_recount(e), 0); // what a request asks of the micro-batches
 }
 
 // An engine of 3 stages of ANSWER_STAGE_N parameters, 4 micro-batches a

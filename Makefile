@@ -279,12 +279,14 @@ $(BUILD)/check_net: $(BUILD)/obj/tests/fuzz_wire.o $(BUILD)/obj/tests/fuzz_keys.
 $(BUILD)/check_node: $(BUILD)/obj/tests/fuzz_files.o $(BUILD)/obj/tests/fuzz_status.o \
                      $(BUILD)/obj/tests/fuzz.o
 
-# make fuzz [FUZZ_TIME=seconds per target] [FUZZ_TARGETS="wire keys"]: build
-# each target with clang (libFuzzer, ASan, UBSan) and run it from its seed
-# corpus for FUZZ_TIME seconds; new inputs go to build-fuzz/corpus/<target>,
+# make fuzz [FUZZ_TIME=seconds per target] [FUZZ_TARGETS="wire keys"]
+# [FUZZ_JOBS=N]: build each target with clang (libFuzzer, ASan, UBSan) and
+# run it from its seed corpus for FUZZ_TIME seconds, FUZZ_JOBS targets at a
+# time (default: one a core); new inputs go to build-fuzz/corpus/<target>,
 # a crash to build-fuzz/crash-<target>-*, and make stops there.
 FUZZ_CC      ?= clang
 FUZZ_TIME    ?= 60
+FUZZ_JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
 FUZZ_TARGETS ?= wire files keys meta status
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-pointer \
@@ -313,9 +315,9 @@ $(FUZZ_BUILD)/fuzz_%: $$(FUZZ_SRC_$$*) tests/fuzz.h net/net.h net/wire.h node/no
 
 fuzz: deps-fuzz
 	@$(MAKE) --no-print-directory $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
-	@$(MAKE) --no-print-directory -j1 $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
+	@$(MAKE) --no-print-directory -j$(FUZZ_JOBS) $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
 
-# one target for FUZZ_TIME s, one after the other (the time is per target)
+# one target for FUZZ_TIME s on a core of its own (the time is per target)
 fuzz-run-%: $(FUZZ_BUILD)/fuzz_%
 	@mkdir -p $(FUZZ_BUILD)/corpus/$*
 	@echo "== fuzz_$*: $(FUZZ_TIME) s from tests/corpus/$*"

@@ -11,7 +11,8 @@
 # swarm from --sim-seed). Seeds FIRST..FIRST+COUNT-1, or fresh seeds (from
 # the clock) for N seconds. Prints one line per failing seed with the
 # command that replays it, then "sim-soak: N seeds (FIRST..LAST), N
-# failed"; exits 1 on a failure.
+# failed"; exits 1 on a failure. JOBS seeds run at once (default: one a
+# core).
 set -u
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -105,33 +106,55 @@ losses_equal() {
         END { exit !(n > 0 && bad == 0) }'
 }
 
+# run_seed SEED: its result in $TMP/res.SEED: nothing, or the lines of a failure
+run_seed() {
+    if [ $numeric = 1 ]; then
+        f="$(numeric_flags_of "$1") --loss-log $TMP/loss.$1.txt"
+    else
+        f=$(flags_of "$1")
+    fi
+    # shellcheck disable=SC2086
+    out=$(SWARM_PLAIN=1 timeout 60 "$SWARM" sim $f 2>/dev/null | grep "^sim |")
+    if [ $numeric = 1 ] && [ "${out##*invariants }" = ok ] \
+        && ! losses_equal "$TMP/loss.$1.txt" "$TMP/ref$(echo "$f" | sed 's/.*--batch \([0-9]*\).*/\1/').txt"; then
+        out="$out, but its losses differ from swarm train's"
+    fi
+    rm -f "$TMP/loss.$1.txt"
+    case "$out" in
+        *"invariants ok") : >"$TMP/res.$1" ;;
+        *) printf "FAIL seed %s: %s\n     replay: %s\n" "$1" "${out:-no sim line (crashed or timed out)}" \
+               "$SWARM sim $f" >"$TMP/res.$1" ;;
+    esac
+}
+
+# JOBS seeds at a time (default: one a core), their results in seed order
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 1)}
 ran=0 failed=0 seed=$first start=$(date +%s)
 while :; do
     if [ "$seconds" -gt 0 ]; then
         [ $(( $(date +%s) - start )) -ge "$seconds" ] && break
-    elif [ $ran -ge "$count" ]; then
-        break
-    fi
-    if [ $numeric = 1 ]; then
-        f="$(numeric_flags_of "$seed") --loss-log $TMP/loss.txt"
+        n=$JOBS
     else
-        f=$(flags_of "$seed")
+        [ $ran -ge "$count" ] && break
+        n=$(( count - ran < JOBS ? count - ran : JOBS ))
     fi
-    rm -f "$TMP/loss.txt"
-    # shellcheck disable=SC2086
-    out=$(SWARM_PLAIN=1 timeout 60 "$SWARM" sim $f 2>/dev/null | grep "^sim |")
-    if [ $numeric = 1 ] && [ "${out##*invariants }" = ok ] \
-        && ! losses_equal "$TMP/loss.txt" "$TMP/ref$(echo "$f" | sed 's/.*--batch \([0-9]*\).*/\1/').txt"; then
-        out="$out, but its losses differ from swarm train's"
-    fi
-    case "$out" in
-        *"invariants ok") ;;
-        *) failed=$((failed + 1))
-           echo "FAIL seed $seed: ${out:-no sim line (crashed or timed out)}"
-           echo "     replay: $SWARM sim $f" ;;
-    esac
-    ran=$((ran + 1))
-    seed=$((seed + 1))
+    k=0
+    while [ $k -lt "$n" ]; do
+        run_seed $((seed + k)) &
+        k=$((k + 1))
+    done
+    wait
+    k=0
+    while [ $k -lt "$n" ]; do
+        if [ -s "$TMP/res.$((seed + k))" ]; then
+            cat "$TMP/res.$((seed + k))"
+            failed=$((failed + 1))
+        fi
+        rm -f "$TMP/res.$((seed + k))"
+        k=$((k + 1))
+    done
+    ran=$((ran + n))
+    seed=$((seed + n))
 done
 echo "sim-soak: $ran $([ $numeric = 1 ] && echo "numeric ")seeds ($first..$((seed - 1))), $failed failed"
 [ $failed -eq 0 ]

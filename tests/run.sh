@@ -34,9 +34,11 @@ if [ -z "$SWARM_UNIT_ONLY" ]; then
     for script in tests/test_*.sh; do
         [ -f "$script" ] || continue
         echo "== $script"
+        t0=$(date +%s)
         out=$(sh "$script" "$BUILD" 2>&1)
         rc=$?
         echo "$out"
+        echo "($script took $(($(date +%s) - t0)) s)"
         line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
         if [ -z "$line" ]; then
             echo "run.sh: $script printed no summary (exit $rc)"

@@ -15,12 +15,14 @@
 #   make fuzz       libFuzzer targets, FUZZ_TIME s each (clang; installs it)
 #   make release    build/release/swarm-linux-x86_64, one file for a volunteer
 #   V=1             show full commands
+#   JOBS=N          what make test, asan and fuzz build at once (default: the cores)
 
 .DEFAULT_GOAL := all
 BUILD      ?= build
 SANITIZER  ?=
 CC         ?= cc
 V          ?= 0
+JOBS       ?= $(shell nproc 2>/dev/null || echo 1)
 Q          := $(if $(filter 1,$(V)),,@)
 comma      := ,
 MULTIARCH  := $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
@@ -204,7 +206,10 @@ deps-test:
 
 # `make test` installs what is missing, then re-reads this Makefile so the
 # detection sees the new packages.
+# (built JOBS at a time first; the tests run one after another, with no
+# jobs in the environment of the make some of them run)
 test: deps-test
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS)
 	@$(MAKE) --no-print-directory check-all
 
 SECONDS ?= 600
@@ -223,8 +228,9 @@ $(BUILD)/swarm-misbehave: $(BUILD)/obj/node/main.o $(MISBEHAVE_OBJ) $(SWARM_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS_BASE) $^ $(NODE_LIBS) $(LIBS) -o $@
 
-check-all: $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage $(BUILD)/swarm-misbehave $(BUILD)/wanproxy \
-           $(BUILD)/bgpt_diff
+TEST_BINS := $(BUILD)/swarm $(CUDA_PLUGIN) $(TEST_RUNNERS) $(BUILD)/rogue $(BUILD)/garbage \
+             $(BUILD)/swarm-misbehave $(BUILD)/wanproxy $(BUILD)/bgpt_diff
+check-all: $(TEST_BINS)
 	@sh tests/run.sh $(BUILD)
 
 
@@ -239,7 +245,7 @@ bench-gpu: $(BUILD)/swarm $(CUDA_PLUGIN)
 
 # the unit tests, then a swarm under ASan while garbage floods its port
 asan:
-	@$(MAKE) --no-print-directory SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm build-asan/garbage
+	@$(MAKE) --no-print-directory -j$(JOBS) SANITIZER=asan $(patsubst build/%,build-asan/%,$(TEST_RUNNERS)) build-asan/swarm build-asan/garbage
 	@SWARM_UNIT_ONLY=1 sh tests/run.sh build-asan
 	@echo "== tests/test_garbage.sh"
 	@sh tests/test_garbage.sh build-asan
@@ -286,7 +292,7 @@ $(BUILD)/check_node: $(BUILD)/obj/tests/fuzz_files.o $(BUILD)/obj/tests/fuzz_sta
 # a crash to build-fuzz/crash-<target>-*, and make stops there.
 FUZZ_CC      ?= clang
 FUZZ_TIME    ?= 60
-FUZZ_JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+FUZZ_JOBS    ?= $(JOBS)
 FUZZ_TARGETS ?= wire files keys meta status
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -DSWARM_LIBFUZZER -O1 -g -fno-omit-frame-pointer \
@@ -314,7 +320,7 @@ $(FUZZ_BUILD)/fuzz_%: $$(FUZZ_SRC_$$*) tests/fuzz.h net/net.h net/wire.h node/no
 	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRC_$*) $(FUZZ_LIBS_$*) $(FUZZ_LIBS) -o $@
 
 fuzz: deps-fuzz
-	@$(MAKE) --no-print-directory $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+	@$(MAKE) --no-print-directory -j$(JOBS) $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 	@$(MAKE) --no-print-directory -j$(FUZZ_JOBS) $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
 
 # one target for FUZZ_TIME s on a core of its own (the time is per target)

@@ -1,8 +1,8 @@
 #!/bin/sh
 # test_sim.sh BUILD - swarm sim: the real router engine on simulated swarms.
-# 500 seeds of small synthetic swarms (scripts/sim-soak.sh: 3-12 peers on
+# 300 seeds of small synthetic swarms (scripts/sim-soak.sh: 3-12 peers on
 # 2-4 stages, uneven speeds, slow links, kills and replacements,
-# evaluations, spot checks) and 200 numeric ones (the node's real code;
+# evaluations, spot checks) and 120 numeric ones (the node's real code;
 # kills and joins, stalls, liars) must all hold every invariant, and the
 # numeric ones' losses equal swarm train's; the seeds that found bugs are
 # kept as regression runs; slow, jittery and lossy links; churn from each
@@ -14,12 +14,12 @@ BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
 
-if sh scripts/sim-soak.sh "$BUILD" 1 500 >"$TMP/soak.out" 2>&1; then
+if sh scripts/sim-soak.sh "$BUILD" 1 300 >"$TMP/soak.out" 2>&1; then
     ok "$(tail -1 "$TMP/soak.out"): every invariant held"
 else
     bad "soak:"; grep -A1 "^FAIL" "$TMP/soak.out" | head -20; tail -1 "$TMP/soak.out"
 fi
-if sh scripts/sim-soak.sh "$BUILD" 1 200 --numeric >"$TMP/numeric.out" 2>&1; then
+if sh scripts/sim-soak.sh "$BUILD" 1 120 --numeric >"$TMP/numeric.out" 2>&1; then
     ok "$(tail -1 "$TMP/numeric.out"): every invariant held, every loss swarm train's to 1e-4"
 else
     bad "numeric soak:"; grep -A1 "^FAIL" "$TMP/numeric.out" | head -20; tail -1 "$TMP/numeric.out"

@@ -434,6 +434,21 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     s_audit_verdict(r, t, a->agree[1] ? a->by[0] : t);
 }
 
+// Target t is dead: its audit is given up, and its verifier freed (the
+// requests it still has out answer nothing: s_audit_by). The step's update
+// no longer waits for it (engine_audits_open counts ready targets), so an
+// audit left running would go on into the next step and feed a verifier
+// that may have moved stage since (the sim found that at 300 peers under
+// churn: an honest verifier refused a stage it no longer served, banned).
+void engine_audit_target_gone(swarm_engine_t *r, int t)
+{
+    audit_t *a = &r->peers[t].audit;
+    if (!a->want || a->done)
+        return;
+    r->audit_lost++;
+    s_audit_end(r, t);
+}
+
 // Verifier p is gone (dead, or a request to it could not be sent) before
 // it answered: its audit goes to another replica when one is free
 // (engine_audits_turn), from the start. Called for each of its requests

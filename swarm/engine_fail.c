@@ -136,6 +136,7 @@ static void s_rollback(swarm_engine_t *r, int s)
     // the gradient norms of the steps ahead of the checkpoint say nothing of
     // the steps the swarm runs again (early ones are larger)
     memset(r->norms_n, 0, sizeof r->norms_n);
+    engine_work_forgotten(r);
     for (int i = 0; i < r->req_slots; i++)
         if (engine_req_at(r, i)->id)
             engine_req_done(r, engine_req_at(r, i)); // (engine_req_done frees the slot: the loop goes on)
@@ -203,6 +204,7 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
             r->peers[q.mb].inflight--; // the joiner asks again between steps
     }
     engine_audit_lost(r, p); // (an audit it held with no request out)
+    engine_audit_target_gone(r, p);
     if (was_ready)
         s_redo_lost(r, p);
     for (int s = 0; s < r->stages; s++) {
@@ -240,6 +242,18 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 // for hours before its first request is measured.
 #define DEADLINE_SLOWEST 20.0
 
+// 20 times what `thirds` of a micro-batch's work take peer pe, by its
+// speed, in ms.
+static int64_t s_work_ms(const swarm_engine_t *r, const peer_t *pe, int thirds)
+{
+    double tokens = (double) r->hp.micro * r->hp.cfg.T * thirds / 3.0;
+    // the slower of the router's measure and what the node says: early
+    // measures of a replica handed many requests at once can run far high
+    double speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
+    speed = fmax(fmax(speed, r->speed_floor), 1.0);
+    return (int64_t) (20.0 * 1000.0 * tokens / speed);
+}
+
 static int64_t s_deadline_ms(const swarm_engine_t *r, const req_t *q)
 {
     // a micro-batch's work, and what the router had queued at the peer
@@ -249,13 +263,19 @@ static int64_t s_deadline_ms(const swarm_engine_t *r, const req_t *q)
     const peer_t *pe = &r->peers[q->peer];
     int others = pe->held_thirds - q->thirds > q->ahead_thirds ? pe->held_thirds - q->thirds
                                                                : q->ahead_thirds;
-    double tokens = (double) r->hp.micro * r->hp.cfg.T * (1.0 + others / 3.0);
-    // the slower of the router's measure and what the node says: early
-    // measures of a replica handed many requests at once can run far high
-    double speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
-    speed = fmax(fmax(speed, r->speed_floor), 1.0);
-    double expect = 1000.0 * tokens / speed;
-    return 20.0 * expect > 5000.0 ? (int64_t) (20.0 * expect) : 5000;
+    int64_t ms = s_work_ms(r, pe, 3 + others);
+    return ms > 5000 ? ms : 5000;
+}
+
+void engine_work_forgotten(swarm_engine_t *r)
+{
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        if (pe->held_thirds > 0 && pe->state != P_DEAD) {
+            int64_t until = r->now_ms + s_work_ms(r, pe, pe->held_thirds);
+            pe->drained_at = until > pe->drained_at ? until : pe->drained_at;
+        }
+    }
 }
 
 // The floor of the speeds deadlines take: 1/DEADLINE_SLOWEST of the median
@@ -360,15 +380,23 @@ void engine_reap(swarm_engine_t *r)
         int state = q->kind == R_STATE || q->kind == R_STATE_GET;
         if (!q->id)
             continue;
-        // training work's clock runs from when it was sent or its peer last
-        // finished a FWD or BWD, whichever is later: a busy replica serves
-        // the BWDs it is sent before a FWD (the node's order), and one fast
-        // enough to be sent a stream of them would miss a FWD's deadline
-        // while working the whole time
+        // compute's clock (training work, a spot check's forward, an
+        // audit's) runs from when it was sent or its peer last finished
+        // some, whichever is later: a busy replica serves the BWDs it is
+        // sent before a FWD (the node's order), and one fast enough to be
+        // sent a stream of them would miss a FWD's deadline while working
+        // the whole time (a spot check's did, at 300 peers under churn)
         int64_t from = q->sent;
-        if ((q->kind == R_FWD || q->kind == R_BWD) && r->peers[q->peer].worked_at > from)
+        if (engine_req_computes(q->kind) && r->peers[q->peer].worked_at > from)
             from = r->peers[q->peer].worked_at;
-        if (state ? now - q->sent > s_state_deadline_ms(r, q->stage)
+        // a state queues behind the compute its peer held when it was sent
+        // (a verifier's audit of a target that died, a spot check's
+        // forward) and the compute the router forgot (a rollback, a
+        // restart): its clock runs from when that should be through
+        if (state && r->peers[q->peer].drained_at > from)
+            from = r->peers[q->peer].drained_at;
+        if (state ? now - from > s_state_deadline_ms(r, q->stage)
+                                     + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds)
                   : now - from > s_deadline_ms(r, q))
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"

@@ -25,6 +25,11 @@
 enum { P_JOINING = 1, P_READY, P_DEAD };
 enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD,
        R_AUDIT, R_AUDIT_SUM };
+// A request a node computes a FWD or BWD for (its queue serves BWDs first).
+static inline int engine_req_computes(int kind)
+{
+    return kind == R_FWD || kind == R_BWD || kind == R_VERIFY || kind == R_AUDIT;
+}
 
 // Where a micro-batch of S stages is (engine_mb_place): 0, 1 waiting
 // (stage -2: an evaluation one no peer took yet; -1: not started), 2 + s
@@ -110,7 +115,8 @@ typedef struct {
     double check_busy, check_work; // busy_s and work at the last rebalancing check
     int samples;             // speed samples taken (since it joined or moved)
     double node_tok_s;       // what the node says it sustains (HEARTBEAT)
-    int64_t worked_at;       // ms: its last FWD or BWD done
+    int64_t worked_at;       // ms: the last compute it did was done (engine_req_computes)
+    int64_t drained_at;      // ms: compute the router forgot it holds should be through
     double hello_tok_s;      // what it measured at start (HELLO)
     double rtt;              // s: network round trip (a request's time less its time at
                              // the node), quick to fall, slow to rise; 0 unknown
@@ -533,6 +539,7 @@ int engine_audits_begun(const swarm_engine_t *r);
 void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_lost(swarm_engine_t *r, int p);
+void engine_audit_target_gone(swarm_engine_t *r, int t);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 // The work of answered request q (FWD, BWD, audit) into its peer's measured speed.
 void engine_work_done(swarm_engine_t *r, const req_t *q);
@@ -556,6 +563,9 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why);
 void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int engine_join_held(const swarm_engine_t *r);
 void engine_reap(swarm_engine_t *r);
+// The requests in flight are about to be forgotten (a rollback, a restart),
+// but the nodes still compute theirs: each peer's drained_at says until when.
+void engine_work_forgotten(swarm_engine_t *r);
 int engine_all_stages_ready(const swarm_engine_t *r);
 void engine_rebalance(swarm_engine_t *r);
 void engine_turn(swarm_engine_t *r);

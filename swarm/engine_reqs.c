@@ -162,8 +162,9 @@ void engine_req_done(swarm_engine_t *r, req_t *q)
     if (pe->inflight > 0)
         pe->inflight--;
     pe->held_thirds -= q->thirds;
-    if (q->kind == R_FWD || q->kind == R_BWD) {
+    if (engine_req_computes(q->kind))
         pe->worked_at = r->now_ms;
+    if (q->kind == R_FWD || q->kind == R_BWD) {
         pe->held_kind[q->kind == R_BWD]--;
         if (pe->working > 0 && --pe->working == 0)
             pe->busy_s += (double) (r->now_ms - pe->busy_from) / 1000.0;

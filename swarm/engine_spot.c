@@ -97,6 +97,7 @@ static int s_spot_same(const swarm_engine_t *r, const spot_t *c, int x, int y)
 void engine_step_restart(swarm_engine_t *r, const char *why)
 {
     engine_warn(r, "swarm router: step %ld: starting the step over (%s)\n", r->step, why);
+    engine_work_forgotten(r);
     for (int i = 0; i < r->req_slots; i++) {
         req_t *q = engine_req_at(r, i);
         if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY))

@@ -139,6 +139,19 @@ else
     echo "skip churn from real traces: no $TRACES (the project's shared data)"
 fi
 
+# churn 20 times faster than the trace, over 300 peers of a volunteer mix:
+# a stage loses every replica in the first step, and the nodes reloading
+# the checkpoint still hold the compute the rollback forgot (found by the
+# sim: a STATE queued behind it missed its deadline, an honest peer banned)
+if [ -d "$TRACES" ]; then
+    sim_ok "churn 20x faster over 300 peers: a rollback in the first step" \
+        --peers 300 --stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 16 \
+        --batch 4800 --iters 1 --eval-every 0 --save-every 50 --speeds 25x6,50x6,100x6,1000,2000 \
+        --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1 \
+        --churn "$TRACES/oobleck-g4dn.csv" --churn-scale 20
+    grep -q "| rollbacks [1-9]" "$TMP/sim.out" || bad "no rollback: $(grep "^sim |" "$TMP/sim.out")"
+fi
+
 # numeric: the node's real code through kills, checked against swarm train
 tiny_reference 40 1e-3 8
 # shellcheck disable=SC2086

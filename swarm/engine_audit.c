@@ -156,6 +156,8 @@ static void s_audit_feed(swarm_engine_t *r, int t)
 {
     audit_t *a = &r->peers[t].audit;
     int s = r->peers[t].stage, v = a->by[a->n - 1], last = s == r->stages - 1;
+    if (a->abandoned)
+        return;
     while (a->inflight < AUDIT_INFLIGHT && a->next < r->G) {
         net_msg_t *m = last ? engine_fwd_msg(r, a->next, s) : engine_bwd_msg(r, a->next, s);
         if (m && engine_meta_add(m, "audit=1") != 0)
@@ -353,6 +355,8 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     int s = q->stage, t = r->peers[q->peer].audit_of;
     engine_work_done(r, q); // work like any other: its speed counts it
     a->inflight--;
+    if (a->abandoned)
+        return;
     const mb_t *b = &r->mbs[q->mb];
     size_t n = engine_acts_count(r);
     if (s > 0 && b->dx_peer[s] == t && b->dy[s - 1]) {
@@ -404,6 +408,10 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         return; // stale
     int t = r->peers[q->peer].audit_of, s = q->stage;
     const peer_t *pt = &r->peers[t];
+    if (a->abandoned) {
+        s_audit_end(r, t); // its verifier's node has closed it: free for another
+        return;
+    }
     int agree = !a->dx_bad && e->reply.samples == engine_share(r, t, s)
                 && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     a->agree[a->n - 1] = agree;
@@ -434,19 +442,25 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     s_audit_verdict(r, t, a->agree[1] ? a->by[0] : t);
 }
 
-// Target t is dead: its audit is given up, and its verifier freed (the
-// requests it still has out answer nothing: s_audit_by). The step's update
-// no longer waits for it (engine_audits_open counts ready targets), so an
-// audit left running would go on into the next step and feed a verifier
-// that may have moved stage since (the sim found that at 300 peers under
-// churn: an honest verifier refused a stage it no longer served, banned).
+// Target t is dead. Its audit is given up (counted as lost); the step's
+// update no longer waits for it (engine_audits_open counts ready targets).
+// One not started ends here. An open one sends nothing more, and its
+// verifier stays taken until the audit's STEP audit=1 answers, or to the
+// step's end when that was not sent yet: its node holds the part of the
+// share it was sent, which another audit in the same step would add to
+// (the sim found an honest verifier contradicted that way), and a feed
+// that went on into the next step reached a node already past it (which
+// refused: an audit before it sent its own sum).
 void engine_audit_target_gone(swarm_engine_t *r, int t)
 {
     audit_t *a = &r->peers[t].audit;
-    if (!a->want || a->done)
+    if (!a->want || a->done || a->abandoned)
         return;
     r->audit_lost++;
-    s_audit_end(r, t);
+    if (!a->open)
+        s_audit_end(r, t);
+    else
+        a->abandoned = 1;
 }
 
 // Verifier p is gone (dead, or a request to it could not be sent) before

@@ -469,6 +469,12 @@ void engine_rebalance(swarm_engine_t *r)
             views[q].tok_s = engine_bound_speed(pe); // (else the checked measure)
         if (pe->state == P_READY && pe->samples < 1)
             views[q].moved_at = now;
+        // nor one still computing (an audit that runs on past its step, its
+        // target dead): its node serves that at the stage it is leaving,
+        // and the audit would feed it there after the move (the sim found
+        // an honest verifier refusing it, banned)
+        if (pe->audit_of >= 0 || pe->held_thirds > 0)
+            views[q].moved_at = now;
     }
     for (int s = 0; s < r->stages; s++)
         cost[s] = r->stage_cost[s], move_s[s] = s_move_s(r, s);

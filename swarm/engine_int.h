@@ -51,6 +51,7 @@ typedef struct {
     int inflight;            // the current verifier's requests not answered yet
     int asked_sum;           // its STEP audit=1 is sent
     int dx_bad;              // an input gradient (or the last stage's loss) differed
+    int abandoned;           // its target died: nothing more is sent, nothing judged
 } audit_t;
 
 typedef struct engine_history engine_history_t;

@@ -79,14 +79,20 @@ void engine_window_update(swarm_engine_t *r)
 // while evaluating. Each owing peer holds it in owed[] (2 thirds of a
 // micro-batch's work: the router prefers to send the BWD there, where the
 // activations are).
-static void s_owes(swarm_engine_t *r, mb_t *b, int sign)
+static int s_owing(const swarm_engine_t *r, const mb_t *b)
 {
     int S = r->stages;
-    if (sign > 0) {
-        int owes = r->evaluating || b->stage < 0 || b->stage >= S ? 0
-                 : b->backward ? b->stage : b->stage + 1;
-        b->owes = owes < S - 1 ? owes : S - 1;
-    }
+    int owes = r->evaluating || b->stage < 0 || b->stage >= S ? 0
+             : b->backward ? b->stage : b->stage + 1;
+    return owes < S - 1 ? owes : S - 1;
+}
+
+// Micro-batch b's part in owed[] added (sign 1, at its place now) or taken
+// away (-1).
+static void s_owes(swarm_engine_t *r, mb_t *b, int sign)
+{
+    if (sign > 0)
+        b->owes = s_owing(r, b);
     for (int k = 0; k < b->owes; k++)
         r->owed[b->fwd_peer[k]] += 2 * sign;
     if (sign < 0)
@@ -127,9 +133,7 @@ int engine_mb_recount(const swarm_engine_t *r)
         const mb_t *b = &r->mbs[i];
         count[engine_mb_place(S, b->stage, b->backward)]++;
         bad |= b->stage == -1 && !b->in[0] && i < r->mb_next;
-        int owes = r->evaluating || b->stage < 0 || b->stage >= S ? 0
-                 : b->backward ? b->stage : b->stage + 1;
-        bad |= b->owes != (owes < S - 1 ? owes : S - 1);
+        bad |= b->owes != s_owing(r, b);
         for (int k = 0; k < b->owes; k++)
             owed[b->fwd_peer[k]] += 2;
         queued += b->retry_kind != 0;

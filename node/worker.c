@@ -80,10 +80,12 @@ net_msg_t *node_worker_error(const net_msg_t *req, const char *reason)
     return msg;
 }
 
-static net_msg_t *s_checksum_reply(node_worker_t *w, const net_msg_t *req, char hex[65])
+// A RESULT carrying the parameters' checksum, hex (node_stage_checksum's:
+// hashing a stage's parameters takes about a millisecond a megabyte, on the
+// step's critical path, so each update hashes them once).
+static net_msg_t *s_checksum_reply(const net_msg_t *req, const char hex[65])
 {
     char meta[80];
-    node_stage_checksum(w->stage, hex);
     snprintf(meta, sizeof meta, "checksum=%s", hex);
     net_msg_t *msg = s_msg_reply(req, NET_MSG_RESULT);
     node_meta_set(msg, meta);
@@ -532,7 +534,7 @@ static int s_on_update(node_worker_t *w, const net_msg_t *req, net_msg_t **reply
         return rc;
     rc = s_apply(w, &opt, hex, err, n);
     if (rc == 0)
-        *reply = s_checksum_reply(w, req, hex);
+        *reply = s_checksum_reply(req, hex);
     return rc;
 }
 
@@ -576,7 +578,8 @@ static int s_on_state(node_worker_t *w, const net_msg_t *req, net_msg_t **reply,
     w->grad_sent = w->audit_step = -1;
     w->step = (long) h->step;
     w->ready = 1;
-    *reply = s_checksum_reply(w, req, hex);
+    node_stage_checksum(w->stage, hex);
+    *reply = s_checksum_reply(req, hex);
     s_say(w, "stage %d: state loaded at step %ld, checksum %.16s", node_stage_index(w->stage),
           w->step, hex);
     return 0;

@@ -1145,6 +1145,9 @@ int main(void)
     tcase_add_test(tc, test_upload_download_zero_and_host_ptr_round_trip);
     suite_add_tcase(s, tc);
     tc = tcase_create("open");
+    // opening the CUDA plugin loads cuBLAS (libcublasLt alone is 540 MB): 2-4 s
+    // from disk on a machine without a GPU, past Check's default 4 s
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_open_cpu_and_auto_give_the_cpu_backend);
     tcase_add_test(tc, test_open_unknown_devices_fail_naming_the_flag_value);
     tcase_add_test(tc, test_open_cuda_without_a_plugin_says_so_and_what_to_do);

@@ -418,34 +418,6 @@ static int s_apply(node_worker_t *w, const node_adamw_t *opt, char hex[65], char
     return 0;
 }
 
-// STEP apply=1: this node is its stage's only replica and the last to
-// finish the step, so it applies the update at once instead of waiting a
-// round trip for UPDATE (docs/swarm.md, "The last stage to finish applies
-// its own update"). others= is the other stages' sum of squares and clip=
-// the bound on the global norm: the clip factor is the one the router forms
-// from the same two numbers; lr, wd and t as in UPDATE. The reply carries
-// the checksum after the update.
-static int s_step_apply(node_worker_t *w, const net_msg_t *req, double sumsq, net_msg_t *reply,
-                        char *err, size_t n)
-{
-    double others = 0.0, clip = 0.0;
-    node_adamw_t opt;
-    char hex[65];
-    int rc = worker_meta_double(req, "others", 0.0, 1e300, &others, err, n);
-    if (rc == 0)
-        rc = worker_meta_double(req, "clip", 0.0, 1e30, &clip, err, n);
-    if (rc == 0)
-        rc = s_update_opts(w, req, 0, &opt, err, n);
-    w->norm_only = 0; // no UPDATE follows
-    if (rc != 0)
-        return rc;
-    opt.grad_scale = node_clip_scale(sqrt(others + sumsq), (float) clip);
-    rc = s_apply(w, &opt, hex, err, n);
-    if (rc == 0)
-        node_meta_add(reply, "checksum=%s", hex);
-    return rc;
-}
-
 static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, char *err, size_t n)
 {
     int rc = worker_check_request(w, req, 1, err, n);
@@ -476,7 +448,7 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
     if (rc != 0)
         return rc;
     uint32_t dims[1] = { (uint32_t) node_stage_param_count(w->stage) };
-    char meta[96], only[8], apply[8];
+    char meta[96], only[8];
     // the only replica of its stage keeps its gradient: the router needs
     // just its sum of squares (for the global norm), and UPDATE brings none
     w->norm_only = !auditing && net_msg_meta_get(req, "norm_only", only, sizeof only) == 0
@@ -485,6 +457,7 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
                                              node_stage_param_count(w->stage)) : 0.0;
     if (worker_lying(w, NODE_LIE_SUMSQ))
         sumsq = 1e300; // a norm that clips every stage's update to nothing
+    w->sumsq = sumsq;
     if (w->norm_only)
         snprintf(meta, sizeof meta, "samples=%ld\nsumsq=%a", w->samples, sumsq);
     else
@@ -493,9 +466,6 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
         w->grad_sent = w->step;
     *reply = s_msg_reply(req, NET_MSG_GRAD);
     node_meta_set(*reply, meta);
-    if (w->norm_only && net_msg_meta_get(req, "apply", apply, sizeof apply) == 0
-        && !strcmp(apply, "1"))
-        return s_step_apply(w, req, sumsq, *reply, err, n);
     if (w->norm_only)
         return 0;
     const float *g = node_stage_grads(w->stage);
@@ -523,10 +493,20 @@ static int s_on_update(node_worker_t *w, const net_msg_t *req, net_msg_t **reply
     int rc = worker_check_request(w, req, 1, err, n);
     int keep = w->norm_only; // apply our own gradient, kept since STEP
     w->norm_only = 0;
+    // others= (only with our own gradient): the router sent this UPDATE
+    // right behind the STEP, before it knew our sum of squares, and the
+    // clip factor is formed here from the same two numbers as there
+    char others_text[8];
+    int own_clip = keep && net_msg_meta_get(req, "others", others_text, sizeof others_text) != -ENOENT;
+    double others = 0.0, clip = 0.0;
     if (rc == 0)
         rc = worker_count_check(req, keep ? 0 : 1, err, n);
+    if (rc == 0 && own_clip && (rc = worker_meta_double(req, "others", 0.0, 1e300, &others, err, n)) == 0)
+        rc = worker_meta_double(req, "clip", 0.0, 1e30, &clip, err, n);
     if (rc == 0)
-        rc = s_update_opts(w, req, 1, &opt, err, n);
+        rc = s_update_opts(w, req, !own_clip, &opt, err, n); // else scale=
+    if (rc == 0 && own_clip)
+        opt.grad_scale = node_clip_scale(sqrt(others + w->sumsq), (float) clip);
     if (rc == 0 && !keep
         && (rc = worker_grad_get(w, req, 0, node_stage_grads(w->stage), err, n)))
         node_stage_grads_zero(w->stage); // a half-copied sum must not mix with new work

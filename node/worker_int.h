@@ -40,6 +40,7 @@ struct node_worker_s {
     long samples;                          // micro-batches accumulated since UPDATE
     long samples_total;                    // micro-batches of gradient computed here, all steps
     int norm_only;                         // the last STEP asked only for the sum of squares
+    double sumsq;                          // the sum of squares that STEP answered
     long grad_sent;                        // the step whose gradient sum STEP sent, -1 none
     long audit_step;                       // the step an audit recomputes into the gradient
                                            // buffer (its own sum sent), -1 none

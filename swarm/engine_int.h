@@ -265,7 +265,7 @@ typedef struct {
     uint64_t seed;           // the data order
     int eval_iters;          // batches an evaluation averages per split
     double weight_decay;     // AdamW's, sent with each update
-    double grad_clip;        // the global norm's bound, sent with STEP apply=1
+    double grad_clip;        // the global norm's bound, sent to a stage applying its own update
 } engine_hparams_t;
 
 typedef struct {
@@ -345,7 +345,7 @@ struct swarm_engine_s {
     int pending;             // STEP or UPDATE replies still to come
     int update_pending;      // replies to an UPDATE the next step did not wait for
     long update_step;        // the step that UPDATE closed
-    int self_peer;           // applying step self_step's update itself (STEP apply=1), -1 none
+    int self_peer;           // applying step self_step's update itself (s_step_apply_ask), -1 none
     long self_step;          // that step
     double self_others;      // the other stages' sum of squares it was sent
     double self_lr;          // that step's learning rate

@@ -96,7 +96,7 @@ static size_t s_doubled(size_t first, size_t n)
 //   STEP, or a waited-for UPDATE, or DISCARD   one a peer
 //   UPDATE the next step does not wait for     one a peer
 //   a joiner's state (STATE_GET, then STATE)   one a peer (a joiner's counts)
-//   STEP apply=1 1, a checkpoint's STATE_GET S (one a stage)
+//   a stage's own update's STEP   1, a checkpoint's STATE_GET S (one a stage)
 // (probes are HEARTBEATs, not requests.)
 static size_t s_requests_max(const swarm_engine_t *r, size_t peers)
 {

@@ -209,10 +209,6 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
     case R_VERIFY:
         return s == S - 1 ? s_check_loss(e, why, wn) : s_check_values(r, m, 0, x_n, s, 0, why, wn);
     case R_STEP:
-        if (q->mb == MB_APPLY && !y->has_checksum) {
-            snprintf(why, wn, "sent no parameter checksum after applying its update");
-            return -EPROTO;
-        }
         return s_check_grad(r, q, e, why, wn);
     case R_AUDIT:
         if (s == S - 1 && s_check_loss(e, why, wn) != 0)

@@ -100,7 +100,9 @@ void engine_step_restart(swarm_engine_t *r, const char *why)
     engine_work_forgotten(r);
     for (int i = 0; i < r->req_slots; i++) {
         req_t *q = engine_req_at(r, i);
-        if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY))
+        // but the last step's: a stage applying its own update, and the
+        // UPDATEs the step did not wait for (their checksums still count)
+        if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY) && !(q->kind == R_UPDATE && q->mb == 1))
             engine_req_done(r, q); // their answers are stale now (not the last step's)
     }
     engine_mbs_clear(r);

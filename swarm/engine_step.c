@@ -318,16 +318,18 @@ void engine_step_update(swarm_engine_t *r)
 }
 
 // Stage 0 is the last to finish a step and has one replica, and every
-// other stage's gradients are in: that replica is sent the others' sum of
-// squares with its STEP and applies the update itself (STEP apply=1), and
-// the next step starts at once, behind it. The other stages get their
-// UPDATE when its norm comes back (engine_on_applied), before any work of the
-// next step reaches them: that work starts at this replica, and reaches
-// stage 1 only in reply to a FWD queued behind the STEP. Any other stage
-// finishing last (its work redone after a replica died) takes the
-// ordinary STEP: the next step's first forwards would reach stage 0
-// before its UPDATE. Over links of 50 ms this saves the round trip from
-// stage 0 to the router and back at the end of every step (docs/swarm.md).
+// other stage's gradients are in: that replica is sent a norm-only STEP
+// and, right behind it, its UPDATE with the others' sum of squares in
+// place of the clip factor (it forms the factor from its own, as the
+// router would), and the next step starts at once, behind them. The other
+// stages get their UPDATE when its norm comes back (engine_on_applied),
+// while it applies its own, and before any work of the next step reaches
+// them: that work starts at this replica, and reaches stage 1 only in
+// reply to a FWD queued behind the UPDATE. Any other stage finishing last
+// (its work redone after a replica died) takes the ordinary STEP: the
+// next step's first forwards would reach stage 0 before its UPDATE. Over
+// links of 50 ms this saves the round trip from stage 0 to the router and
+// back at the end of every step (docs/swarm.md).
 // 1 when stage s (all its work sent, every forward through) should finish
 // the step so, -1 when it should wait for the others' sums still coming,
 // 0 when it takes the ordinary STEP.
@@ -359,12 +361,20 @@ static void s_step_apply_ask(swarm_engine_t *r, int s)
         p++; // s_apply_here: there is one
     double others = s_grad_reduce(r); // stage s's is not in: the others'
     double lr = r->io.lr_at(r->io.ctx, r->step);
-    char meta[256];
-    snprintf(meta, sizeof meta, "norm_only=1\napply=1\nothers=%a\nclip=%a\nlr=%a\nwd=%a\nt=%ld\n",
-             others, r->hp.grad_clip, lr, r->hp.weight_decay, r->step + 1);
-    net_msg_t *m = engine_step_msg(r, s, meta);
+    net_msg_t *m = engine_step_msg(r, s, "norm_only=1\n");
     if (!m || engine_send(r, p, &m, R_STEP, MB_APPLY, s) != 0)
         return; // it is gone: the stage is empty, and the swarm rolls back
+    char meta[256];
+    snprintf(meta, sizeof meta, "others=%a\nclip=%a\nlr=%a\nwd=%a\nt=%ld\n", others,
+             r->hp.grad_clip, lr, r->hp.weight_decay, r->step + 1);
+    m = net_msg_new(NET_MSG_UPDATE);
+    net_msg_head(m)->step = (uint64_t) r->step;
+    net_msg_head(m)->stage = (uint32_t) s;
+    if (engine_meta(m, "%s", meta) != 0 || engine_send(r, p, &m, R_UPDATE, 1, s) != 0) {
+        net_msg_destroy(&m);
+        return; // gone too (engine_send sent nothing), or no room for the meta
+    }
+    r->update_pending++; // its checksum, compared with nobody's, is in when it answers
     if (!r->self_told) {
         engine_say(r, "swarm router: step %ld: stage %d's only replica applies its own update at the end "
                    "of each step it finishes last (one round trip less)\n", r->step, s);
@@ -435,14 +445,13 @@ void engine_step_micro(swarm_engine_t *r)
     r->phase = PH_GRAD;
 }
 
-// The reply to STEP apply=1: that replica has updated; the others get
-// their UPDATE with the clip factor formed from the same two numbers.
+// The reply to the STEP of a stage that applies its own update: its
+// UPDATE is on its way; the others get theirs with the clip factor formed
+// from the same two numbers.
 int engine_on_applied(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
-    peer_t *pe = &r->peers[q->peer];
-    double sumsq = e->reply.sumsq; // checked, as its checksum
-    memcpy(pe->checksum, e->reply.checksum, sizeof pe->checksum);
-    pe->updated = pe->state == P_READY;
+    (void) q;
+    double sumsq = e->reply.sumsq; // checked
     float scale = r->io.clip_scale(r->io.ctx, sqrt(r->self_others + sumsq));
     r->self_peer = -1;
     r->update_step = r->self_step;

@@ -59,6 +59,7 @@ typedef struct {
     float *grad;             // [max_stage_n] its gradient sum since the last update
     int *count;              // [G] times each micro-batch of the step went into grad
     int norm_only;           // its STEP said norm_only=1: it keeps grad for UPDATE
+    double sumsq;            // the sum of squares its last STEP answered
     float *audit;            // [max_stage_n] another replica's share recomputed (audit=1)
     int audit_n;             // micro-batches in it
     long audit_step;         // the step it is of, -1 none

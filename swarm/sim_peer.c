@@ -336,16 +336,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             sumsq = 1e300; // a norm that clips every stage's update to nothing
         char meta[128];
         snprintf(meta, sizeof meta, "samples=%d\nsumsq=%a\n", s_samples(s, pe), sumsq);
-        if (pe->norm_only && s_meta_is(req, "apply")) {
-            if (s_exactly_once(s, pe, pe->count, pe->step) == 0) {
-                double scale = s->model.clip_scale(s->model.ctx, sqrt(s_meta_num(req, "others") + sumsq));
-                s_apply(pe, pe->grad, n, (long) s_meta_num(req, "t"), scale);
-            }
-            memset(pe->count, 0, (size_t) s->G * sizeof(int));
-            pe->norm_only = 0;
-            s_add_checksum(pe, r, meta);
-            return r;
-        }
+        pe->sumsq = sumsq;
         if (pe->norm_only) {
             if (net_msg_set_meta(r, meta) != 0)
                 abort();
@@ -360,6 +351,10 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
     if (h->type == NET_MSG_UPDATE) {
         long t = (long) s_meta_num(req, "t");
         double scale = s_meta_num(req, "scale");
+        char others[64];
+        if (pe->norm_only && net_msg_meta_get(req, "others", others, sizeof others) == 0)
+            // sent right behind its STEP: the clip factor formed here, as a node does
+            scale = s->model.clip_scale(s->model.ctx, sqrt(strtod(others, NULL) + pe->sumsq));
         if (pe->norm_only) {
             if (s_exactly_once(s, pe, pe->count, pe->step) == 0)
                 s_apply(pe, pe->grad, n, t, scale);

@@ -97,21 +97,19 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
         w->died[w->ndied++] = w->now;
         return e;
     }
-    int apply = t == NET_MSG_STEP && s_flag(req, "apply");
     int discard = t == NET_MSG_STEP && s_flag(req, "discard");
     // a gradient sum says how many micro-batches it holds, as a node's does
     if (t == NET_MSG_BWD || (t == NET_MSG_FWD && last && !s_flag(req, "eval")))
         w->acc[i]++;
     char samples[32];
     snprintf(samples, sizeof samples, "samples=%d\n", w->acc[i]);
-    if (discard || t == NET_MSG_UPDATE || t == NET_MSG_STATE || apply)
+    if (discard || t == NET_MSG_UPDATE || t == NET_MSG_STATE)
         w->acc[i] = 0;
     net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
                                  : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
     if (t == NET_MSG_FWD || t == NET_MSG_BWD)
         s_add(a, s_ones, acts, 3);
     const char *meta = t == NET_MSG_FWD && last ? "loss=1.5"
-                     : apply ? "sumsq=0\n" CHECKSUM
                      : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? "sumsq=0"
                      : t == NET_MSG_UPDATE || t == NET_MSG_STATE ? CHECKSUM : NULL;
     char text[160];

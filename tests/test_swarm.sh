@@ -146,7 +146,7 @@ fi
 KEEP=1 TMPDIR="$TMP" timeout 120 sh scripts/local-swarm.sh --build "$BUILD" -n 2 -s 2 --steps 20 $TINY \
     --loss-log "$TMP/single.txt" >"$TMP/local.log" 2>&1
 rc=$?
-# one replica a stage: stage 0 applies its own update (STEP apply=1)
+# one replica a stage: stage 0 applies its own update (its UPDATE sent right behind its STEP)
 if clean_run $rc "$TMP/local.log" \
     && grep -q "stage 0's only replica applies its own update" "$TMP/local.log" \
     && losses_match "$TMP/single.txt" "$TMP/train.txt" 20; then

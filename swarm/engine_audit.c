@@ -8,7 +8,7 @@
 // ---- the norm bound ----------------------------------------------------------
 
 // A stage's gradient sums are judged by their norm per micro-batch against
-// the median of the last AUDIT_NORMS accepted ones of the stage (norm-only
+// the median of the last BOUND_WINDOW accepted ones of the stage (norm-only
 // sums of squares count as the same quantity). Above NORM_CEIL times the
 // median, or below the median over NORM_FLOOR, a sum fails; only sums
 // within NORM_LEARN of the median are learned from, so a liar cannot walk
@@ -26,19 +26,22 @@
 #define NORM_ALONE 1e6
 #define NORM_LEARN 4.0
 
-static double s_norm_median(const swarm_engine_t *r, int s)
+void engine_bound_learn(engine_bound_t *b, double x, double band)
 {
-    int n = r->norms_n[s] < AUDIT_NORMS ? (int) r->norms_n[s] : AUDIT_NORMS;
-    double v[AUDIT_NORMS];
-    for (int i = 0; i < n; i++)
-        v[i] = r->norms[s][i];
-    for (int i = 1; i < n; i++) // insertion sort: AUDIT_NORMS values
+    if (!(x > 0.0 && isfinite(x))
+        || (engine_bound_known(b) && !(x <= band * b->median && x >= b->median / band)))
+        return; // zeros never: a median of 0 would fail every honest value
+    b->v[b->n++ % BOUND_WINDOW] = x;
+    int n = b->n < BOUND_WINDOW ? (int) b->n : BOUND_WINDOW;
+    double v[BOUND_WINDOW];
+    memcpy(v, b->v, (size_t) n * sizeof *v);
+    for (int i = 1; i < n; i++) // insertion sort: BOUND_WINDOW values
         for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
             double t = v[j];
             v[j] = v[j - 1];
             v[j - 1] = t;
         }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    b->median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // A sum of `samples` micro-batches of stage s whose sum of squares is
@@ -54,16 +57,15 @@ int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, 
         return -EPROTO;
     }
     double norm = sqrt(sumsq) / (double) samples;
-    int known = r->norms_n[s] >= 4;
-    double med = known ? s_norm_median(r, s) : 0.0;
+    engine_bound_t *b = &r->norms[s];
+    double med = b->median;
     double ceil = alone ? NORM_ALONE : NORM_CEIL, floor = alone ? NORM_ALONE : NORM_FLOOR;
-    if (known && r->tensor_bound > 0 && (norm > ceil * med || norm < med / floor)) {
+    if (engine_bound_known(b) && r->tensor_bound > 0 && (norm > ceil * med || norm < med / floor)) {
         snprintf(why, wn, "sent a gradient sum of norm %.3g a micro-batch, %.3gx the stage's "
                  "median %.3g", norm, med > 0 ? norm / med : INFINITY, med);
         return -ERANGE;
     }
-    if (!known || (norm <= NORM_LEARN * med && norm >= med / NORM_LEARN))
-        r->norms[s][r->norms_n[s]++ % AUDIT_NORMS] = norm;
+    engine_bound_learn(b, norm, NORM_LEARN);
     return 0;
 }
 

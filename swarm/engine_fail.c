@@ -135,7 +135,7 @@ static void s_rollback(swarm_engine_t *r, int s)
     engine_refill_all(r, 1); // every empty stage takes a spare replica of another, else waits
     // the gradient norms of the steps ahead of the checkpoint say nothing of
     // the steps the swarm runs again (early ones are larger)
-    memset(r->norms_n, 0, sizeof r->norms_n);
+    memset(r->norms, 0, sizeof r->norms);
     engine_work_forgotten(r);
     for (int i = 0; i < r->req_slots; i++)
         if (engine_req_at(r, i)->id)

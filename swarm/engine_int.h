@@ -36,9 +36,18 @@ static inline int engine_req_computes(int kind)
 // in forward at stage s, 2 + S through, 3 + S + s in backward at stage s.
 #define MB_PLACES (2 * SWARM_MAX_STAGES + 3)
 
+// What a stage's tensors (their RMS) and gradient sums (their norm a
+// micro-batch) are judged by: the median of the last BOUND_WINDOW values
+// accepted and learned from (engine_bound_*, engine_audit.c).
+#define BOUND_WINDOW 32
+typedef struct {
+    double v[BOUND_WINDOW];  // a ring of learned values
+    long n;                  // learned, all told (< 4: no bound yet)
+    double median;           // of the ring, remade at each value learned
+} engine_bound_t;
+
 // An audit of one replica's gradient sum (engine_audit.c), kept in the
 // target's entry.
-#define AUDIT_NORMS 32       // accepted norms a stage's bound is the median of
 typedef struct {
     int want;                // drawn: its sum of this step is to be recomputed
     int forced;              // whatever the draw (engine_audit_force)
@@ -371,9 +380,8 @@ struct swarm_engine_s {
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
-    double rms[2][SWARM_MAX_STAGES]; // running RMS of each stage's outputs (0) and input gradients (1)
-    long rms_n[2][SWARM_MAX_STAGES]; // tensors it has seen
-    double tensor_bound;     // --tensor-bound: RMS above this times the running RMS fails
+    engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of each stage's outputs (0) and input gradients (1)
+    double tensor_bound;     // --tensor-bound: RMS above this times the median, or below it over this, fails
     uint64_t secret;         // the key of the checks' draws (spot checks, audits): no peer's
     double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
@@ -387,8 +395,7 @@ struct swarm_engine_s {
     int audit_caught;        // of them, a liar expelled
     int audit_undecided;     // disputes no third replica could decide (the step redone)
     int audit_lost;          // given up: the verifier died
-    double norms[SWARM_MAX_STAGES][AUDIT_NORMS]; // accepted gradient norms a micro-batch
-    long norms_n[SWARM_MAX_STAGES]; // of each stage, all told
+    engine_bound_t norms[SWARM_MAX_STAGES]; // gradient norms a micro-batch of each stage
     int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
     double verify;           // --verify: fraction of FWDs re-run on a second replica
     int spot_checks;         // FWDs verified
@@ -529,6 +536,13 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_spot_lost(swarm_engine_t *r, const req_t *q);
 // Start the current step over: every replica drops what it accumulated.
 void engine_step_restart(swarm_engine_t *r, const char *why);
+// The bound has a median to judge by (4 values learned or more).
+static inline int engine_bound_known(const engine_bound_t *b)
+{
+    return b->n >= 4;
+}
+// Learn x > 0: within `band` times the median, or any while none is known.
+void engine_bound_learn(engine_bound_t *b, double x, double band);
 int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, int alone,
                           char *why, size_t wn);
 int engine_share(const swarm_engine_t *r, int p, int s);

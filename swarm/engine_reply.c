@@ -96,8 +96,13 @@ static int s_check_finite(const net_msg_t *m, int i, float *dst, size_t n, const
 }
 
 // Tensor i of m: n finite values whose RMS is within --tensor-bound times
-// the running RMS of what stage s sent that way (dir 0 forward, 1 backward);
-// the running RMS learns from accepted tensors. 0, or -EPROTO and why.
+// the median RMS of what stage s sent that way (dir 0 forward, 1 backward),
+// either way: neither 100x larger nor 100x smaller (zeros), by default. The
+// median is of the last BOUND_WINDOW accepted tensors within RMS_LEARN of
+// it, so a liar sending tensors just inside the bound cannot walk it up
+// (or down); the first 4 of a stage are judged by nothing but finiteness
+// (and spot checks). 0, or -EPROTO and why.
+#define RMS_LEARN 4.0
 static int s_check_values(swarm_engine_t *r, const net_msg_t *m, int i, size_t n, int s, int dir,
                           char *why, size_t wn)
 {
@@ -107,13 +112,14 @@ static int s_check_values(swarm_engine_t *r, const net_msg_t *m, int i, size_t n
     for (size_t j = 0; j < n; j++)
         sumsq += (double) r->scratch[j] * r->scratch[j];
     double rms = sqrt(sumsq / (double) (n ? n : 1));
-    double *run = &r->rms[dir][s];
-    if (r->rms_n[dir][s] >= 8 && r->tensor_bound > 0 && rms > r->tensor_bound * *run) {
-        snprintf(why, wn, "sent a tensor of RMS %.3g, %.0fx the stage's running %.3g", rms,
-                 rms / *run, *run);
+    engine_bound_t *b = &r->rms[dir][s];
+    double k = r->tensor_bound, med = b->median;
+    if (engine_bound_known(b) && k > 0 && (rms > k * med || rms < med / k)) {
+        snprintf(why, wn, "sent a tensor of RMS %.3g, %.3gx the stage's median %.3g", rms,
+                 rms / med, med);
         return -EPROTO;
     }
-    *run = r->rms_n[dir][s]++ ? 0.95 * *run + 0.05 * rms : rms;
+    engine_bound_learn(b, rms, RMS_LEARN);
     return 0;
 }
 

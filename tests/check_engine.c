@@ -51,6 +51,10 @@ typedef struct {
     unsigned char mute[ANSWER_KEYS];   // peer i answers nothing (stalled; connected)
     unsigned char mute_state[ANSWER_KEYS]; // peer i answers no STATE_GET (a checkpoint's read)
     int acc[ANSWER_KEYS];        // micro-batches peer i accumulated since its last update
+    unsigned char lying[ANSWER_KEYS]; // peer i's activations are ones times scale[i], which
+    double scale[ANSWER_KEYS];   // grows walk[i]-fold with each one it sends
+    double walk[ANSWER_KEYS];
+    int lies[ANSWER_KEYS];       // activations peer i sent so
     int live;                    // peers connected
     int64_t now;                 // ms, of the round
     int64_t died[ANSWER_KEYS];   // [ndied] when each peer that died did, in order
@@ -107,8 +111,18 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
         w->acc[i] = 0;
     net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
                                  : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
-    if (t == NET_MSG_FWD || t == NET_MSG_BWD)
+    if ((t == NET_MSG_FWD || t == NET_MSG_BWD) && w->lying[i]) {
+        float *x = malloc(sizeof s_ones);
+        ck_assert_ptr_nonnull(x);
+        for (size_t j = 0; j < sizeof s_ones / sizeof s_ones[0]; j++)
+            x[j] = (float) (s_ones[j] * w->scale[i]);
+        s_add(a, x, acts, 3);
+        free(x);
+        w->scale[i] = fmin(w->scale[i] * w->walk[i], 1e30); // finite, as a liar keeps them
+        w->lies[i]++;
+    } else if (t == NET_MSG_FWD || t == NET_MSG_BWD) {
         s_add(a, s_ones, acts, 3);
+    }
     const char *meta = t == NET_MSG_FWD && last ? "loss=1.5"
                      : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? "sumsq=0"
                      : t == NET_MSG_UPDATE || t == NET_MSG_STATE ? CHECKSUM : NULL;
@@ -795,6 +809,55 @@ START_TEST(test_engine_a_checkpoint_read_left_unanswered_is_failed)
 }
 END_TEST
 
+// A stage-0 replica, its spot checks and audits off, whose activations are
+// lies from step 20 on: each `walk` times the last, from `scale` times the
+// truth. It is banned by the RMS bound after at most `caught` of them, the
+// line naming it, and the swarm trains on. The number of lies before the
+// ban, or -1 when it was banned for another reason or not at all.
+static int s_liar_banned(double scale, double walk, int caught)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 6);
+    e->verify = 0.0;
+    e->audit_rate = 0.0;
+    s_rounds_to_step(&w, e, 20);
+    int liar = 1;
+    while (s_peer_of(e, liar)->stage != 0)
+        liar++;
+    w.lying[liar] = 1;
+    w.scale[liar] = scale;
+    w.walk[liar] = walk;
+    for (int round = 0; s_peer_of(e, liar)->state != P_DEAD && round < 20000; round++, w.now += 10)
+        s_round(&w, e);
+    char want[64];
+    snprintf(want, sizeof want, "(%s) sent a tensor of RMS", s_peer_of(e, liar)->name);
+    int lies = s_peer_of(e, liar)->state == P_DEAD && strstr(w.log, want) ? w.lies[liar] : -1;
+    ck_assert_msg(lies >= 1 && lies <= caught, "%d lies (scale %g, walk %g) before: %s", w.lies[liar],
+                  scale, walk, w.log);
+    long step = e->step;
+    s_rounds_to_step(&w, e, step + 10);
+    s_close(&w, &e);
+    return lies;
+}
+
+// A liar that walks the RMS bound up, each tensor 1.5x the last (always
+// within 100x of a running RMS that learned from each): refused once it is
+// 100x the stage's median, by its twelfth (1.5^12 = 130). It once walked on
+// unrefused to values of 1e30, and would have to infinity.
+START_TEST(test_engine_a_walk_up_the_rms_bound_is_refused)
+{
+    s_liar_banned(1.5, 1.5, 12);
+}
+END_TEST
+
+// Zeros (an activation of no size at all) are refused at the first, as
+// anything 100x below the stage's median RMS is; they once always passed.
+START_TEST(test_engine_zero_activations_are_refused)
+{
+    s_liar_banned(0.0, 1.0, 1);
+}
+END_TEST
+
 // A series past HIST_POINTS keeps every other point and a rollback cuts
 // it back; either way a cursor from before gets all of it again.
 START_TEST(test_engine_history_thins_and_rolls_back)
@@ -866,6 +929,8 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_a_tiny_claimed_speed_holds_no_step_for_long);
     tcase_add_test(tc, test_engine_a_checkpoint_read_left_unanswered_is_failed);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);
+    tcase_add_test(tc, test_engine_a_walk_up_the_rms_bound_is_refused);
+    tcase_add_test(tc, test_engine_zero_activations_are_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");
     tcase_add_test(tc, test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table);

@@ -31,10 +31,10 @@ typedef struct {
 // first time a BWD it is about to serve has a STEP queued behind it), so
 // that tests can watch the router cope. The swarm binary has no such flag.
 // The lies in what it computes are the worker's (NODE_LIE_*: nan, scale,
-// drift, shuffle, grad, sumsq, dx, state, gradinf); flood, speed and crash
-// are the daemon's own.
+// drift, shuffle, grad, sumsq, dx, state, gradinf, rmswalk, checksum);
+// flood, speed and crash are the daemon's own.
 enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE, MIS_CRASH,
-       MIS_GRAD, MIS_SUMSQ, MIS_DX, MIS_STATE, MIS_GRADINF };
+       MIS_GRAD, MIS_SUMSQ, MIS_DX, MIS_STATE, MIS_GRADINF, MIS_RMSWALK, MIS_CHECKSUM };
 
 void daemon_usage(FILE *out);
 // argv into o: 0, 1 for --help, or -EINVAL with a reason naming the flag.

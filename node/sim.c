@@ -26,7 +26,7 @@ typedef struct {
 } sim_flags_t;
 
 static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
-                                                    "grad", "sumsq", "dx", "state" };
+                                                    "grad", "sumsq", "dx", "state", "rmswalk" };
 
 static void s_help(FILE *out)
 {
@@ -73,7 +73,7 @@ static void s_help(FILE *out)
         "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
         "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx,\n"
-        "                     state\n"
+        "                     state, rmswalk\n"
         "                     (default: all of them)\n"
         "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
         "                     tiled over --peers (copies at phases of the trace)\n"
@@ -306,7 +306,8 @@ static void *s_node_open(void *ctx, int peer, int lie, long from)
     static const int lies[SIM_LIES] = { [SIM_LIE_NAN] = NODE_LIE_NAN,
         [SIM_LIE_SCALE] = NODE_LIE_SCALE, [SIM_LIE_DRIFT] = NODE_LIE_DRIFT,
         [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE, [SIM_LIE_GRAD] = NODE_LIE_GRAD,
-        [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX, [SIM_LIE_STATE] = NODE_LIE_STATE };
+        [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX, [SIM_LIE_STATE] = NODE_LIE_STATE,
+        [SIM_LIE_RMSWALK] = NODE_LIE_RMSWALK };
     (void) peer;
     node_worker_config_t c = { .be = ctx, .cache_mb = 512, .slowdown = 1.0 };
     node_worker_t *w = node_worker_new(&c);

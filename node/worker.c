@@ -397,9 +397,23 @@ static int s_update_opts(node_worker_t *w, const net_msg_t *req, int want_scale,
 // step count, and the parameters' checksum in hex. 0 or -errno.
 static int s_apply(node_worker_t *w, const node_adamw_t *opt, char hex[65], char *err, size_t n)
 {
+    float *params = node_stage_params(w->stage);
+    memcpy(params, w->lie_kept, w->lie_kept_n * sizeof(float)); // a checksum liar's true ones
+    w->lie_kept_n = 0;
     node_stage_adamw(w->stage, opt);
     if (worker_lying(w, NODE_LIE_DRIFT))
-        node_stage_params(w->stage)[0] += 1e-3f; // parameters that drift from its replicas'
+        params[0] += 1e-3f; // parameters that drift from its replicas'
+    int hidden = worker_lying(w, NODE_LIE_CHECKSUM);
+    if (hidden) {
+        // the checksum of the parameters its replicas hold, reported while
+        // it computes with the first of them 1% larger
+        node_stage_checksum(w->stage, hex);
+        w->lie_kept_n = node_stage_param_count(w->stage) < WORKER_LIE_KEPT
+                        ? node_stage_param_count(w->stage) : WORKER_LIE_KEPT;
+        memcpy(w->lie_kept, params, w->lie_kept_n * sizeof(float));
+        for (size_t j = 0; j < w->lie_kept_n; j++)
+            params[j] *= 1.01f;
+    }
     int rc = node_stage_params_changed(w->stage);
     node_stage_grads_zero(w->stage);
     s_slots_drop(w);
@@ -412,7 +426,8 @@ static int s_apply(node_worker_t *w, const node_adamw_t *opt, char hex[65], char
         snprintf(err, n, "cannot upload the parameters to %s: %s", w->c.be->device, strerror(-rc));
         return rc;
     }
-    node_stage_checksum(w->stage, hex);
+    if (!hidden)
+        node_stage_checksum(w->stage, hex);
     if (w->step % 10 == 0)
         s_say(w, "step %ld: updated, checksum %.16s", w->step, hex);
     return 0;
@@ -520,6 +535,7 @@ static int s_on_update(node_worker_t *w, const net_msg_t *req, net_msg_t **reply
 
 static int s_state_load(node_worker_t *w, const net_msg_t *req, char *err, size_t n)
 {
+    w->lie_kept_n = 0; // what a checksum liar changed is replaced
     int rc = worker_count_check(req, 3, err, n);
     if (rc == 0)
         rc = worker_vector_get(w, req, 0, node_stage_params(w->stage), "parameters", err, n);

@@ -18,9 +18,13 @@
 // of 1e300 (sumsq), the true loss with its input gradient reversed (dx),
 // a stage state other than the one its checksum is of (state), a gradient
 // sum true but for one element of FLT_MAX, which overflows any fp16 sum
-// and, added to the others', every norm (gradinf).
+// and, added to the others', every norm (gradinf); activations and input
+// gradients each 1.5 times the size of the last (rmswalk: up a bound that
+// learned from each); the checksum of the parameters its replicas hold
+// while it computes with others (checksum).
 enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE,
-       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE, NODE_LIE_GRADINF };
+       NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE, NODE_LIE_GRADINF,
+       NODE_LIE_RMSWALK, NODE_LIE_CHECKSUM };
 
 typedef struct node_worker_s node_worker_t;
 

@@ -29,6 +29,8 @@ typedef struct {
     int grad_wire;            // NET_DTYPE_* of the gradient sums we send (meta grad_wire)
 } assign_t;
 
+#define WORKER_LIE_KEPT 4096 // parameters a checksum liar changes after each update
+
 struct node_worker_s {
     node_worker_config_t c;
     assign_t as;                           // what we were assigned
@@ -57,6 +59,9 @@ struct node_worker_s {
     double usual_s[3];                     // s: usual compute of a FWD, BWD, fused pair (0 = none yet)
     int lie;                               // NODE_LIE_*
     long lie_from;                         // the step it starts at
+    double lie_walk;                       // rmswalk: the next lie's factor (1 before the first)
+    float lie_kept[WORKER_LIE_KEPT];       // checksum: the true values of the parameters it
+    size_t lie_kept_n;                     // changed since its update, 0 none
 };
 
 // Whether w lies in this way now.

@@ -201,11 +201,16 @@ int worker_check_request(node_worker_t *w, const net_msg_t *req, int need_step, 
 
 // A lie about an activation: a NaN in it (sent raw, past the encoder's
 // check), every value 1000 times too large, the right values in the wrong
-// places (reversed: finite, of the right size, and wrong), or an input
-// gradient pointing the other way (of the same size: only an audit tells).
+// places (reversed: finite, of the right size, and wrong), an input
+// gradient pointing the other way (of the same size: only an audit tells),
+// or each tensor 1.5 times the size of the last lie (rmswalk).
 static int s_lie_acts(node_worker_t *w, net_msg_t *msg, const float *src, const uint32_t *dims)
 {
     float sign = worker_lying(w, NODE_LIE_DX) ? -1.0f : 1.0f;
+    if (worker_lying(w, NODE_LIE_RMSWALK)) {
+        w->lie_walk = w->lie_walk < 1.0 ? 1.5 : fmin(1.5 * w->lie_walk, 1e30); // finite
+        sign = (float) w->lie_walk;
+    }
     size_t count = (size_t) dims[0] * dims[1] * dims[2];
     float *lie = malloc(count * sizeof(float));
     if (!lie)
@@ -226,7 +231,7 @@ int worker_acts_add(node_worker_t *w, net_msg_t *msg, const float *src, const ch
 {
     uint32_t dims[3] = { (uint32_t) w->as.micro, (uint32_t) w->as.cfg.T, (uint32_t) w->as.cfg.C };
     if (worker_lying(w, NODE_LIE_NAN) || worker_lying(w, NODE_LIE_SCALE) || worker_lying(w, NODE_LIE_SHUFFLE)
-        || (worker_lying(w, NODE_LIE_DX) && !strcmp(what, "dx")))
+        || worker_lying(w, NODE_LIE_RMSWALK) || (worker_lying(w, NODE_LIE_DX) && !strcmp(what, "dx")))
         return s_lie_acts(w, msg, src, dims); // as f32, which the router decodes too
     int pow2 = 0, rc = net_tensor_add(msg, w->as.wire, dims, 3, src, &pow2);
     if (rc != 0)

@@ -60,6 +60,7 @@ typedef struct {
     int *count;              // [G] times each micro-batch of the step went into grad
     int norm_only;           // its STEP said norm_only=1: it keeps grad for UPDATE
     double sumsq;            // the sum of squares its last STEP answered
+    double walk;             // rmswalk: its last lie's factor (0 before the first)
     float *audit;            // [max_stage_n] another replica's share recomputed (audit=1)
     int audit_n;             // micro-batches in it
     long audit_step;         // the step it is of, -1 none

@@ -172,13 +172,26 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
 }
 
 // An activation-shaped tensor of ones (made once), or as a liar sends it:
-// with a NaN in it, 1000 times too large, or (an input gradient, dx) of
-// minus ones (raw f32, past the encoder's checks, as a lying node's).
-static void s_add_acts(sim_t *s, const sim_peer_t *pe, net_msg_t *m, int dx)
+// with a NaN in it, 1000 times too large, (an input gradient, dx) of
+// minus ones, or each 1.5 times the last (raw f32, past the encoder's
+// checks, as a lying node's).
+static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
     size_t n = (size_t) dims[0] * dims[1] * dims[2];
+    if (s_lying(pe, SIM_LIE_RMSWALK)) {
+        pe->walk = pe->walk > 0.0 ? fmin(1.5 * pe->walk, 1e30) : 1.5; // finite
+        float *x = malloc(n * sizeof(float));
+        if (!x)
+            abort();
+        for (size_t j = 0; j < n; j++)
+            x[j] = (float) pe->walk;
+        if (net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, x, n * sizeof(float)) != 0)
+            abort();
+        free(x);
+        return;
+    }
     int how = s_lying(pe, SIM_LIE_NAN) ? SIM_LIE_NAN : s_lying(pe, SIM_LIE_SCALE) ? SIM_LIE_SCALE
             : dx && s_lying(pe, SIM_LIE_DX) ? SIM_LIE_DX : 0;
     float **x = how ? &s->lies[how] : &s->ones;

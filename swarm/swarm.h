@@ -338,8 +338,8 @@ void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *ou
 // node does.
 typedef struct {
     void *ctx;
-    // a fresh node for sim peer `peer` that lies in way `lie` (SIM_LIE_*:
-    // nan, scale, drift or shuffle; 0 honest) from step `from`
+    // a fresh node for sim peer `peer` that lies in way `lie` (SIM_LIE_*;
+    // 0 honest) from step `from`
     void *(*open)(void *ctx, int peer, int lie, long from);
     // its answer to msg (ASSIGN, FWD, BWD, STEP, UPDATE, STATE, STATE_GET):
     // a reply, an ERROR saying why, or NULL for none
@@ -355,9 +355,10 @@ typedef struct {
 // that drift from its replicas' after each update, a speed 1000x its own,
 // a gradient sum pointing the other way, a norm-only sum of squares of
 // 1e300, input gradients pointing the other way, a state other than the one
-// its checksum is of (NODE_LIE_* of worker.h).
+// its checksum is of, activations each 1.5x the size of the last (a walk
+// up the RMS bound) (NODE_LIE_* of worker.h).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
-       SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIES };
+       SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIE_RMSWALK, SIM_LIES };
 
 // A churn trace (swarm_sim_churn_load): how many of its machines were up,
 // as a step function of time.

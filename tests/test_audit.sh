@@ -16,7 +16,10 @@
 # the final model are swarm train's. Fourth run, at the default --audit: a
 # replica's sum is true but for one element of FLT_MAX (gradinf): its norm
 # has it audited, it is expelled, and the 12 steps' losses are swarm
-# train's. Ends with "N passed, N failed".
+# train's. Fifth run, --audit 1: a replica reports its replicas' parameter
+# checksum while it computes with 1% larger parameters (checksum): consensus
+# cannot see it, an audit of its first sum expels it, and the 12 steps'
+# losses are swarm train's. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
@@ -166,5 +169,37 @@ expect gradinf "(returned|recomputed) a stage 0 gradient that two replicas contr
 head -n 12 "$TMP/train.txt" >"$TMP/train12.txt"
 check_losses "$TMP/swarm4.txt" "$TMP/train12.txt" 12 "with a sum of FLT_MAX"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 gradinf
+
+# ---- checksum: its replicas' checksum, other parameters ----
+# stage 0: the liar and two honest replicas, so a third decides; its lie
+# starts at its update into step 3, so step 3's sum is its first wrong one
+start_router "$TMP/router5.log" --min-nodes 5 --steps 12 --verify 0 --audit 1 \
+    --loss-log "$TMP/swarm5.txt"
+for n in honest12 honest13 honest14 honest15; do start_node "$log" $n "$SWARM"; done
+start_node "$log" checksum "$LIAR" --misbehave checksum@2
+wait_exit "$router" 240 || bad "router still running after 240 s"
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^summary | iters 12 " "$log"; then
+    ok "router finished 12 steps: $(grep -o 'checksum mismatches.*' "$log")"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+expect checksum "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
+    "a replica reporting its replicas' checksum while computing with other parameters is caught by an audit"
+if grep -q "(checksum) reports checksum" "$log"; then
+    bad "the checksum liar's checksum disagreed with its replicas': $(grep -m1 '(checksum) reports' "$log")"
+else
+    ok "its checksum agreed with its replicas' every step: consensus alone could not see it"
+fi
+at=$(grep "does not reproduce the gradient of .*(checksum)\|(checksum) does not reproduce" "$log" \
+    | head -n 1 | sed -n 's/^swarm router: step \([0-9]*\): .*/\1/p')
+if [ "$at" = 3 ]; then
+    ok "checksum is caught at the step of its first lie (step $at)"
+else
+    bad "checksum: first caught at step '${at:-never}', its first lie was at step 3"
+fi
+check_losses "$TMP/swarm5.txt" "$TMP/train12.txt" 12 "with a liar about its checksum"
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 checksum
 
 lib_done

@@ -1,10 +1,11 @@
 #!/bin/sh
-# test_hostile.sh BUILD - peers that lie, with real processes. Two honest
-# nodes (one per stage) train with five liars of the test-only build
+# test_hostile.sh BUILD - peers that lie, with real processes. Three honest
+# nodes (one on stage 0) train with seven liars of the test-only build
 # (BUILD/swarm-misbehave --misbehave MODE@STEP): one sends a NaN in its
 # activations, one sends them 1000x too large, one sends them reversed
-# (finite and of the right size: only spot verification can tell), one lets
-# its parameters drift from its replicas' after each update, one floods the
+# (finite and of the right size: only spot verification can tell), one
+# sends each 1.5x the last (a walk up the RMS bound), one lets its
+# parameters drift from its replicas' after each update, one floods the
 # router with messages, one claims a speed 1000x its own. Each is caught
 # (banned, resynced or expelled, its work redone, the step started over
 # when its outputs had been used), and every step's loss equals `swarm
@@ -30,23 +31,26 @@ fi
 # it fed starts over; with F < 1 a lie can pass unchecked and the curve
 # would differ: see docs/swarm.md)
 # shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 9 --listen "tcp://127.0.0.1:0" \
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 10 --listen "tcp://127.0.0.1:0" \
     --key "$TMP/router" --assign even --rebalance-every 0 --verify 1 --loss-log "$TMP/swarm.txt" \
     --log-every 1 >"$TMP/router.log" 2>&1 &
 router=$!
 pids="$router"
 endpoint=$(wait_endpoint "$TMP/router.log")
 
-# joins alternate between the stages (--assign even): liars on both
+# joins alternate between the stages (--assign even): liars on both; those
+# whose lies only spot verification tells on stage 0, whose forwards it
+# compares (at the last stage it compares losses)
 start_node "$TMP/router.log" honest0 "$SWARM"
 start_node "$TMP/router.log" honest1 "$SWARM"
 start_node "$TMP/router.log" scale "$LIAR" --misbehave scale@4
 start_node "$TMP/router.log" nan "$LIAR" --misbehave nan@4
 start_node "$TMP/router.log" drift "$LIAR" --misbehave drift@3
 start_node "$TMP/router.log" flood "$LIAR" --misbehave flood@2
-start_node "$TMP/router.log" speed "$LIAR" --misbehave speed
+start_node "$TMP/router.log" rmswalk "$LIAR" --misbehave rmswalk@4
 start_node "$TMP/router.log" honest2 "$SWARM"
 start_node "$TMP/router.log" shuffle "$LIAR" --misbehave shuffle@5
+start_node "$TMP/router.log" speed "$LIAR" --misbehave speed
 
 # an expelled peer's ban never ends (banned_s null, expelled true: no inf);
 # swarm status refuses what is not JSON, so both of its forms reading the
@@ -86,6 +90,8 @@ expect drift "diverged from its replicas a second time: expelled" "... and expel
 expect flood "flooded the router .*: banned for" "a peer flooding the router is banned"
 expect speed "says it sustains .* the router measures" "a speed claim far above the measured one is not believed"
 expect shuffle "returned a stage 0 forward that two replicas contradict: expelled" "wrong but plausible activations are caught by spot verification"
+expect rmswalk "(returned a stage 0 forward that two replicas contradict: expelled|sent a tensor of RMS .*: banned for)" \
+    "activations walking up the RMS bound are caught at the first (spot verification) or by the bound"
 if grep -q "starting the step over" "$TMP/router.log"; then
     ok "the step whose activations the liar had fed was started over"
 else
@@ -102,7 +108,7 @@ check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "despite the liars"
 # never; and no rollback: with --assign even and no moves, honest0 serves
 # stage 0 and honest1 and honest2 stage 1 throughout, so no stage is ever
 # left without a ready replica (else the log's joins and losses tell)
-liars="scale nan drift flood speed shuffle"
+liars="scale nan drift flood speed shuffle rmswalk"
 if grep -q "^swarm router: peer [0-9]* (honest0, .*) joins stage 0$" "$TMP/router.log" \
     && grep -q "^swarm router: peer [0-9]* (honest[12], .*) joins stage 1$" "$TMP/router.log" \
     && ! grep -q "^swarm router: step [0-9]*: moving peer" "$TMP/router.log"; then

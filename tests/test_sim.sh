@@ -70,6 +70,16 @@ if grep -q "3 liars (3 caught)" "$TMP/sim.out"; then
 else
     bad "not every liar was caught: $(grep "faults" "$TMP/sim.out")"
 fi
+# the RMS bound alone (no spot checks, no audits): liars whose activations
+# grow 1.5x a tensor, each inside 100x of a bound that once learned from
+# them (0 of 3 caught then), are refused once 100x the stage's median
+sim_ok "liars: 3 of 10 walk up the RMS bound, nothing verified" \
+    --peers 10 --stages 2 $TINY --batch 8 --iters 60 --liars 3 --lies rmswalk --verify 0 --audit 0 --seed 4
+if grep -q "3 liars (3 caught)" "$TMP/sim.out"; then
+    ok "every rmswalk liar caught by the bound: $(grep "faults" "$TMP/sim.out")"
+else
+    bad "not every rmswalk liar was caught: $(grep "faults" "$TMP/sim.out")"
+fi
 # audits at the default rate: a liar that reverses every gradient sum is
 # caught in each of 30 seeds (the sampling rate gives 1 - 0.7^20 = 0.9992
 # within 20 steps; scripts/sim-audit.sh measures 200 seeds), and the lies

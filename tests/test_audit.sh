@@ -53,14 +53,15 @@ start_router() {
     endpoint=$(wait_endpoint "$log")
 }
 
-# router_finished COMMAND: the router exits 0 after ITERS steps (ok shows
-# what COMMAND prints)
+# router_finished COMMAND [N]: the router exits 0 after N steps (default
+# ITERS; ok shows what COMMAND prints)
 router_finished() {
+    rf_n=${2:-$ITERS}
     wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
     wait "$router"
     rf_rc=$?
-    if [ $rf_rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
-        ok "router finished $ITERS steps: $(eval "$1")"
+    if [ $rf_rc -eq 0 ] && grep -q "^summary | iters $rf_n " "$log"; then
+        ok "router finished $rf_n steps: $(eval "$1")"
     else
         bad "router exit $rf_rc:"; tail -10 "$log"
     fi
@@ -154,14 +155,7 @@ check_log "the log: no honest node lost, banned or expelled; no rollback" "$log"
 start_router "$TMP/router4.log" --min-nodes 5 --steps 12 --loss-log "$TMP/swarm4.txt"
 for n in honest8 honest9 honest10 honest11; do start_node "$log" $n "$SWARM"; done
 start_node "$log" gradinf "$LIAR" --misbehave gradinf@4
-wait_exit "$router" 240 || bad "router still running after 240 s"
-wait "$router"
-rc=$?
-if [ $rc -eq 0 ] && grep -q "^summary | iters 12 " "$log"; then
-    ok "router finished 12 steps: $(grep -o 'gradient sums audited.*' "$log")"
-else
-    bad "router exit $rc:"; tail -10 "$log"
-fi
+router_finished "grep -o 'gradient sums audited.*' \"\$log\"" 12
 expect gradinf "sent a gradient sum of norm .*x the stage's median" \
     "a sum with one element of FLT_MAX is audited for its norm"
 expect gradinf "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
@@ -177,14 +171,7 @@ start_router "$TMP/router5.log" --min-nodes 5 --steps 12 --verify 0 --audit 1 \
     --loss-log "$TMP/swarm5.txt"
 for n in honest12 honest13 honest14 honest15; do start_node "$log" $n "$SWARM"; done
 start_node "$log" checksum "$LIAR" --misbehave checksum@2
-wait_exit "$router" 240 || bad "router still running after 240 s"
-wait "$router"
-rc=$?
-if [ $rc -eq 0 ] && grep -q "^summary | iters 12 " "$log"; then
-    ok "router finished 12 steps: $(grep -o 'checksum mismatches.*' "$log")"
-else
-    bad "router exit $rc:"; tail -10 "$log"
-fi
+router_finished "grep -o 'checksum mismatches.*' \"\$log\"" 12
 expect checksum "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
     "a replica reporting its replicas' checksum while computing with other parameters is caught by an audit"
 if grep -q "(checksum) reports checksum" "$log"; then

@@ -77,8 +77,10 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     swarm_engine_t *r = *self_p;
     if (!r)
         return;
-    for (int p = 0; p < r->npeers; p++)
+    for (int p = 0; p < r->npeers; p++) {
         free(r->peers[p].grad);
+        free(r->peers[p].audit_sums);
+    }
     free(r->peers);
     free(r->key_index);
     for (int k = 0; k < (r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK; k++)

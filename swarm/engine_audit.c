@@ -193,7 +193,7 @@ static int s_verifier(const swarm_engine_t *r, int s, int t, const int *not, int
     return best;
 }
 
-static void s_audit_verdict(swarm_engine_t *r, int t, int liar);
+static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n);
 
 // Replicas of stage s that could recompute t's share, free now or not:
 // ready, not failed, not t, not among not[].
@@ -289,8 +289,8 @@ void engine_audits_turn(swarm_engine_t *r)
             int v = s_verifier(r, s, t, a->by, a->n); // a second (or third) one
             if (v < 0 && s_candidates(r, s, t, a->by, a->n) == 0) {
                 // the replicas that could are gone (dead or failed)
-                if (a->n == 1) {
-                    s_audit_verdict(r, t, -1); // a dispute nobody is left to decide
+                if (a->n >= 1) {
+                    s_audit_verdict(r, t, NULL, 0); // a dispute nobody is left to decide
                     return;
                 }
                 r->audit_lost++;
@@ -376,72 +376,124 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     s_audit_feed(r, t);
 }
 
-// Target t's audit found the replica `liar` out (-1: nobody can tell).
-static void s_audit_verdict(swarm_engine_t *r, int t, int liar)
+// Target t's audit found the replicas liars[0..n) out (n 0: nobody can
+// tell).
+static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
 {
     audit_t *a = &r->peers[t].audit;
-    int s = r->peers[t].stage, v = a->by[0], mbs = engine_share(r, t, s);
+    int s = r->peers[t].stage, asked = a->n, by[AUDIT_VOTERS];
+    memcpy(by, a->by, sizeof by);
+    int mbs = engine_share(r, t, s);
     s_audit_end(r, t);
-    if (liar < 0) {
+    if (n == 0) {
         r->audit_undecided++;
-        engine_warn(r, "swarm router: step %ld: stage %d: peers %d (%s) and %d (%s) disagree on "
-                    "the gradient of %d micro-batches; no third replica to decide\n", r->step, s,
-                    r->peers[t].id, r->peers[t].name, r->peers[v].id, r->peers[v].name, mbs);
+        char who[256];
+        int len = snprintf(who, sizeof who, "peers %d (%s)", r->peers[t].id, r->peers[t].name);
+        for (int k = 0; k < asked && len < (int) sizeof who; k++)
+            len += snprintf(who + len, sizeof who - (size_t) len, "%s%d (%s)",
+                            k == asked - 1 ? " and " : ", ", r->peers[by[k]].id, r->peers[by[k]].name);
+        engine_warn(r, "swarm router: step %ld: stage %d: %s %s the gradient of %d micro-batches; "
+                    "%s\n", r->step, s, who, asked > 1 ? "each find another" : "disagree on", mbs,
+                    asked > 1 ? "no two agree, and no other replica is left to ask"
+                              : "no third replica to decide");
         engine_step_restart(r, "a gradient sum in it is disputed");
         return;
     }
-    char why[96];
-    snprintf(why, sizeof why, "%s a stage %d gradient that two replicas contradict",
-             liar == t ? "returned" : "recomputed", s);
-    r->audit_caught++;
-    engine_peer_expel(r, liar, why);
-    if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsion
+    for (int k = 0; k < n; k++) {
+        char why[96];
+        snprintf(why, sizeof why, "%s a stage %d gradient that two replicas contradict",
+                 liars[k] == t ? "returned" : "recomputed", s);
+        r->audit_caught++;
+        engine_peer_expel(r, liars[k], why);
+    }
+    if (r->phase == PH_MB || r->phase == PH_GRAD) // not rolled back by the expulsions
         engine_step_restart(r, "a peer whose gradient it used was caught lying");
     else
         engine_audits_reset(r);
 }
 
+// Verifiers i and j of target t's audit found the same: the same count,
+// the same verdict on the input gradients, sums within the tolerance
+// (verifier j's is the one just decoded in audit_sum; i's was kept).
+static int s_verifiers_agree(const swarm_engine_t *r, int t, int i)
+{
+    const peer_t *pt = &r->peers[t];
+    const audit_t *a = &pt->audit;
+    int j = a->n - 1, s = pt->stage;
+    return a->counted[i] && a->counted[j] && a->dx_bads[i] == a->dx_bads[j]
+           && engine_close(r->audit_sum, pt->audit_sums + (size_t) i * r->max_stage_n,
+                           r->stage_n[s], s_sum_tolerance(r));
+}
+
 // Verifier q->peer's sum of the share (checked: decoded in audit_sum, its
-// count in e).
+// count in e). Two that agree decide: the target and a verifier (every
+// verifier before it lied), or two verifiers against the target (it lied,
+// and so did any other verifier). Until two agree, another replica is
+// asked, up to AUDIT_VOTERS verifiers: two liars that lie differently
+// neither outvote an honest target nor hold the stage for ever.
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     audit_t *a = s_audit_by(r, q->peer);
     if (!a || q->peer != a->by[a->n - 1])
         return; // stale
-    int t = r->peers[q->peer].audit_of, s = q->stage;
-    const peer_t *pt = &r->peers[t];
+    int t = r->peers[q->peer].audit_of, s = q->stage, k = a->n - 1;
+    peer_t *pt = &r->peers[t];
     if (a->abandoned) {
         s_audit_end(r, t); // its verifier's node has closed it: free for another
         return;
     }
-    int agree = !a->dx_bad && e->reply.samples == engine_share(r, t, s)
-                && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
-    a->agree[a->n - 1] = agree;
+    a->counted[k] = e->reply.samples == engine_share(r, t, s);
+    a->dx_bads[k] = a->dx_bad;
+    a->agree[k] = !a->dx_bad && a->counted[k]
+                  && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     r->peers[q->peer].audit_of = -1; // free for another audit
-    if (a->n == 1 && agree) {
+    if (k == 0 && a->agree[k]) {
         r->audits++;
         s_audit_end(r, t);
         engine_audits_turn(r);
         return;
     }
-    if (a->n == 1) {
-        int thirds = s_candidates(r, s, t, a->by, 1); // that could decide, free now or not
+    int liars[AUDIT_VOTERS + 1] = {0}, n = 0;
+    if (a->agree[k]) {
+        for (int i = 0; i < k; i++)
+            liars[n++] = a->by[i]; // each disagreed with the target, which two confirm
+    } else {
+        for (int j = 0; j < k && n == 0; j++) {
+            if (!s_verifiers_agree(r, t, j))
+                continue;
+            liars[n++] = t;
+            for (int i = 0; i < k; i++)
+                if (i != j)
+                    liars[n++] = a->by[i];
+        }
+    }
+    if (n > 0) {
+        r->audits++;
+        s_audit_verdict(r, t, liars, n);
+        return;
+    }
+    int more = k + 1 < AUDIT_VOTERS ? s_candidates(r, s, t, a->by, a->n) : 0; // free now or not
+    if (k == 0)
         engine_warn(r, "swarm router: step %ld: stage %d: peer %d (%s) does not reproduce the "
                     "gradient of peer %d (%s)%s\n", r->step, s, r->peers[a->by[0]].id,
                     r->peers[a->by[0]].name, pt->id, pt->name,
-                    thirds > 0 ? "; asking a third replica" : "");
-        if (thirds == 0) {
-            s_audit_verdict(r, t, -1);
-            return;
-        }
-        a->open = 0; // for the third, once one is free
-        engine_audits_turn(r);
+                    more > 0 ? "; asking a third replica" : "");
+    else
+        engine_warn(r, "swarm router: step %ld: stage %d: peer %d (%s) agrees with none of the %d "
+                    "before it on the gradient of peer %d (%s)%s\n", r->step, s,
+                    r->peers[a->by[k]].id, r->peers[a->by[k]].name, k + 1, pt->id, pt->name,
+                    more > 0 ? "; asking another replica" : "");
+    if (more == 0) {
+        s_audit_verdict(r, t, liars, 0);
         return;
     }
-    r->audits++;
-    // two of three: the third agrees with the target (the first verifier
-    // lied), or with the first verifier against it (the target lied)
-    s_audit_verdict(r, t, a->agree[1] ? a->by[0] : t);
+    // what this verifier found, for the next one's to be held to
+    if (!pt->audit_sums
+        && !(pt->audit_sums = malloc((AUDIT_VOTERS - 1) * r->max_stage_n * sizeof(float))))
+        abort();
+    memcpy(pt->audit_sums + (size_t) k * r->max_stage_n, r->audit_sum, r->stage_n[s] * sizeof(float));
+    a->open = 0; // for the next, once one is free
+    engine_audits_turn(r);
 }
 
 // Target t is dead. Its audit is given up (counted as lost); the step's

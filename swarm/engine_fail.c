@@ -172,6 +172,8 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
     engine_peer_state(r, p, P_DEAD);
+    free(r->peers[p].audit_sums); // a dispute of its sum ends with it
+    r->peers[p].audit_sums = NULL;
     if (!r->peers[p].got_grad) {
         // no sum of its counts in this step: its buffer goes (one whose sum
         // is in goes when the next step begins, engine_step_begin)

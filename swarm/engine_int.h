@@ -47,15 +47,18 @@ typedef struct {
 } engine_bound_t;
 
 // An audit of one replica's gradient sum (engine_audit.c), kept in the
-// target's entry.
+// target's entry; a dispute asks up to AUDIT_VOTERS verifiers in all.
+#define AUDIT_VOTERS 3
 typedef struct {
     int want;                // drawn: its sum of this step is to be recomputed
     int forced;              // whatever the draw (engine_audit_force)
     int open;                // a verifier recomputes it now
     int done;                // settled (or its verdict given)
-    int by[2];               // the replicas recomputing it: the second decides a dispute
+    int by[AUDIT_VOTERS];    // the replicas recomputing it: later ones decide a dispute
     int n;                   // of them asked
-    int agree[2];            // each one's result matched the target's
+    int agree[AUDIT_VOTERS]; // each one's result matched the target's
+    int counted[AUDIT_VOTERS]; // each one's sum was of the target's share
+    int dx_bads[AUDIT_VOTERS]; // each one's dx_bad
     int next;                // the next micro-batch of the share to send, G all sent
     int inflight;            // the current verifier's requests not answered yet
     int asked_sum;           // its STEP audit=1 is sent
@@ -138,6 +141,9 @@ typedef struct {
     // dead peer whose part still counts is not reused before the step ends)
     float *grad;             // its GRAD of this step (the largest stage's size: it may move);
                              // NULL once it is dead and no sum of its counts
+    float *audit_sums;       // as a target in a dispute: the verifiers' sums, kept while a
+                             // later one decides (AUDIT_VOTERS - 1 of the largest stage's
+                             // size; NULL none yet)
     int got_grad;            // its GRAD arrived
     int in_step;             // it was sent this step's STEP
     int norm_only;           // its stage has no other replica: it keeps its gradient
@@ -380,8 +386,10 @@ struct swarm_engine_s {
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
-    engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of each stage's outputs (0) and input gradients (1)
-    double tensor_bound;     // --tensor-bound: RMS above this times the median, or below it over this, fails
+    engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of each stage's outputs (0) and input
+                             // gradients (1)
+    double tensor_bound;     // --tensor-bound: RMS above this times the median, or below
+                             // the median over this, fails
     uint64_t secret;         // the key of the checks' draws (spot checks, audits): no peer's
     double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn

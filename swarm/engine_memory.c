@@ -45,8 +45,11 @@ size_t engine_memory(const swarm_engine_t *r)
     floats += r->audit_sum ? r->max_stage_n : 0;
     floats += r->audit_dx ? engine_acts_count(r) : 0;
     // each peer's gradient sum of this step, where one came (or a live peer keeps it)
-    for (int p = 0; p < r->npeers; p++)
+    // and, as an audit's target in a dispute, its verifiers'
+    for (int p = 0; p < r->npeers; p++) {
         floats += r->peers[p].grad ? r->max_stage_n : 0;
+        floats += r->peers[p].audit_sums ? (AUDIT_VOTERS - 1) * r->max_stage_n : 0;
+    }
     n += floats * sizeof(float);
     if (r->mbs) {
         n += (size_t) r->G * sizeof *r->mbs;
@@ -138,8 +141,10 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     // was wanted (ready when it was)
     n += 2 * S * s_doubled(8, P) * sizeof(int);
     // gradient sums: a peer's buffer (the largest stage's size) lives while
-    // it does, and a dead one's only to the end of the step its sum is in
-    n += P * r->max_stage_n * sizeof(float);
+    // it does, and a dead one's only to the end of the step its sum is in;
+    // as an audit's target in a dispute, a live one's copies of its
+    // verifiers' sums (kept for its life)
+    n += AUDIT_VOTERS * P * r->max_stage_n * sizeof(float);
     // the request table: a slot is made only when none is free, so it holds
     // the most in flight at once, in whole blocks
     size_t blocks = (s_requests_max(r, P) + REQ_BLOCK - 1) / REQ_BLOCK;

@@ -422,6 +422,7 @@ static int s_peer_slot(swarm_engine_t *r)
     }
     if (best >= 0 && dead >= PEERS_KEEP_DEAD) {
         free(r->peers[best].grad);
+        free(r->peers[best].audit_sums);
         s_key_del(r, best);
         return best;
     }

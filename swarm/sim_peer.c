@@ -65,9 +65,11 @@ static void s_audit_add(sim_t *s, sim_peer_t *pe, int mb)
 }
 
 // A gradient sum of n floats to m, or as a liar sends it: pointing the
-// other way, of the same size (noted: an UPDATE it reaches is not exact).
+// other way, 1-4 times the size (by its index: liars that do not collude
+// lie differently) (noted: an UPDATE it reaches is not exact).
 static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, size_t n)
 {
+    float k = -(float) (1 + (pe - s->peers) % 4);
     uint32_t dims[1] = { (uint32_t) n };
     float *lie = s_lying(pe, SIM_LIE_GRAD) ? malloc(n * sizeof(float)) : NULL;
     if (lie) {
@@ -76,7 +78,7 @@ static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, s
             pe->first_lie = pe->step;
     }
     for (size_t j = 0; lie && j < n; j++)
-        lie[j] = -g[j];
+        lie[j] = k * g[j];
     if (net_msg_add_tensor(m, s->c->grad_wire, dims, 1, lie ? lie : g) != 0)
         abort();
     free(lie);

@@ -353,10 +353,11 @@ typedef struct {
 // activations, activations 1000x too large, the right values in the wrong
 // places (--numeric only: constants reversed are the same), parameters
 // that drift from its replicas' after each update, a speed 1000x its own,
-// a gradient sum pointing the other way, a norm-only sum of squares of
-// 1e300, input gradients pointing the other way, a state other than the one
-// its checksum is of, activations each 1.5x the size of the last (a walk
-// up the RMS bound) (NODE_LIE_* of worker.h).
+// a gradient sum pointing the other way (synthetic: 1-4 times its size,
+// each liar its own factor), a norm-only sum of squares of 1e300, input
+// gradients pointing the other way, a state other than the one its
+// checksum is of, activations each 1.5x the size of the last (a walk up
+// the RMS bound) (NODE_LIE_* of worker.h).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
        SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIE_RMSWALK, SIM_LIES };
 

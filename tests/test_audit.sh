@@ -67,6 +67,18 @@ router_finished() {
     fi
 }
 
+# caught_at LIAR STEP: the first dispute LIAR is in is at STEP, the step of
+# its first lie (every sum audited: none of its lies reaches an update)
+caught_at() {
+    at=$(grep "does not reproduce the gradient of .*($1)\|($1) does not reproduce" "$log" \
+        | head -n 1 | sed -n 's/^swarm router: step \([0-9]*\): .*/\1/p')
+    if [ "$at" = "$2" ]; then
+        ok "$1 is caught at the step of its first lie (step $at)"
+    else
+        bad "$1: first caught at step '${at:-never}', its first lie was at step $2"
+    fi
+}
+
 # same_model DIR: DIR/model.bgpt holds swarm train's weights (1e-4)
 same_model() {
     if line=$("$BUILD/bgpt_diff" "$1/model.bgpt" "$TMP/train/model.bgpt" 1e-4); then
@@ -93,17 +105,8 @@ expect grad "(returned|recomputed) a stage 0 gradient that two replicas contradi
     "gradient sums pointing the other way are caught by an audit"
 expect dx "(returned|recomputed) a stage 1 gradient that two replicas contradict: expelled for the run" \
     "the true loss with reversed input gradients is caught by an audit"
-# the first dispute a liar is in is at the step of its first lie: every
-# sum is audited, so none of its lies reaches an update
-for liar in grad dx; do
-    at=$(grep "does not reproduce the gradient of .*($liar)\|($liar) does not reproduce" "$log" \
-        | head -n 1 | sed -n 's/^swarm router: step \([0-9]*\): .*/\1/p')
-    if [ "$at" = 3 ]; then
-        ok "$liar is caught at the step of its first lie (step $at)"
-    else
-        bad "$liar: first caught at step '${at:-never}', its first lie was at step 3"
-    fi
-done
+caught_at grad 3
+caught_at dx 3
 if [ "$(grep -c "starting the step over (a peer whose gradient it used was caught lying)" "$log")" -ge 1 ]; then
     ok "the step the liars fed was started over"
 else
@@ -179,13 +182,7 @@ if grep -q "(checksum) reports checksum" "$log"; then
 else
     ok "its checksum agreed with its replicas' every step: consensus alone could not see it"
 fi
-at=$(grep "does not reproduce the gradient of .*(checksum)\|(checksum) does not reproduce" "$log" \
-    | head -n 1 | sed -n 's/^swarm router: step \([0-9]*\): .*/\1/p')
-if [ "$at" = 3 ]; then
-    ok "checksum is caught at the step of its first lie (step $at)"
-else
-    bad "checksum: first caught at step '${at:-never}', its first lie was at step 3"
-fi
+caught_at checksum 3
 check_losses "$TMP/swarm5.txt" "$TMP/train12.txt" 12 "with a liar about its checksum"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 checksum
 

@@ -165,11 +165,14 @@ static double s_grad_reduce(swarm_engine_t *r)
 }
 
 // UPDATE of `step` to peer p: its stage's summed gradient (unless its
-// stage has one replica, which kept its own) and the optimizer's scalars.
-// A pipelined UPDATE (the next step does not wait for it) is counted in
-// update_pending, any other in pending. 0 or -errno.
-static int s_update_to(swarm_engine_t *r, int p, long step, double lr, float scale, int norm_only,
-                       int pipelined)
+// stage has one replica, which kept its own) and the optimizer's scalars;
+// others >= 0 (its own kept, sent before its norm is known): the other
+// stages' sum of squares and the clip bound in place of the clip factor,
+// which the node forms as the router would. A pipelined UPDATE (the next
+// step does not wait for it) is counted in update_pending, any other in
+// pending. 0 or -errno.
+static int s_update_to(swarm_engine_t *r, int p, long step, double lr, float scale, double others,
+                       int norm_only, int pipelined)
 {
     int s = r->peers[p].stage;
     uint32_t dims[1] = { (uint32_t) r->stage_n[s] };
@@ -177,9 +180,14 @@ static int s_update_to(swarm_engine_t *r, int p, long step, double lr, float sca
     net_msg_head(m)->step = (uint64_t) step;
     net_msg_head(m)->stage = (uint32_t) s;
     int pow2 = 0, rc = 0;
+    char clip[96];
+    if (others >= 0.0)
+        snprintf(clip, sizeof clip, "others=%a\nclip=%a", others, r->hp.grad_clip);
+    else
+        snprintf(clip, sizeof clip, "scale=%a", (double) scale);
     if ((!norm_only && (rc = net_tensor_add(m, r->grad_wire, dims, 1, r->grad_sum + r->stage_off[s],
                                            &pow2)) != 0)
-        || (rc = engine_meta(m, "lr=%a\nscale=%a\nwd=%a\nt=%ld\npow2_0=%d\n", lr, (double) scale,
+        || (rc = engine_meta(m, "lr=%a\n%s\nwd=%a\nt=%ld\npow2_0=%d\n", lr, clip,
                              r->hp.weight_decay, step + 1, pow2)) != 0) {
         net_msg_destroy(&m);
         return rc;
@@ -209,7 +217,7 @@ static void s_update_all(swarm_engine_t *r, int self, long step, double lr, floa
         for (int p = 0; p < r->npeers; p++) {
             int to = s_update_kind(&r->peers[p], self);
             if (to && r->peers[p].stage == s && r->peers[p].state == P_READY)
-                s_ignore(s_update_to(r, p, step, lr, scale, to == 2, pipelined));
+                s_ignore(s_update_to(r, p, step, lr, scale, -1.0, to == 2, pipelined));
         }
     }
 }
@@ -364,17 +372,9 @@ static void s_step_apply_ask(swarm_engine_t *r, int s)
     net_msg_t *m = engine_step_msg(r, s, "norm_only=1\n");
     if (!m || engine_send(r, p, &m, R_STEP, MB_APPLY, s) != 0)
         return; // it is gone: the stage is empty, and the swarm rolls back
-    char meta[256];
-    snprintf(meta, sizeof meta, "others=%a\nclip=%a\nlr=%a\nwd=%a\nt=%ld\n", others,
-             r->hp.grad_clip, lr, r->hp.weight_decay, r->step + 1);
-    m = net_msg_new(NET_MSG_UPDATE);
-    net_msg_head(m)->step = (uint64_t) r->step;
-    net_msg_head(m)->stage = (uint32_t) s;
-    if (engine_meta(m, "%s", meta) != 0 || engine_send(r, p, &m, R_UPDATE, 1, s) != 0) {
-        net_msg_destroy(&m);
-        return; // gone too (engine_send sent nothing), or no room for the meta
-    }
-    r->update_pending++; // its checksum, compared with nobody's, is in when it answers
+    // right behind it (its checksum, compared with nobody's, is in when it answers)
+    if (s_update_to(r, p, r->step, lr, 0.0f, others, 1, 1) != 0)
+        return; // gone too
     if (!r->self_told) {
         engine_say(r, "swarm router: step %ld: stage %d's only replica applies its own update at the end "
                    "of each step it finishes last (one round trip less)\n", r->step, s);

@@ -397,6 +397,8 @@ static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
                     asked > 1 ? "no two agree, and no other replica is left to ask"
                               : "no third replica to decide");
         engine_step_restart(r, "a gradient sum in it is disputed");
+        if (asked == 1)
+            engine_referee(r, s); // (the next attempt has a third)
         return;
     }
     for (int k = 0; k < n; k++) {

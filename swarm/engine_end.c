@@ -237,8 +237,12 @@ void engine_turn(swarm_engine_t *r)
         s_eval_turn(r);
         break;
     case PH_DISCARD:
-        if (r->pending <= 0)
+        if (r->pending <= 0 && r->rejoin) {
+            r->rejoin = 0;
+            r->phase = PH_WAIT; // a peer moved to decide a dispute: its state first
+        } else if (r->pending <= 0) {
             engine_step_begin(r);
+        }
         break;
     }
 }

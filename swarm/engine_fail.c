@@ -106,6 +106,38 @@ static int s_refill(swarm_engine_t *r, int s)
     return -1;
 }
 
+// Stage s's two replicas disagree on a gradient and nothing can decide
+// (one of them lies, or both): a third replica from a stage that keeps two
+// or more without it (the move that leaves the highest bottleneck) joins
+// s, and the step, started over, waits for its state (engine_turn: the
+// discard goes by PH_WAIT), so that the next dispute has a referee. The
+// peer moved, or -1 when no stage can spare one.
+int engine_referee(swarm_engine_t *r, int s)
+{
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
+            return -1; // one is on its way
+    swarm_peer_view_t *views = r->views;
+    double cost[SWARM_MAX_STAGES];
+    for (int k = 0; k < r->stages; k++)
+        cost[k] = r->stage_cost[k];
+    engine_views_as(r, views, 0);
+    for (int p = 0; p < r->npeers; p++) // only from stages of three or more
+        if (views[p].ready && views[p].stage >= 0 && views[p].stage < r->stages
+            && (views[p].stage == s || engine_ready_count(r, views[p].stage) < 3))
+            views[p].ready = 0;
+    int p = swarm_policy_refill(views, r->npeers, r->stages, cost, r->stage_need, s);
+    if (p < 0)
+        return -1;
+    char why[128];
+    snprintf(why, sizeof why, "(%d replicas) to stage %d, to decide its replicas' dispute",
+             engine_ready_count(r, r->peers[p].stage), s);
+    if (s_move(r, p, s, cost, why) != 0)
+        return -1;
+    r->rejoin = 1;
+    return p;
+}
+
 // After a rollback, every stage with no replica takes a spare one (also a
 // stage emptied while the swarm reloads); say: log those left waiting.
 void engine_refill_all(swarm_engine_t *r, int say)

@@ -394,6 +394,7 @@ struct swarm_engine_s {
     double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
     int audit_any;           // some stage's are
+    int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
     engine_ready_t audited[SWARM_MAX_STAGES]; // each stage's peers whose audit was wanted
                              // this attempt (by index; some may be gone since): what
                              // engine_audits_turn looks at, not every replica
@@ -563,6 +564,7 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_lost(swarm_engine_t *r, int p);
 void engine_audit_target_gone(swarm_engine_t *r, int t);
+int engine_referee(swarm_engine_t *r, int s);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 // The work of answered request q (FWD, BWD, audit) into its peer's measured speed.
 void engine_work_done(swarm_engine_t *r, const req_t *q);

@@ -81,11 +81,14 @@ else
     bad "not every rmswalk liar was caught: $(grep "faults" "$TMP/sim.out")"
 fi
 # two grad liars on each stage of four replicas, each liar its own factor,
-# every sum audited, over 30 seeds: an audit's third replica that agrees
+# every sum audited, over 80 seeds: an audit's third replica that agrees
 # with neither the target nor the first verifier decides nothing (another
-# is asked); it once expelled an honest target (9 of these 30 seeds)
+# is asked); it once expelled an honest target (9 of the first 30 seeds).
+# Where a move leaves a stage an honest replica and a liar (seeds 63 and
+# 75), their dispute cannot be decided: the step started over for ever
+# until a replica of another stage came to referee
 lost=0 seeds=""
-for seed in $(seq 1 30); do
+for seed in $(seq 1 80); do
     SWARM_PLAIN=1 "$SWARM" sim --peers 8 --stages 2 $TINY --batch 8 --iters 60 --liars 4 \
         --lies grad --verify 0 --audit 1 --speeds 2000,4000 --seed "$seed" >"$TMP/sim.out" 2>&1
     if ! tail -n 1 "$TMP/sim.out" | grep -q "invariants ok"; then
@@ -94,9 +97,9 @@ for seed in $(seq 1 30); do
     fi
 done
 if [ "$lost" = 0 ]; then
-    ok "two liars a stage that lie differently, 30 seeds: no honest replica expelled, no step held"
+    ok "two liars a stage that lie differently, 80 seeds: no honest replica expelled, no step held"
 else
-    bad "two liars a stage: $lost of 30 seeds broke an invariant (seeds$seeds): $(cut -c1-300 "$TMP/lost.out")"
+    bad "two liars a stage: $lost of 80 seeds broke an invariant (seeds$seeds): $(cut -c1-300 "$TMP/lost.out")"
 fi
 # audits at the default rate: a liar that reverses every gradient sum is
 # caught in each of 30 seeds (the sampling rate gives 1 - 0.7^20 = 0.9992

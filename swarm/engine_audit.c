@@ -10,9 +10,10 @@
 // A stage's gradient sums are judged by their norm per micro-batch against
 // the median of the last BOUND_WINDOW accepted ones of the stage (norm-only
 // sums of squares count as the same quantity). Above NORM_CEIL times the
-// median, or below the median over NORM_FLOOR, a sum fails; only sums
-// within NORM_LEARN of the median are learned from, so a liar cannot walk
-// the bound up (or down) with borderline values. With fewer than 4 in the
+// median, or below the median over NORM_FLOOR, a sum fails; each sum is
+// learned as at most NORM_LEARN from the median, so the bound follows
+// honest drift but a liar cannot walk it up (or down) faster than by
+// NORM_LEARN every half window (engine_bound_learn). With fewer than 4 in the
 // window there is no bound yet (audits still check); a rollback empties
 // the window (the steps it runs again had larger gradients). Honest
 // training has spikes (350x the window's median in tests/test_rollback.sh's
@@ -26,11 +27,20 @@
 #define NORM_ALONE 1e6
 #define NORM_LEARN 4.0
 
+// Learn x, an accepted value, into b's window: as the edge of the band
+// around the median where it is outside it. Learning only the values inside
+// the band froze the median where honest values left it (a stage's outputs
+// grew 3.6x in one early step), until honest values failed the bound;
+// clamped, the median follows a drift of any size, and a liar who sends
+// the most the bound allows moves it at most `band` times in about half a
+// window of values (BOUND_WINDOW / 2), the stage's other replicas' values
+// holding it back.
 void engine_bound_learn(engine_bound_t *b, double x, double band)
 {
-    if (!(x > 0.0 && isfinite(x))
-        || (engine_bound_known(b) && !(x <= band * b->median && x >= b->median / band)))
+    if (!(x > 0.0 && isfinite(x)))
         return; // zeros never: a median of 0 would fail every honest value
+    if (engine_bound_known(b))
+        x = fmin(fmax(x, b->median / band), band * b->median);
     b->v[b->n++ % BOUND_WINDOW] = x;
     int n = b->n < BOUND_WINDOW ? (int) b->n : BOUND_WINDOW;
     double v[BOUND_WINDOW];

@@ -50,6 +50,7 @@ typedef struct {
     int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
     int silent;                            // 1 while the router's silence is logged
     int finished;                          // 1 after the router said its run is over
+    int stalled;                           // --misbehave slowclaim, ckptstall: said so
     int64_t reconnect_at;                  // next fresh link while unassigned, net_clock_ms
     int reconnects;                        // fresh links since the last message
     uint64_t next_id;                      // id of our next request
@@ -125,7 +126,6 @@ static int s_keys_load(daemon_t *d, char *err, size_t n)
     return rc;
 }
 
-// Whether d lies in this way now (never outside test builds).
 // Whether d lies in this way now (never outside test builds).
 static int s_lying(const daemon_t *d, int mode)
 {
@@ -353,7 +353,9 @@ static void s_hello_send(daemon_t *d)
 {
     char meta[512];
     double tok_s = d->tok_s_bench * (s_lying(d, MIS_SPEED) ? 1000.0 : 1.0); // the same yardstick for every node
-    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.1f",
+    if (d->o.misbehave == MIS_SLOWCLAIM)
+        tok_s *= 1e-6; // from its first word: a deadline once followed from the claim
+    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.6g",
              d->o.name, d->be->device, d->be->threads, d->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
     node_meta_set(msg, meta);
@@ -372,8 +374,10 @@ static void s_heartbeat_send(daemon_t *d)
     double tok_s = st.tok_s > 0 ? st.tok_s : d->tok_s_bench;
     if (s_lying(d, MIS_SPEED))
         tok_s *= 1000.0;
+    if (d->o.misbehave == MIS_SLOWCLAIM)
+        tok_s *= 1e-6;
     size_t heap = s_heap();
-    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.1f\nstep=%ld\nslots=%zu\n"
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.6g\nstep=%ld\nslots=%zu\n"
              "memory_used=%zu\nmemory_heap=%zu\nrss=%zu", st.stage, d->queued, tok_s, st.step,
              st.slots, st.memory_used, heap > d->heap_idle ? heap - d->heap_idle : 0, s_rss());
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
@@ -477,11 +481,32 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
 }
 
 // Serve one message (taken) that arrived at `arrived` (net_clock_ms).
+// --misbehave slowclaim (a speed claimed a million times below its own,
+// then no FWD or BWD answered) and ckptstall (no STATE_GET answered: a
+// checkpoint's read, a joiner's state): whether d holds this request for
+// good, said once.
+static int s_stall_maybe(daemon_t *d, const net_head_t *h)
+{
+    int held = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD) ? s_lying(d, MIS_SLOWCLAIM)
+             : h->type == NET_MSG_STATE_GET && s_lying(d, MIS_CKPTSTALL);
+    if (held && !d->stalled) {
+        s_warn("swarm node: --misbehave %s: holding %s of step %" PRIu64 " (and each one after)",
+               d->o.misbehave == MIS_SLOWCLAIM ? "slowclaim" : "ckptstall",
+               net_msg_type_name(h->type), h->step);
+        d->stalled = 1;
+    }
+    return held;
+}
+
 static void s_serve(daemon_t *d, net_msg_t **msg_p, int64_t arrived)
 {
     const net_head_t *h = net_msg_head_const(*msg_p);
     net_msg_t *reply = NULL;
     char err[512] = "";
+    if (!(h->flags & NET_FLAG_REPLY) && s_stall_maybe(d, h)) {
+        net_msg_destroy(msg_p);
+        return;
+    }
     if (h->type == NET_MSG_ASSIGN)
         s_on_assign(d, *msg_p);
     else if (h->type == NET_MSG_ERROR)

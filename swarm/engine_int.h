@@ -120,6 +120,7 @@ typedef struct {
     int64_t burst_from;      // ms: start of the second its unasked messages are counted in
     int burst;               // unasked messages (not replies) in that second
     int claim_doubted;       // its HEARTBEAT speed is far above what the router measures
+    int claim_low;           // unmeasured, its HEARTBEAT speed is below the deadlines' floor
     char why[96];            // why it was last declared dead or banned
     int64_t busy_from;       // ms: start of its busy period (requests in flight)
     double busy_s;           // seconds with requests in flight, in all

@@ -384,6 +384,10 @@ static int s_flooding(swarm_engine_t *r, int p, const net_head_t *h)
 
 // The speed a node reports is used only for the bound in swarm status; one
 // that claims ten times what the router measures is not believed there.
+// One not measured yet that claims less than the deadlines' floor (1/20 of
+// the median measured) is named once: routing by its claim gives it little
+// or no work, and what it is given and holds fails at the floor's deadline
+// (a claim of 1e-6 tok/s once held a step 640 s).
 static void s_doubt_claim(swarm_engine_t *r, int p)
 {
     peer_t *pe = &r->peers[p];
@@ -392,6 +396,12 @@ static void s_doubt_claim(swarm_engine_t *r, int p)
         engine_warn(r, "swarm router: peer %d (%s) says it sustains %.0f tok/s; the router "
                     "measures %.0f and uses that\n", pe->id, pe->name, pe->node_tok_s, pe->tok_s);
     pe->claim_doubted = doubt;
+    int low = pe->samples == 0 && pe->node_tok_s > 0.0 && pe->node_tok_s < r->speed_floor;
+    if (low && !pe->claim_low)
+        engine_warn(r, "swarm router: peer %d (%s) says it sustains %.3g tok/s, under 1/20 of the "
+                    "median the router measures (%.0f): work it holds fails at the deadline of "
+                    "that floor\n", pe->id, pe->name, pe->node_tok_s, 20.0 * r->speed_floor);
+    pe->claim_low = low;
 }
 
 // Another connection speaks with peer p's key: a second node with a copy

@@ -448,9 +448,15 @@ void sim_serve(sim_t *s, int p)
     memmove(&q->q[i], &q->q[i + 1], (size_t) (q->n - i - 1) * sizeof *q->q);
     memmove(&q->at[i], &q->at[i + 1], (size_t) (q->n - i - 1) * sizeof *q->at);
     q->n--;
-    net_msg_t *reply = s_answer(s, pe, req);
-    int64_t took = s_cost_ms(s, pe, req);
     int type = net_msg_head_const(req)->type;
+    // a slowclaim liar holds the work it is given, a ckptstall liar every
+    // STATE_GET (a checkpoint's read, a joiner's state), for good
+    int held = ((type == NET_MSG_FWD || type == NET_MSG_BWD) && s_lying(pe, SIM_LIE_SLOWCLAIM))
+            || (type == NET_MSG_STATE_GET && s_lying(pe, SIM_LIE_CKPTSTALL));
+    if (held && pe->first_lie < 0)
+        pe->first_lie = pe->step;
+    net_msg_t *reply = held ? NULL : s_answer(s, pe, req);
+    int64_t took = held ? 0 : s_cost_ms(s, pe, req);
     net_msg_destroy(&req);
     pe->busy = 1;
     sim_push(s, s->now + took, EV_PEER_FREE, p, NULL);
@@ -470,12 +476,22 @@ void sim_serve(sim_t *s, int p)
         sim_push(s, sim_arrival(s, p, LINK_UP, reply, s->now + took), EV_TO_ENGINE, p, reply);
 }
 
+// What a peer claims of its speed, as a factor of its own: a speed liar
+// 1000x (in heartbeats from its first lie on: its HELLO's, always), a
+// slowclaim liar 1e-6x, from its first word (as the test build's node).
+static double s_claimed(const sim_peer_t *pe, int heartbeat)
+{
+    if (pe->lie == SIM_LIE_SPEED && (!heartbeat || s_lying(pe, SIM_LIE_SPEED)))
+        return 1000.0;
+    return pe->lie == SIM_LIE_SLOWCLAIM ? 1e-6 : 1.0;
+}
+
 static void s_hello(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
     char meta[128];
-    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=sim\ntok_s=%.1f\n", pe->name,
-             pe->speed * (pe->lie == SIM_LIE_SPEED ? 1000.0 : 1.0));
+    snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=sim\ntok_s=%.6g\n", pe->name,
+             pe->speed * s_claimed(pe, 0));
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
@@ -491,9 +507,8 @@ void sim_heartbeat(sim_t *s, int p)
     // as a node says it: its speed on the stage it serves (a stage's cost
     // scales it), the HELLO's yardstick before it has one
     double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
-    snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%.1f\nstep=%ld\nslots=%d", pe->stage,
-             pe->queue.n, pe->speed / cost * (s_lying(pe, SIM_LIE_SPEED) ? 1000.0 : 1.0), pe->step,
-             s->G);
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%.6g\nstep=%ld\nslots=%d", pe->stage,
+             pe->queue.n, pe->speed / cost * s_claimed(pe, 1), pe->step, s->G);
     net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
@@ -544,7 +559,9 @@ int sim_peer_new(sim_t *s, int copy)
     s_liar_maybe(s, pe, p);
     if (s->o->nodes) {
         const swarm_sim_nodes_t *nodes = s->o->nodes;
-        int lie = pe->lie == SIM_LIE_SPEED ? 0 : pe->lie; // the sim says its speed
+        // the sim says its speed, and holds what it holds
+        int lie = pe->lie == SIM_LIE_SPEED || pe->lie == SIM_LIE_SLOWCLAIM
+                  || pe->lie == SIM_LIE_CKPTSTALL ? 0 : pe->lie;
         if (!(pe->node = nodes->open(nodes->ctx, p, lie, pe->lie_from)))
             abort(); // a bookkeeping allocation
     } else {

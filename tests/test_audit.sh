@@ -19,6 +19,10 @@
 # train's. Fifth run, --audit 1: a replica reports its replicas' parameter
 # checksum while it computes with 1% larger parameters (checksum): consensus
 # cannot see it, an audit of its first sum expels it, and the 12 steps'
+# losses are swarm train's. Sixth run: a replica claims a millionth of its
+# speed and holds the work it is given (slowclaim), another never answers
+# a checkpoint's read (ckptstall): the first is named, the second banned
+# at the read's deadline and that checkpoint skipped, and the 16 steps'
 # losses are swarm train's. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
@@ -185,5 +189,36 @@ fi
 caught_at checksum 3
 check_losses "$TMP/swarm5.txt" "$TMP/train12.txt" 12 "with a liar about its checksum"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 checksum
+
+# ---- slowclaim and ckptstall: stalls that once cost the liar nothing ----
+# stage 0: two honest replicas and one that claims a millionth of its speed
+# and, from step 2, answers no forward or backward; stage 1: an honest
+# replica and one that, from step 2, answers no STATE_GET (a checkpoint
+# every step, each stage's part read from a replica drawn at random)
+# (--slowdown 60: the peers are measured, which takes 0.2 s of work each,
+# and the deadlines' floor is theirs)
+SLOWDOWN=60
+start_router "$TMP/router6.log" --min-nodes 5 --steps 16 --save "$TMP/ck6" --save-every 1 \
+    --loss-log "$TMP/swarm6.txt"
+start_node "$log" honest16 "$SWARM"
+start_node "$log" honest17 "$SWARM"
+start_node "$log" slowclaim "$LIAR" --misbehave slowclaim@2
+start_node "$log" ckptstall "$LIAR" --misbehave ckptstall@2
+start_node "$log" honest18 "$SWARM"
+router_finished "echo \$(grep -c 'checkpoint of step .* skipped' \"\$log\") checkpoints skipped" 16
+expect slowclaim "says it sustains [0-9.e+-]* tok/s, under 1/20 of the median the router measures" \
+    "a tiny claimed speed is named"
+expect slowclaim "missed the deadline of a (FWD|BWD) request: banned for" \
+    "and the work it holds is failed at the floor's deadline, not its claim's"
+expect ckptstall "missed the deadline of a STATE_GET request: banned for" \
+    "a replica that ignores a checkpoint's read is banned at its deadline"
+if grep -q "checkpoint of step [0-9]* skipped" "$log"; then
+    ok "that checkpoint is skipped: $(grep -m1 'checkpoint of step [0-9]* skipped' "$log" | cut -c15-)"
+else
+    bad "no checkpoint was skipped for the stalled read"
+fi
+head -n 16 "$TMP/train.txt" >"$TMP/train16.txt"
+check_losses "$TMP/swarm6.txt" "$TMP/train16.txt" 16 "with a tiny claim and a stalled checkpoint read"
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 slowclaim ckptstall
 
 lib_done

@@ -101,8 +101,13 @@ void engine_step_restart(swarm_engine_t *r, const char *why)
     for (int i = 0; i < r->req_slots; i++) {
         req_t *q = engine_req_at(r, i);
         // but the last step's: a stage applying its own update, and the
-        // UPDATEs the step did not wait for (their checksums still count)
-        if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY) && !(q->kind == R_UPDATE && q->mb == 1))
+        // UPDATEs the step did not wait for (their checksums still count);
+        // and the states on their way, a checkpoint's read and a joiner's,
+        // which are of parameters a restart does not change (dropping one
+        // once left its count behind: the next checkpoint, or the joiner's
+        // hold on the next step, waited for good)
+        if (q->id && !(q->kind == R_STEP && q->mb == MB_APPLY) && !(q->kind == R_UPDATE && q->mb == 1)
+            && q->kind != R_STATE_GET && q->kind != R_STATE)
             engine_req_done(r, q); // their answers are stale now (not the last step's)
     }
     engine_mbs_clear(r);

@@ -484,9 +484,23 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
 // --misbehave slowclaim (a speed claimed a million times below its own,
 // then no FWD or BWD answered) and ckptstall (no STATE_GET answered: a
 // checkpoint's read, a joiner's state): whether d holds this request for
-// good, said once.
+// good, said once. joinhold: the state it is to load is held
+// DAEMON_JOINHOLD_MS (the swarm waits for a joiner's state), then the node
+// says BYE and exits 0 (a test starts it again, and again).
+#define DAEMON_JOINHOLD_MS 3000
+static void s_leave(daemon_t *d);
 static int s_stall_maybe(daemon_t *d, const net_head_t *h)
 {
+    if (h->type == NET_MSG_STATE && s_lying(d, MIS_JOINHOLD)) {
+        s_warn("swarm node: --misbehave joinhold: holding the state of step %" PRIu64
+               " %d ms, then leaving", h->step, DAEMON_JOINHOLD_MS);
+        struct timespec t = { DAEMON_JOINHOLD_MS / 1000, (DAEMON_JOINHOLD_MS % 1000) * 1000000L };
+        while (nanosleep(&t, &t) < 0 && errno == EINTR)
+            ;
+        s_leave(d);
+        d->exit_code = 0;
+        return 1;
+    }
     int held = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD) ? s_lying(d, MIS_SLOWCLAIM)
              : h->type == NET_MSG_STATE_GET && s_lying(d, MIS_CKPTSTALL);
     if (held && !d->stalled) {

@@ -33,11 +33,12 @@ typedef struct {
 // The lies in what it computes are the worker's (NODE_LIE_*: nan, scale,
 // drift, shuffle, grad, sumsq, dx, state, gradinf, rmswalk, checksum);
 // flood, speed, crash, slowclaim (a speed claimed a million times too
-// small, then no FWD or BWD answered) and ckptstall (no STATE_GET
-// answered) are the daemon's own.
+// small, then no FWD or BWD answered), ckptstall (no STATE_GET answered)
+// and joinhold (the state it is to load held 3 s, then BYE and exit) are
+// the daemon's own.
 enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE, MIS_CRASH,
        MIS_GRAD, MIS_SUMSQ, MIS_DX, MIS_STATE, MIS_GRADINF, MIS_RMSWALK, MIS_CHECKSUM,
-       MIS_SLOWCLAIM, MIS_CKPTSTALL };
+       MIS_SLOWCLAIM, MIS_CKPTSTALL, MIS_JOINHOLD };
 
 void daemon_usage(FILE *out);
 // argv into o: 0, 1 for --help, or -EINVAL with a reason naming the flag.

@@ -213,6 +213,8 @@ void engine_turn(swarm_engine_t *r)
                 engine_say(r, "swarm router: every stage has a peer; training from step %ld\n", r->step);
             }
             r->started = 1;
+            if (!r->join_hold_t0)
+                r->join_hold_t0 = r->now_ms ? r->now_ms : 1; // joins' share of the run is of this
             engine_step_begin(r);
         }
         break;

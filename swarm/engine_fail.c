@@ -342,15 +342,51 @@ static int64_t s_state_deadline_ms(const swarm_engine_t *r, int stage)
 // A joiner's state is on its way: the next step waits for it, because the
 // state is of the step about to start, and a joiner whose state arrived a
 // step later would be an update behind (over slow links a stage's state
-// takes longer than a step). Joins cost the swarm that transfer once.
-int engine_join_held(const swarm_engine_t *r)
+// takes longer than a step). Joins cost the swarm that transfer once. A
+// joiner that leaves while it holds the swarm so is banned for it
+// (engine_peer_gone), and all joins together hold at most JOIN_HOLD_SHARE
+// of the run's time (and JOIN_HOLD_FREE_MS more): past that a joiner's
+// state travels while the swarm trains, and one a step late is fetched
+// again between steps, so that joiners with keys of their own each time
+// cannot stall the swarm either.
+#define JOIN_HOLD_SHARE 0.1
+#define JOIN_HOLD_FREE_MS 30000
+int engine_join_held(swarm_engine_t *r)
 {
-    if (!r->started)
-        return 0;
-    for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].state == P_JOINING && r->peers[p].inflight > 0)
-            return 1;
-    return 0;
+    int64_t now = r->now_ms;
+    int held = 0;
+    for (int p = 0; r->started && p < r->npeers && !held; p++)
+        held = r->peers[p].state == P_JOINING && r->peers[p].inflight > 0;
+    if (held && !r->join_hold_from)
+        r->join_hold_from = now;
+    int64_t total = r->join_held_ms + (r->join_hold_from ? now - r->join_hold_from : 0);
+    int64_t run = now - r->join_hold_t0;
+    if (held && total > JOIN_HOLD_FREE_MS + (int64_t) (JOIN_HOLD_SHARE * (double) run)) {
+        if (!r->join_hold_spent)
+            engine_warn(r, "swarm router: joins have held the swarm %.0f s of %.0f; from now on a "
+                        "joiner's state travels while the swarm trains\n", total / 1000.0,
+                        run / 1000.0);
+        r->join_hold_spent = 1;
+        held = 0;
+    }
+    if (!held && r->join_hold_from) {
+        r->join_held_ms += now - r->join_hold_from;
+        r->join_hold_from = 0;
+    }
+    return held;
+}
+
+// Peer p left (BYE) or lost its connection (why). A joiner whose state
+// was on its way held the swarm for nothing (engine_join_held): it is
+// banned as a peer that missed a deadline is, so that joining and leaving
+// again and again costs it a back-off that doubles each time.
+void engine_peer_gone(swarm_engine_t *r, int p, const char *why)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->state == P_JOINING && r->started && pe->inflight > 0)
+        engine_peer_fail(r, p, "%s while its stage's state was on its way", why);
+    else
+        engine_peer_dead(r, p, why);
 }
 
 // A peer whose process died (killed, crashed) dropped its connection: a
@@ -389,8 +425,12 @@ static void s_reap_failed(swarm_engine_t *r)
         return;
     r->failed_any = 0;
     for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].failed && r->peers[p].state != P_DEAD)
-            engine_peer_dead(r, p, "is not connected: dead");
+        if (r->peers[p].failed && r->peers[p].state != P_DEAD) {
+            if (r->peers[p].state == P_JOINING && r->started && r->peers[p].inflight > 0)
+                engine_peer_gone(r, p, "lost its connection");
+            else
+                engine_peer_dead(r, p, "is not connected: dead");
+        }
 }
 
 void engine_reap(swarm_engine_t *r)

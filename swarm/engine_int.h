@@ -396,6 +396,10 @@ struct swarm_engine_s {
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
     int audit_any;           // some stage's are
     int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
+    int64_t join_held_ms;    // how long joins have held the swarm (engine_join_held)
+    int64_t join_hold_from;  // when the hold now on began (0: none)
+    int64_t join_hold_t0;    // the clock the run's share of holds is of
+    int join_hold_spent;     // the share is spent (said once)
     engine_ready_t audited[SWARM_MAX_STAGES]; // each stage's peers whose audit was wanted
                              // this attempt (by index; some may be gone since): what
                              // engine_audits_turn looks at, not every replica
@@ -587,7 +591,9 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m);
 void engine_refill_all(swarm_engine_t *r, int say);
 void engine_peer_dead(swarm_engine_t *r, int p, const char *why);
 void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int engine_join_held(const swarm_engine_t *r);
+int engine_join_held(swarm_engine_t *r);
+// Peer p left (BYE) or lost its connection: a joiner that held the swarm is banned.
+void engine_peer_gone(swarm_engine_t *r, int p, const char *why);
 void engine_reap(swarm_engine_t *r);
 // The requests in flight are about to be forgotten (a rollback, a restart),
 // but the nodes still compute theirs: each peer's drained_at says until when.

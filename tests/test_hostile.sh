@@ -9,7 +9,9 @@
 # router with messages, one claims a speed 1000x its own. Each is caught
 # (banned, resynced or expelled, its work redone, the step started over
 # when its outputs had been used), and every step's loss equals `swarm
-# train`'s (1e-4 relative). Ends with "N passed, N failed".
+# train`'s (1e-4 relative). Then a joiner that holds its state 3 s and
+# leaves, started again at once, again and again (joinhold): banned each
+# time, for twice as long as the last. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
@@ -118,5 +120,50 @@ else
 fi
 # shellcheck disable=SC2086 # one name a word
 check_log "the log: no honest node lost, banned or expelled; $rb rollbacks ($why)" "$TMP/router.log" "$rb" $liars
+
+# ---- joinhold: joins, holds its state 3 s (the swarm waits for a
+# joiner's state), leaves, and is started again at once, again and again.
+# Leaving with its state on its way is a failure: each costs it a ban
+# twice as long as the last (it once left with no ban, and held the swarm
+# 3 s of every 3.5) ----
+log=$TMP/router2.log
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --assign even --rebalance-every 0 --loss-log "$TMP/swarm2.txt" \
+    --log-every 1 >"$log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$log")
+# (--slowdown 40: the run lasts half a minute, long enough for its second ban)
+SLOWDOWN=40
+start_node "$log" honest3 "$SWARM"
+start_node "$log" honest4 "$SWARM"
+"$SWARM" keygen "$TMP/joinhold" >/dev/null
+(
+    while kill -0 "$router" 2>/dev/null; do
+        "$LIAR" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/joinhold" \
+            --threads 1 --name joinhold --slowdown 8 --misbehave joinhold >>"$TMP/joinhold.log" 2>&1
+        sleep 0.2
+    done
+) &
+pids="$pids $!"
+wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$log"; }
+wait "$router"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
+    ok "router finished $ITERS steps with a joiner that leaves again and again: $(grep -c '(joinhold, .*) joins stage' "$log") joins"
+else
+    bad "router exit $rc:"; tail -10 "$log"
+fi
+expect_in() { # LOG NAME PATTERN WHAT
+    line=$(grep -E "\($2\) $3" "$1" | head -n 1)
+    if [ -n "$line" ]; then ok "$4: ${line#swarm router: }"; else bad "$4: no line matching '$3'"; fi
+}
+expect_in "$log" joinhold "left \(BYE\) while its stage's state was on its way: banned for 5 s \(failure 1\)" \
+    "a joiner that leaves while the swarm waits for its state is banned"
+expect_in "$log" joinhold "left \(BYE\) while its stage's state was on its way: banned for 10 s \(failure 2\)" \
+    "and banned twice as long when it does it again"
+check_losses "$TMP/swarm2.txt" "$TMP/train.txt" "$ITERS" "with a joiner that holds and leaves"
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 joinhold
 
 lib_done

@@ -818,6 +818,17 @@ START_TEST(test_engine_a_checkpoint_read_left_unanswered_is_failed)
 }
 END_TEST
 
+// Six peers answering (two a stage), spot checks and audits off, at step
+// 20: what the RMS bound tests start from.
+static swarm_engine_t *s_engine_unchecked_at_20(world_t *w)
+{
+    swarm_engine_t *e = s_engine_answered(w, 6);
+    e->verify = 0.0;
+    e->audit_rate = 0.0;
+    s_rounds_to_step(w, e, 20);
+    return e;
+}
+
 // A stage-0 replica, its spot checks and audits off, whose activations are
 // lies from step 20 on: each `walk` times the last, from `scale` times the
 // truth. It is banned by the RMS bound after at most `caught` of them, the
@@ -826,10 +837,7 @@ END_TEST
 static int s_liar_banned(double scale, double walk, int caught)
 {
     world_t w = { 0 };
-    swarm_engine_t *e = s_engine_answered(&w, 6);
-    e->verify = 0.0;
-    e->audit_rate = 0.0;
-    s_rounds_to_step(&w, e, 20);
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w);
     int liar = 1;
     while (s_peer_of(e, liar)->stage != 0)
         liar++;
@@ -914,9 +922,7 @@ END_TEST
 static void s_drift_followed(double burst, double walk, double to)
 {
     world_t w = { 0 };
-    swarm_engine_t *e = s_engine_answered(&w, 6);
-    e->verify = 0.0;
-    s_rounds_to_step(&w, e, 20);
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w);
     int n = 0, ps[ANSWER_KEYS];
     for (int p = 1; p <= 6; p++)
         if (s_peer_of(e, p)->stage == 0) {
@@ -1078,6 +1084,9 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_a_walk_up_the_rms_bound_is_refused);
     tcase_add_test(tc, test_engine_zero_activations_are_refused);
     tcase_add_test(tc, test_engine_an_honest_spike_of_input_gradients_is_not_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("long runs"); // hundreds of steps, minutes of the swarm's time
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_engine_the_rms_bound_follows_honest_drift);
     tcase_add_test(tc, test_engine_joiners_hold_the_swarm_a_tenth_of_the_time_at_most);
     suite_add_tcase(s, tc);

@@ -376,17 +376,18 @@ int engine_join_held(swarm_engine_t *r)
     return held;
 }
 
-// Peer p left (BYE) or lost its connection (why). A joiner whose state
-// was on its way held the swarm for nothing (engine_join_held): it is
-// banned as a peer that missed a deadline is, so that joining and leaving
-// again and again costs it a back-off that doubles each time.
-void engine_peer_gone(swarm_engine_t *r, int p, const char *why)
+// Peer p left (BYE) or lost its connection (why): dead (the log says
+// `line`). A joiner whose state was on its way held the swarm for nothing
+// (engine_join_held): it is banned as a peer that missed a deadline is,
+// so that joining and leaving again and again costs it a back-off that
+// doubles each time.
+void engine_peer_gone(swarm_engine_t *r, int p, const char *why, const char *line)
 {
     const peer_t *pe = &r->peers[p];
     if (pe->state == P_JOINING && r->started && pe->inflight > 0)
         engine_peer_fail(r, p, "%s while its stage's state was on its way", why);
     else
-        engine_peer_dead(r, p, why);
+        engine_peer_dead(r, p, line);
 }
 
 // A peer whose process died (killed, crashed) dropped its connection: a
@@ -425,12 +426,8 @@ static void s_reap_failed(swarm_engine_t *r)
         return;
     r->failed_any = 0;
     for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].failed && r->peers[p].state != P_DEAD) {
-            if (r->peers[p].state == P_JOINING && r->started && r->peers[p].inflight > 0)
-                engine_peer_gone(r, p, "lost its connection");
-            else
-                engine_peer_dead(r, p, "is not connected: dead");
-        }
+        if (r->peers[p].failed && r->peers[p].state != P_DEAD)
+            engine_peer_gone(r, p, "lost its connection", "is not connected: dead");
 }
 
 void engine_reap(swarm_engine_t *r)

@@ -592,8 +592,9 @@ void engine_refill_all(swarm_engine_t *r, int say);
 void engine_peer_dead(swarm_engine_t *r, int p, const char *why);
 void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int engine_join_held(swarm_engine_t *r);
-// Peer p left (BYE) or lost its connection: a joiner that held the swarm is banned.
-void engine_peer_gone(swarm_engine_t *r, int p, const char *why);
+// Peer p left (BYE) or lost its connection (why): dead, the log saying
+// `line`; a joiner that held the swarm is banned.
+void engine_peer_gone(swarm_engine_t *r, int p, const char *why, const char *line);
 void engine_reap(swarm_engine_t *r);
 // The requests in flight are about to be forgotten (a rollback, a restart),
 // but the nodes still compute theirs: each peer's drained_at says until when.

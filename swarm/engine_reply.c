@@ -510,7 +510,7 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
     } else if (h->type == NET_MSG_HEARTBEAT) {
         s_on_heartbeat(r, p, &e);
     } else if (h->type == NET_MSG_BYE) {
-        engine_peer_gone(r, p, "left (BYE)");
+        engine_peer_gone(r, p, "left (BYE)", "left (BYE)");
     } else if (h->flags & NET_FLAG_REPLY) {
         s_on_reply(r, p, &e);
     }

@@ -72,6 +72,17 @@ static void s_add(net_msg_t *m, const float *x, uint32_t *dims, int ndims)
     ck_assert_int_eq(net_msg_add_tensor(m, NET_DTYPE_F32, dims, ndims, x), 0);
 }
 
+// An activation tensor of the tests, each value k, added to m.
+static void s_add_ones_times(net_msg_t *m, double k, uint32_t *dims)
+{
+    float *x = malloc(sizeof s_ones);
+    ck_assert_ptr_nonnull(x);
+    for (size_t j = 0; j < sizeof s_ones / sizeof s_ones[0]; j++)
+        x[j] = (float) (s_ones[j] * k);
+    s_add(m, x, dims, 3);
+    free(x);
+}
+
 static int s_flag(const net_msg_t *m, const char *key)
 {
     char text[8];
@@ -113,21 +124,11 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
     net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
                                  : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
     if ((t == NET_MSG_FWD || t == NET_MSG_BWD) && w->lying[i]) {
-        float *x = malloc(sizeof s_ones);
-        ck_assert_ptr_nonnull(x);
-        for (size_t j = 0; j < sizeof s_ones / sizeof s_ones[0]; j++)
-            x[j] = (float) (s_ones[j] * w->scale[i]);
-        s_add(a, x, acts, 3);
-        free(x);
+        s_add_ones_times(a, w->scale[i], acts);
         w->scale[i] = fmin(w->scale[i] * w->walk[i], 1e30); // finite, as a liar keeps them
         w->lies[i]++;
     } else if (t == NET_MSG_BWD && w->spike[i] > 0.0) {
-        float *x = malloc(sizeof s_ones);
-        ck_assert_ptr_nonnull(x);
-        for (size_t j = 0; j < sizeof s_ones / sizeof s_ones[0]; j++)
-            x[j] = (float) (s_ones[j] * w->spike[i]);
-        s_add(a, x, acts, 3);
-        free(x);
+        s_add_ones_times(a, w->spike[i], acts);
         w->spike[i] = 0.0;
     } else if (t == NET_MSG_FWD || t == NET_MSG_BWD) {
         s_add(a, s_ones, acts, 3);

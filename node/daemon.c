@@ -480,7 +480,6 @@ static int s_on_request(daemon_t *d, const net_msg_t *msg, net_msg_t **reply, ch
     return node_worker_serve(d->w, msg, reply, err, n);
 }
 
-// Serve one message (taken) that arrived at `arrived` (net_clock_ms).
 // --misbehave slowclaim (a speed claimed a million times below its own,
 // then no FWD or BWD answered) and ckptstall (no STATE_GET answered: a
 // checkpoint's read, a joiner's state): whether d holds this request for
@@ -512,6 +511,7 @@ static int s_stall_maybe(daemon_t *d, const net_head_t *h)
     return held;
 }
 
+// Serve one message (taken) that arrived at `arrived` (net_clock_ms).
 static void s_serve(daemon_t *d, net_msg_t **msg_p, int64_t arrived)
 {
     const net_head_t *h = net_msg_head_const(*msg_p);

@@ -351,12 +351,17 @@ static int64_t s_state_deadline_ms(const swarm_engine_t *r, int stage)
 // cannot stall the swarm either.
 #define JOIN_HOLD_SHARE 0.1
 #define JOIN_HOLD_FREE_MS 30000
+static int s_joiner_holds(const swarm_engine_t *r, int p)
+{
+    return r->started && r->peers[p].state == P_JOINING && r->peers[p].inflight > 0;
+}
+
 int engine_join_held(swarm_engine_t *r)
 {
     int64_t now = r->now_ms;
     int held = 0;
-    for (int p = 0; r->started && p < r->npeers && !held; p++)
-        held = r->peers[p].state == P_JOINING && r->peers[p].inflight > 0;
+    for (int p = 0; p < r->npeers && !held; p++)
+        held = s_joiner_holds(r, p);
     if (held && !r->join_hold_from)
         r->join_hold_from = now;
     int64_t total = r->join_held_ms + (r->join_hold_from ? now - r->join_hold_from : 0);
@@ -383,8 +388,7 @@ int engine_join_held(swarm_engine_t *r)
 // doubles each time.
 void engine_peer_gone(swarm_engine_t *r, int p, const char *why, const char *line)
 {
-    const peer_t *pe = &r->peers[p];
-    if (pe->state == P_JOINING && r->started && pe->inflight > 0)
+    if (s_joiner_holds(r, p))
         engine_peer_fail(r, p, "%s while its stage's state was on its way", why);
     else
         engine_peer_dead(r, p, line);

@@ -80,9 +80,10 @@ wait_exit "$router" 240 || { bad "router still running after 240 s"; tail -20 "$
 wait "$router"
 rc=$?
 
-# expect NAME PATTERN WHAT: the router's log says it caught NAME
+# expect NAME PATTERN WHAT: the router's log ($log) says it caught NAME
+log=$TMP/router.log
 expect() {
-    line=$(grep -E "\($1\) $2" "$TMP/router.log" | head -n 1)
+    line=$(grep -E "\($1\) $2" "$log" | head -n 1)
     if [ -n "$line" ]; then ok "$3: ${line#swarm router: }"; else bad "$3: no line matching '$2'"; fi
 }
 expect nan "sent a non-finite value.*: banned for" "a NaN in an activation is refused and its sender banned"
@@ -155,13 +156,9 @@ if [ $rc -eq 0 ] && grep -q "^summary | iters $ITERS " "$log"; then
 else
     bad "router exit $rc:"; tail -10 "$log"
 fi
-expect_in() { # LOG NAME PATTERN WHAT
-    line=$(grep -E "\($2\) $3" "$1" | head -n 1)
-    if [ -n "$line" ]; then ok "$4: ${line#swarm router: }"; else bad "$4: no line matching '$3'"; fi
-}
-expect_in "$log" joinhold "left \(BYE\) while its stage's state was on its way: banned for 5 s \(failure 1\)" \
+expect joinhold "left \(BYE\) while its stage's state was on its way: banned for 5 s \(failure 1\)" \
     "a joiner that leaves while the swarm waits for its state is banned"
-expect_in "$log" joinhold "left \(BYE\) while its stage's state was on its way: banned for 10 s \(failure 2\)" \
+expect joinhold "left \(BYE\) while its stage's state was on its way: banned for 10 s \(failure 2\)" \
     "and banned twice as long when it does it again"
 check_losses "$TMP/swarm2.txt" "$TMP/train.txt" "$ITERS" "with a joiner that holds and leaves"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 joinhold

@@ -198,12 +198,22 @@ out:
     return rate;
 }
 
+// The most one message from the router may carry: what the node may hold
+// (its budget is at least its stage's need, which holds the largest a
+// router sends it: the stage's state). The transport drops a larger frame
+// before anything of it is allocated, and the link with it.
+static uint64_t s_frame_cap(const daemon_t *d)
+{
+    uint64_t cap = (uint64_t) d->memory + 4096;
+    return d->memory > 0 && cap < NET_PAYLOAD_MAX ? cap : NET_PAYLOAD_MAX;
+}
+
 static int s_client_open(daemon_t *d, char *err, size_t n)
 {
     net_client_config_t c = {
         .endpoint = d->o.join, .server = d->router_key, .key = d->id.key,
         .limits = { .max_tensors = NET_TENSORS_MAX, .max_dims = NET_DIMS_MAX,
-                    .max_dim = 1u << 30, .max_payload = NET_PAYLOAD_MAX, .max_meta = 1u << 16 },
+                    .max_dim = 1u << 30, .max_payload = s_frame_cap(d), .max_meta = 1u << 16 },
     };
     char why[512] = "";
     int rc = net_client_new(&c, &d->client, why, sizeof why);

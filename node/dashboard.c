@@ -178,6 +178,7 @@ static void s_counters(FILE *f, const json_t *doc)
         {"audits", "swarm_audits_total", "Gradient sums recomputed by another replica."},
         {"audit_caught", "swarm_audit_liars_caught_total", "Audits that expelled a liar."},
         {"status_refused", "swarm_status_refused_total", "STATUS requests the router refused: over its budget (a flood)."},
+        {"dropped_unread", "swarm_messages_dropped_total", "Messages dropped unread: a type no node sends unasked, tensors on a control message, or a key that never said HELLO."},
     };
     const json_t *counters = json_object_get(doc, "counters");
     for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {

@@ -261,6 +261,24 @@ static void s_micro_why(const router_t *r, double idle)
                "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
 }
 
+// The most a node's message may carry: the largest stage's state (its
+// parameters and both moments, fp32: a STATE_GET's answer, the largest a
+// node sends) or a micro-batch's activations, whichever is more. With
+// --stages auto nothing is cut yet, and one stage may be the whole model
+// at the whole batch. The transport drops a larger frame unread.
+static uint64_t s_frame_cap(const router_t *r)
+{
+    size_t most = 0, micro = (size_t) (r->auto_stages ? r->hp.batch : r->hp.micro);
+    for (int s = 0; s < r->c.stages; s++)
+        most = r->c.stage_n[s] > most ? r->c.stage_n[s] : most;
+    if (r->auto_stages)
+        most = r->c.nparams;
+    uint64_t state = 3 * (uint64_t) most * sizeof(float);
+    uint64_t acts = (uint64_t) micro * (size_t) r->hp.cfg.T * (size_t) r->hp.cfg.C * sizeof(float);
+    uint64_t cap = (state > acts ? state : acts) + 4096;
+    return cap < NET_PAYLOAD_MAX ? cap : NET_PAYLOAD_MAX;
+}
+
 static int s_listen(router_t *r, char *err, size_t n)
 {
     int rc = s_load_key(r, err, n);
@@ -272,13 +290,11 @@ static int s_listen(router_t *r, char *err, size_t n)
         if (rc != 0)
             return rc;
     }
-    size_t state_bytes = 3 * node_config_params(&r->hp.cfg) * sizeof(float);
     net_server_config_t cfg = {
         .endpoint = r->listen, .key = r->key, .allow = r->allow,
         .limits = {
             .max_tensors = 3, .max_dims = 3, .max_dim = 1u << 30,
-            .max_payload = state_bytes + 4096 < NET_PAYLOAD_MAX ? state_bytes + 4096 : NET_PAYLOAD_MAX,
-            .max_meta = 4096,
+            .max_payload = s_frame_cap(r), .max_meta = 4096,
         },
         .timing = { .dead_ms = 10000 },
     };

@@ -68,6 +68,11 @@ typedef struct {
 
 typedef struct engine_history engine_history_t;
 
+// A node sends a HEARTBEAT a second and a HELLO every two while it waits:
+// a peer that sends more than ROUTER_BURST unasked messages in a second
+// floods the router, and fails.
+#define ROUTER_BURST 100
+
 // STATUS answered at most STATUS_RATE a second in all (a burst of
 // STATUS_BURST) and STATUS_KEY_RATE a second to one key (a burst of
 // STATUS_KEY_BURST): its answer is the largest the router sends unasked
@@ -407,6 +412,7 @@ struct swarm_engine_s {
     float *audit_dx;         // (micro, T, C): the target's input gradient, decoded
     int audits;              // audits settled
     int audit_caught;        // of them, a liar expelled
+    long unreadable;         // messages dropped unread: a type no node sends unasked (engine_on_message)
     int audit_undecided;     // disputes no third replica could decide (the step redone)
     int audit_lost;          // given up: the verifier died
     engine_bound_t norms[SWARM_MAX_STAGES]; // gradient norms a micro-batch of each stage

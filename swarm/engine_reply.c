@@ -360,11 +360,6 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
                     r->peers[p].name, net_msg_type_name(h->type), strerror(-rc));
 }
 
-// A node sends a HEARTBEAT a second and a HELLO every two while it waits:
-// a peer that sends more than ROUTER_BURST unasked messages in a second
-// floods the router, and fails.
-#define ROUTER_BURST 100
-
 static int s_flooding(swarm_engine_t *r, int p, const net_head_t *h)
 {
     peer_t *pe = &r->peers[p];
@@ -479,13 +474,51 @@ static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
         r->peers[p].slots = hb->slots >= 0 && hb->slots <= r->G ? hb->slots : r->G;
 }
 
+// What a node may send the router, by type, checked before anything is
+// read (the transport has bounded the whole message already): unasked, only
+// HELLO, HEARTBEAT, BYE and STATUS, with no tensors; everything else is a
+// reply to a request the router made, its tensors checked against what
+// that request asked for (s_on_reply). A key that never said HELLO is read
+// only for its HELLO or STATUS. NULL when m may be read, else why not.
+static const char *s_unreadable(const net_msg_t *m, int member, char *why, size_t n)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    const char *type = net_msg_type_name(h->type);
+    if (h->flags & NET_FLAG_REPLY) {
+        if (member)
+            return NULL;
+        snprintf(why, n, "a reply (%s) from a key that never said HELLO", type);
+        return why;
+    }
+    int control = h->type == NET_MSG_HELLO || h->type == NET_MSG_HEARTBEAT
+                  || h->type == NET_MSG_BYE || h->type == NET_MSG_STATUS;
+    if (!control)
+        snprintf(why, n, "a %s request, which only the router sends", type);
+    else if (h->ntensors > 0)
+        snprintf(why, n, "a %s carrying %u tensor%s (%.0f bytes), which carries none", type,
+                 h->ntensors, h->ntensors == 1 ? "" : "s", (double) engine_payload(m));
+    else if (!member && h->type != NET_MSG_HELLO && h->type != NET_MSG_STATUS)
+        snprintf(why, n, "a %s from a key that never said HELLO", type);
+    else
+        return NULL;
+    return why;
+}
+
 void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
 {
+    const net_head_t *h = net_msg_head_const(m);
+    int p = engine_peer_find(r, who);
+    char note[64], why[160];
+    if (s_unreadable(m, p >= 0, why, sizeof why)) {
+        r->unreadable++; // counters.dropped_unread in swarm status
+        if (engine_loud(r, who->key, note, sizeof note))
+            engine_warn(r, "swarm router: %s from %.8s...: dropped unread%s\n", why, who->key, note);
+        if (p >= 0 && strcmp(r->peers[p].who.conn, who->conn) == 0)
+            s_flooding(r, p, h); // counts toward its flood limit (a reply would not)
+        return;
+    }
     msg_in_t e;
     engine_msg_decode(m, &e); // once, here: from now on fields, never text
-    const net_head_t *h = e.head;
-    int p = engine_peer_find(r, who);
-    char note[64];
     if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
         // a dead peer's key on a new connection speaks for it, unless the
         // old connection (a banned node, alive) is still heard from
@@ -503,10 +536,6 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
         engine_on_hello(r, who, &e);
     } else if (h->type == NET_MSG_STATUS) {
         engine_status_reply(r, who, m);
-    } else if (p < 0) {
-        if (engine_loud(r, who->key, note, sizeof note))
-            engine_warn(r, "swarm router: %s from %.8s..., which never said HELLO: dropped%s\n",
-                        net_msg_type_name(h->type), who->key, note);
     } else if (h->type == NET_MSG_HEARTBEAT) {
         s_on_heartbeat(r, p, &e);
     } else if (h->type == NET_MSG_BYE) {

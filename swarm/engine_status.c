@@ -84,14 +84,15 @@ static json_t *s_status_counters(const swarm_engine_t *r)
     json_t *out = json_pack("{s:I, s:I, s:I}", "activations", (json_int_t) r->wire_out[W_ACTS],
                             "gradients", (json_int_t) r->wire_out[W_GRADS],
                             "state", (json_int_t) r->wire_out[W_STATE]);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o, s:I}",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o, s:I, s:I}",
                      "rollbacks", r->rollbacks, "restarts", r->restarts, "expelled",
                      r->expelled, "bans", r->bans, "checkpoints", r->checkpoints,
                      "checksum_mismatches", r->checksum_mismatches, "resyncs", r->resyncs,
                      "spot_checks", r->spot_checks, "audits", r->audits, "audit_caught",
                      r->audit_caught, "bytes_in", (json_int_t) r->bytes_in, "bytes_out",
                      (json_int_t) r->bytes_out, "wire_in", in, "wire_out", out, "status_refused",
-                     (json_int_t) r->status_budget.refused);
+                     (json_int_t) r->status_budget.refused, "dropped_unread",
+                     (json_int_t) r->unreadable);
 }
 
 // The whole document, its history from cursor `since`; NULL out of memory.

@@ -768,6 +768,62 @@ static peer_t *s_peer_of(swarm_engine_t *e, int i)
     return &e->peers[p];
 }
 
+// One message of type from peer i, with meta and n floats of tensor (n 0:
+// none), a reply when reply.
+static void s_send_as(swarm_engine_t *e, int64_t now, int i, int type, int reply,
+                      const char *meta, uint32_t n)
+{
+    net_msg_t *m = net_msg_new(type);
+    if (reply)
+        net_msg_head(m)->flags |= NET_FLAG_REPLY;
+    ck_assert_int_eq(net_msg_set_meta(m, meta), 0);
+    if (n > 0) {
+        float *x = calloc(n, sizeof *x);
+        ck_assert_int_eq(net_msg_add_tensor(m, NET_DTYPE_F32, &n, 1, x), 0);
+        free(x);
+    }
+    net_peer_t who = s_who(i);
+    swarm_engine_message(e, now, &who, m);
+    net_msg_destroy(&m);
+}
+
+// What no node sends unasked is dropped before it is read, in a line that
+// says what it was, and counted: a HELLO or HEARTBEAT carrying tensors, a
+// request only the router sends, a HEARTBEAT or a reply from a key that
+// never said HELLO. A member that keeps sending such is banned as a flood.
+START_TEST(test_engine_what_no_node_sends_unasked_is_dropped_unread)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000);
+    s_hello(e, 1000, 1);
+    int npeers = e->npeers;
+    // a HELLO with a megabyte on it: no entry (one was made before)
+    s_send_as(e, 1000, 2, NET_MSG_HELLO, 0, "proto=1\nname=heavy\ndevice=cpu\n", 1u << 18);
+    ck_assert_int_eq(e->npeers, npeers);
+    ck_assert_msg(strstr(w.log, "a HELLO carrying 1 tensor (1048576 bytes), which carries none from "),
+                  "%s", w.log);
+    // a member's HEARTBEAT with a tensor: not read (its queue stays)
+    s_send_as(e, 1100, 1, NET_MSG_HEARTBEAT, 0, "queue=7\n", 16);
+    ck_assert_int_eq(s_peer_of(e, 1)->queue, 0);
+    s_send_as(e, 1100, 1, NET_MSG_HEARTBEAT, 0, "queue=7\n", 0);
+    ck_assert_int_eq(s_peer_of(e, 1)->queue, 7);
+    s_send_as(e, 1200, 1, NET_MSG_FWD, 0, "", 16);
+    ck_assert_msg(strstr(w.log, "a FWD request, which only the router sends from "), "%s", w.log);
+    s_send_as(e, 1300, 3, NET_MSG_HEARTBEAT, 0, "queue=1\n", 0);
+    ck_assert_msg(strstr(w.log, "a HEARTBEAT from a key that never said HELLO from "), "%s", w.log);
+    s_send_as(e, 1400, 4, NET_MSG_GRAD, 1, "samples=1\n", 16);
+    ck_assert_msg(strstr(w.log, "a reply (GRAD) from a key that never said HELLO"), "%s", w.log);
+    ck_assert_int_eq(e->npeers, npeers);
+    ck_assert_int_eq(e->unreadable, 5);
+    // a member that floods the router with what it may not send
+    for (int k = 0; k < 2 * ROUTER_BURST; k++)
+        s_send_as(e, 2000, 1, NET_MSG_STEP, 0, "", 0);
+    ck_assert_msg(strstr(w.log, "flooded the router"), "%s", w.log);
+    ck_assert_int_eq(e->unreadable, 5 + 2 * ROUTER_BURST);
+    s_close(&w, &e);
+}
+END_TEST
+
 // A peer that claims a speed near zero at HELLO, then stalls with work: its
 // deadline is not hours long (it takes at least 1/20 of the median measured
 // speed), so the swarm waits for it seconds, and trains on.
@@ -1079,6 +1135,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);
     tcase_add_test(tc, test_engine_history_thins_and_rolls_back);
     tcase_add_test(tc, test_engine_status_floods_are_answered_within_a_budget);
+    tcase_add_test(tc, test_engine_what_no_node_sends_unasked_is_dropped_unread);
     tcase_add_test(tc, test_engine_a_tiny_claimed_speed_holds_no_step_for_long);
     tcase_add_test(tc, test_engine_a_checkpoint_read_left_unanswered_is_failed);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);

@@ -17,6 +17,9 @@
  *   rogue escrouter KEYNAME             the same, but its answer is an ERROR
  *                                       whose reason holds terminal escapes
  *                                       (it clears the screen, retitles it)
+ *   rogue bigrouter KEYNAME MIB         the same, but its answer is an ERROR
+ *                                       fatal=1 carrying a tensor of MIB MiB;
+ *                                       prints "rogue: big answer N" each time
  */
 #include "net.h"
 
@@ -145,7 +148,7 @@ static int s_crowd(int n, const char *endpoint, const char *router_pub)
     return assigned == n ? 0 : 1;
 }
 
-static int s_badrouter(const char *keyname, int escapes)
+static int s_badrouter(const char *keyname, int escapes, uint32_t mib)
 {
     char err[256];
     net_key_t *key = NULL;
@@ -154,6 +157,10 @@ static int s_badrouter(const char *keyname, int escapes)
         .endpoint = "tcp://127.0.0.1:*",
         .limits = { .max_tensors = 0, .max_dims = 1, .max_dim = 1, .max_payload = 1, .max_meta = 4096 },
     };
+    uint32_t floats = mib * (1u << 18);
+    float *big = mib ? calloc(floats, sizeof *big) : NULL;
+    if (mib && !big)
+        return 2;
     if (net_key_load(keyname, &key, err, sizeof err) < 0 ||
         (cfg.key = key, net_server_new(&cfg, &srv, err, sizeof err)) < 0) {
         fprintf(stderr, "rogue: %s\n", err);
@@ -167,13 +174,20 @@ static int s_badrouter(const char *keyname, int escapes)
         net_msg_t *m = NULL;
         if (net_server_recv(srv, net_clock_ms() + 1000, &who, &m, err, sizeof err) < 0)
             continue;
-        net_msg_t *reply = net_msg_reply(m, escapes ? NET_MSG_ERROR : NET_MSG_STATUS);
+        net_msg_t *reply = net_msg_reply(m, escapes || big ? NET_MSG_ERROR : NET_MSG_STATUS);
         net_msg_destroy(&m);
-        const char *meta = escapes ? "reason=\033[2J\033]0;owned\007you are \033[31mbanned\033[0m\nfatal=1"
+        const char *meta = big ? "reason=this router is done with you\nfatal=1"
+                         : escapes ? "reason=\033[2J\033]0;owned\007you are \033[31mbanned\033[0m\nfatal=1"
                                    : "{\"step\": \"twelve\", \"state\": \"training\"}";
-        if (reply && net_msg_set_meta(reply, meta) == 0)
+        if (reply && big && net_msg_add_tensor(reply, NET_DTYPE_F32, &floats, 1, big) != 0)
+            net_msg_destroy(&reply);
+        if (reply && net_msg_set_meta(reply, meta) == 0) {
             if (net_server_send(srv, &who, &reply) < 0)
                 fprintf(stderr, "rogue: a reply was not sent\n");
+            else if (big)
+                printf("rogue: big answer %u MiB\n", mib);
+            fflush(stdout);
+        }
         net_msg_destroy(&reply);
     }
 }
@@ -181,13 +195,16 @@ static int s_badrouter(const char *keyname, int escapes)
 int main(int argc, char **argv)
 {
     if (argc == 3 && (!strcmp(argv[1], "badrouter") || !strcmp(argv[1], "escrouter")))
-        return s_badrouter(argv[2], !strcmp(argv[1], "escrouter"));
+        return s_badrouter(argv[2], !strcmp(argv[1], "escrouter"), 0);
+    if (argc == 4 && !strcmp(argv[1], "bigrouter"))
+        return s_badrouter(argv[2], 0, (uint32_t) atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "crowd"))
         return s_crowd(atoi(argv[2]), argv[3], argv[4]);
     if (argc != 4) {
         fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n"
                         "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n"
-                        "       rogue badrouter|escrouter KEYNAME\n");
+                        "       rogue badrouter|escrouter KEYNAME\n"
+                        "       rogue bigrouter KEYNAME MIB\n");
         return 2;
     }
     if (!strcmp(argv[1], "garbage"))

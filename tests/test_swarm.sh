@@ -238,4 +238,26 @@ else
     bad "the node refused by a router with escapes (exit $rc):"; cat -v "$TMP/esc-node.log" | tail -5
 fi
 
+# a router whose answer is larger than the node may hold (a 32 MiB ERROR
+# fatal=1 to a node of --memory 8M): the node's transport drops it unread,
+# link and all, so the node never reads the fatal, and it goes on
+"$ROGUE" bigrouter "$TMP/esc-router" 32 >"$TMP/big.out" 2>&1 &
+big_rogue=$!
+pids="$pids $big_rogue"
+wait_grep "$TMP/big.out" "listening on" 10
+big_ep=$(sed -n 's/^rogue: listening on //p' "$TMP/big.out")
+"$SWARM" node --join "$big_ep" --router-key "$TMP/esc-router.pub" --threads 1 --key "$TMP/big-node" \
+    --memory 8M >"$TMP/big-node.log" 2>&1 &
+big_node=$!
+pids="$pids $big_node"
+wait_grep "$TMP/big.out" "big answer" 20
+sleep 2
+if kill -0 "$big_node" 2>/dev/null && grep -q "big answer 32 MiB" "$TMP/big.out" \
+    && ! grep -q "refused us" "$TMP/big-node.log"; then
+    ok "a router's answer over the node's --memory is dropped unread: the node runs on ($(grep -c "big answer" "$TMP/big.out") sent)"
+else
+    bad "the node sent 32 MiB with --memory 8M:"; tail -5 "$TMP/big-node.log"; cat "$TMP/big.out"
+fi
+kill "$big_node" "$big_rogue" 2>/dev/null
+
 lib_done

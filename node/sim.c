@@ -27,7 +27,7 @@ typedef struct {
 
 static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
                                                     "grad", "sumsq", "dx", "state", "rmswalk",
-                                                    "slowclaim", "ckptstall" };
+                                                    "slowclaim", "ckptstall", "joinhold" };
 
 static void s_help(FILE *out)
 {
@@ -74,7 +74,7 @@ static void s_help(FILE *out)
         "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
         "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx,\n"
-        "                     state, rmswalk, slowclaim, ckptstall\n"
+        "                     state, rmswalk, slowclaim, ckptstall, joinhold\n"
         "                     (default: all of them)\n"
         "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
         "                     tiled over --peers (copies at phases of the trace)\n"
@@ -138,7 +138,7 @@ static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
             k++;
         if (k == SIM_LIES)
             return s_bad(err, n, "--lies", v, "ways from nan, scale, drift, shuffle, speed, "
-                         "grad, sumsq, dx, state, rmswalk, slowclaim, ckptstall, "
+                         "grad, sumsq, dx, state, rmswalk, slowclaim, ckptstall, joinhold, "
                          "comma-separated");
         f->o.lies |= 1u << k;
         p += len + (p[len] == ',');

@@ -349,6 +349,12 @@ static void s_event(sim_t *s, event_t ev)
     case EV_GONE:
         swarm_engine_gone(s->e, s->now, &pe->who);
         break;
+    case EV_LEAVE:
+        sim_leave(s, ev.peer);
+        break;
+    case EV_BACK:
+        sim_back(s, ev.peer);
+        break;
     }
 }
 

@@ -9,11 +9,12 @@
 #define SIM_TICK_MS 50       // the shell's loop: a tick at least this often
 #define SIM_GONE_MS 200      // a killed peer's connection is found gone after this
 #define SIM_HEARTBEAT_MS 1000
+#define SIM_JOINHOLD_MS 3000  // a joinhold liar holds its state this long, then leaves
 #define SIM_STATE_FLOATS 3   // a replica's state: the first 3 floats of its stage
 #define SIM_RTO_MS 200       // a lost segment's retransmission (Linux's least RTO)
 
 enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE,
-       EV_STALL, EV_RESUME, EV_CHURN };
+       EV_STALL, EV_RESUME, EV_CHURN, EV_LEAVE, EV_BACK };
 
 typedef struct {
     int64_t t;               // ms of virtual time
@@ -42,6 +43,7 @@ typedef struct {
     int lie;                 // SIM_LIE_*: a liar's bans are expected too
     long lie_from;           // the step it starts lying at
     int caught;              // the engine banned or expelled it (a liar)
+    int64_t away_until;      // ms: a joinhold liar that left is started again then
     long first_lie;          // the step of its first lying gradient sum, -1 none yet
     int copy;                // --churn: the copy of the trace it belongs to, -1 none
     void *node;              // --numeric: its node (swarm_sim_nodes_t)
@@ -122,6 +124,10 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe);
 // a random live peer (of churn copy `copy`, -1 any), -1 none
 int sim_pick_live(sim_t *s, int copy);
 void sim_kill(sim_t *s, int p);
+// A joinhold liar leaves with a BYE (EV_LEAVE), its process started again a
+// second later with its key (EV_BACK): it says HELLO again.
+void sim_leave(sim_t *s, int p);
+void sim_back(sim_t *s, int p);
 void sim_stall(sim_t *s, int p);
 // the stage the engine holds peer p ready on, -1 none
 int sim_ready_on(const sim_t *s, int p);

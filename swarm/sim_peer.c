@@ -439,7 +439,8 @@ static int s_next_index(const queue_t *q)
 void sim_serve(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    if (!pe->alive || pe->busy || pe->queue.n == 0 || s->now < pe->stall_until)
+    if (!pe->alive || pe->busy || pe->queue.n == 0 || s->now < pe->stall_until
+        || s->now < pe->away_until)
         return;
     queue_t *q = &pe->queue;
     int i = s_next_index(q);
@@ -450,11 +451,17 @@ void sim_serve(sim_t *s, int p)
     q->n--;
     int type = net_msg_head_const(req)->type;
     // a slowclaim liar holds the work it is given, a ckptstall liar every
-    // STATE_GET (a checkpoint's read, a joiner's state), for good
+    // STATE_GET (a checkpoint's read, a joiner's state), for good; a
+    // joinhold liar the state it is sent to join with, and leaves before
+    // the deadline
+    int holds_state = type == NET_MSG_STATE && !(net_msg_head_const(req)->flags & NET_FLAG_REPLY)
+                      && s_lying(pe, SIM_LIE_JOINHOLD);
     int held = ((type == NET_MSG_FWD || type == NET_MSG_BWD) && s_lying(pe, SIM_LIE_SLOWCLAIM))
-            || (type == NET_MSG_STATE_GET && s_lying(pe, SIM_LIE_CKPTSTALL));
+            || (type == NET_MSG_STATE_GET && s_lying(pe, SIM_LIE_CKPTSTALL)) || holds_state;
     if (held && pe->first_lie < 0)
         pe->first_lie = pe->step;
+    if (holds_state)
+        sim_push(s, s->now + SIM_JOINHOLD_MS, EV_LEAVE, p, NULL);
     net_msg_t *reply = held ? NULL : s_answer(s, pe, req);
     int64_t took = held ? 0 : s_cost_ms(s, pe, req);
     net_msg_destroy(&req);
@@ -502,8 +509,12 @@ void sim_heartbeat(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
     char meta[160];
-    if (s->now < pe->stall_until)
-        return; // a stopped process says nothing
+    if (s->now < pe->stall_until || s->now < pe->away_until)
+        return; // a stopped process says nothing, nor one not started again yet
+    if (s_lying(pe, SIM_LIE_JOINHOLD) && pe->ready && pe->first_lie < 0) {
+        sim_leave(s, p); // the first time: it leaves to join again
+        return;
+    }
     // as a node says it: its speed on the stage it serves (a stage's cost
     // scales it), the HELLO's yardstick before it has one
     double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
@@ -561,7 +572,7 @@ int sim_peer_new(sim_t *s, int copy)
         const swarm_sim_nodes_t *nodes = s->o->nodes;
         // the sim says its speed, and holds what it holds
         int lie = pe->lie == SIM_LIE_SPEED || pe->lie == SIM_LIE_SLOWCLAIM
-                  || pe->lie == SIM_LIE_CKPTSTALL ? 0 : pe->lie;
+                  || pe->lie == SIM_LIE_CKPTSTALL || pe->lie == SIM_LIE_JOINHOLD ? 0 : pe->lie;
         if (!(pe->node = nodes->open(nodes->ctx, p, lie, pe->lie_from)))
             abort(); // a bookkeeping allocation
     } else {
@@ -651,6 +662,34 @@ void sim_kill(sim_t *s, int p)
     s->kills++;
     sim_peer_free(s, pe);
     sim_push(s, s->now + SIM_GONE_MS, EV_GONE, p, NULL);
+}
+
+void sim_leave(sim_t *s, int p)
+{
+    sim_peer_t *pe = &s->peers[p];
+    if (!pe->alive || s->now < pe->away_until)
+        return;
+    sim_leaves(s, p);
+    net_msg_t *bye = net_msg_new(NET_MSG_BYE);
+    sim_push(s, sim_arrival(s, p, LINK_UP, bye, s->now), EV_TO_ENGINE, p, bye);
+    for (int i = 0; i < pe->queue.n; i++) // the process is gone, and what it held
+        net_msg_destroy(&pe->queue.q[i]);
+    pe->queue.n = 0;
+    pe->stage = -1;
+    pe->ready = 0;
+    pe->away_until = s->now + 1000;
+    sim_push(s, pe->away_until, EV_BACK, p, NULL);
+}
+
+void sim_back(sim_t *s, int p)
+{
+    sim_peer_t *pe = &s->peers[p];
+    if (!pe->alive || s->now < pe->away_until)
+        return;
+    for (int i = 0; i < pe->queue.n; i++) // sent to the process that left
+        net_msg_destroy(&pe->queue.q[i]);
+    pe->queue.n = 0;
+    s_hello(s, p);
 }
 
 // Stop peer p for --stall seconds, as SIGSTOP does: its connection stays,

@@ -360,7 +360,7 @@ typedef struct {
 // the RMS bound) (NODE_LIE_* of worker.h).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
        SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIE_RMSWALK, SIM_LIE_SLOWCLAIM,
-       SIM_LIE_CKPTSTALL, SIM_LIES };
+       SIM_LIE_CKPTSTALL, SIM_LIE_JOINHOLD, SIM_LIES };
 
 // A churn trace (swarm_sim_churn_load): how many of its machines were up,
 // as a step function of time.

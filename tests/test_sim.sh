@@ -100,6 +100,24 @@ if [ "$held" = 0 ]; then
 else
     bad "stalling liars, seeds$seeds: $(cat "$TMP/held.out")"
 fi
+# joiners that take their state, hold it 3 s and leave, again and again
+# (joinhold): each is banned when it leaves with its state on its way, 5 s
+# and then 10 s; the run finishes with every invariant held
+held=0 seeds=""
+for seed in $(seq 1 4); do
+    SWARM_PLAIN=1 "$SWARM" sim --peers 10 --stages 2 $TINY --batch 8 --iters 120 --liars 2 \
+        --lies joinhold --seed "$seed" --verbose >"$TMP/sim.out" 2>&1
+    if ! tail -n 1 "$TMP/sim.out" | grep -q "invariants ok" || ! grep -q "2 liars (2 caught)" "$TMP/sim.out" \
+        || ! grep -q "left (BYE) while its stage's state was on its way: banned for 10 s" "$TMP/sim.out"; then
+        held=$((held + 1)) seeds="$seeds $seed"
+        { grep "faults" "$TMP/sim.out"; tail -n 1 "$TMP/sim.out"; } >"$TMP/held.out"
+    fi
+done
+if [ "$held" = 0 ]; then
+    ok "joinhold liars, 2 of 10, 4 seeds: banned 5 s, then 10 s, each time they leave with a state; the run finished"
+else
+    bad "joinhold liars, seeds$seeds: $(cat "$TMP/held.out")"
+fi
 # two grad liars on each stage of four replicas, each liar its own factor,
 # every sum audited, over 80 seeds: an audit's third replica that agrees
 # with neither the target nor the first verifier decides nothing (another

@@ -37,6 +37,28 @@ sim_ok() {
     esac
 }
 
+# failing_seeds N WANT FLAGS...: swarm sim FLAGS --seed 1..N; prints the
+# seeds whose run did not end "invariants ok" or whose output lacks one of
+# WANT's lines (fixed strings, one a line); the last of them's faults and
+# summary go to $TMP/held.out
+failing_seeds() {
+    fs_n=$1 fs_want=$2
+    shift 2
+    printf '%s\n' "$fs_want" >"$TMP/want.txt"
+    for fs_seed in $(seq 1 "$fs_n"); do
+        SWARM_PLAIN=1 "$SWARM" sim "$@" --seed "$fs_seed" >"$TMP/sim.out" 2>&1
+        fs_ok=1
+        tail -n 1 "$TMP/sim.out" | grep -q "invariants ok" || fs_ok=0
+        while read -r fs_line; do
+            grep -qF -- "$fs_line" "$TMP/sim.out" || fs_ok=0
+        done <"$TMP/want.txt"
+        if [ $fs_ok = 0 ]; then
+            printf ' %s' "$fs_seed"
+            { grep "faults" "$TMP/sim.out"; tail -n 1 "$TMP/sim.out"; } >"$TMP/held.out"
+        fi
+    done
+}
+
 TINY="--layers 2 --heads 4 --embd 32 --block 16 --micro-batch 2 --warmup 2 --eval-every 0"
 # found by the sim: with a replica killed, the last stage (its only
 # replica) finished a step last and applied its own update, and the next
@@ -86,16 +108,9 @@ fi
 # deadline. A step started over while a stalled read was on its way once
 # dropped the read and not its count: the next checkpoint waited for good
 # (3 of these 8 seeds held at step 15 until the sim's limit)
-held=0 seeds=""
-for seed in $(seq 1 8); do
-    SWARM_PLAIN=1 "$SWARM" sim --peers 10 --stages 2 $TINY --batch 8 --iters 60 --liars 4 \
-        --lies slowclaim,ckptstall --save-every 5 --seed "$seed" >"$TMP/sim.out" 2>&1
-    if ! tail -n 1 "$TMP/sim.out" | grep -q "invariants ok" || ! grep -q "4 liars (4 caught)" "$TMP/sim.out"; then
-        held=$((held + 1)) seeds="$seeds $seed"
-        { grep "faults" "$TMP/sim.out"; tail -n 1 "$TMP/sim.out"; } >"$TMP/held.out"
-    fi
-done
-if [ "$held" = 0 ]; then
+seeds=$(failing_seeds 8 "4 liars (4 caught)" --peers 10 --stages 2 $TINY --batch 8 --iters 60 \
+    --liars 4 --lies slowclaim,ckptstall --save-every 5)
+if [ -z "$seeds" ]; then
     ok "liars that stall (slowclaim, ckptstall), 4 of 10, 8 seeds: every one caught, the run finished"
 else
     bad "stalling liars, seeds$seeds: $(cat "$TMP/held.out")"
@@ -103,17 +118,10 @@ fi
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held
-held=0 seeds=""
-for seed in $(seq 1 4); do
-    SWARM_PLAIN=1 "$SWARM" sim --peers 10 --stages 2 $TINY --batch 8 --iters 120 --liars 2 \
-        --lies joinhold --seed "$seed" --verbose >"$TMP/sim.out" 2>&1
-    if ! tail -n 1 "$TMP/sim.out" | grep -q "invariants ok" || ! grep -q "2 liars (2 caught)" "$TMP/sim.out" \
-        || ! grep -q "left (BYE) while its stage's state was on its way: banned for 10 s" "$TMP/sim.out"; then
-        held=$((held + 1)) seeds="$seeds $seed"
-        { grep "faults" "$TMP/sim.out"; tail -n 1 "$TMP/sim.out"; } >"$TMP/held.out"
-    fi
-done
-if [ "$held" = 0 ]; then
+seeds=$(failing_seeds 4 "2 liars (2 caught)
+left (BYE) while its stage's state was on its way: banned for 10 s" --peers 10 --stages 2 $TINY \
+    --batch 8 --iters 120 --liars 2 --lies joinhold --verbose)
+if [ -z "$seeds" ]; then
     ok "joinhold liars, 2 of 10, 4 seeds: banned 5 s, then 10 s, each time they leave with a state; the run finished"
 else
     bad "joinhold liars, seeds$seeds: $(cat "$TMP/held.out")"

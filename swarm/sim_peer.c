@@ -589,11 +589,17 @@ int sim_peer_new(sim_t *s, int copy)
     return p;
 }
 
+// What waits at a peer's process, gone with it.
+static void s_queue_drop(queue_t *q)
+{
+    for (int i = 0; i < q->n; i++)
+        net_msg_destroy(&q->q[i]);
+    q->n = 0;
+}
+
 void sim_peer_free(sim_t *s, sim_peer_t *pe)
 {
-    for (int i = 0; i < pe->queue.n; i++)
-        net_msg_destroy(&pe->queue.q[i]);
-    pe->queue.n = 0;
+    s_queue_drop(&pe->queue);
     free(pe->queue.q);
     free(pe->queue.at);
     free(pe->grad);
@@ -672,9 +678,7 @@ void sim_leave(sim_t *s, int p)
     sim_leaves(s, p);
     net_msg_t *bye = net_msg_new(NET_MSG_BYE);
     sim_push(s, sim_arrival(s, p, LINK_UP, bye, s->now), EV_TO_ENGINE, p, bye);
-    for (int i = 0; i < pe->queue.n; i++) // the process is gone, and what it held
-        net_msg_destroy(&pe->queue.q[i]);
-    pe->queue.n = 0;
+    s_queue_drop(&pe->queue); // the process is gone, and what it held
     pe->stage = -1;
     pe->ready = 0;
     pe->away_until = s->now + 1000;
@@ -686,9 +690,7 @@ void sim_back(sim_t *s, int p)
     sim_peer_t *pe = &s->peers[p];
     if (!pe->alive || s->now < pe->away_until)
         return;
-    for (int i = 0; i < pe->queue.n; i++) // sent to the process that left
-        net_msg_destroy(&pe->queue.q[i]);
-    pe->queue.n = 0;
+    s_queue_drop(&pe->queue); // sent to the process that left
     s_hello(s, p);
 }
 

@@ -357,7 +357,9 @@ typedef struct {
 // each liar its own factor), a norm-only sum of squares of 1e300, input
 // gradients pointing the other way, a state other than the one its
 // checksum is of, activations each 1.5x the size of the last (a walk up
-// the RMS bound) (NODE_LIE_* of worker.h).
+// the RMS bound) (NODE_LIE_* of worker.h); and the stalls the sim plays
+// itself: a claimed speed a millionth of its own then no work answered, no
+// STATE_GET answered, a joiner that holds its state and leaves (again).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
        SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIE_RMSWALK, SIM_LIE_SLOWCLAIM,
        SIM_LIE_CKPTSTALL, SIM_LIE_JOINHOLD, SIM_LIES };

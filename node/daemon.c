@@ -358,13 +358,19 @@ static net_msg_t *s_msg_new(int type)
     return msg;
 }
 
-// Add "key=value" lines to msg's meta, after what it has.
+// What d claims of its speed, as a factor of what it has: --misbehave
+// speed 1000x (from its step on), slowclaim a millionth from its first
+// word (a deadline once followed from the claim); 1 for an honest node.
+static double s_claimed(const daemon_t *d)
+{
+    return (s_lying(d, MIS_SPEED) ? 1000.0 : 1.0) * (d->o.misbehave == MIS_SLOWCLAIM ? 1e-6 : 1.0);
+}
+
+// The HELLO: who this node is, what it may hold, and its speed.
 static void s_hello_send(daemon_t *d)
 {
     char meta[512];
-    double tok_s = d->tok_s_bench * (s_lying(d, MIS_SPEED) ? 1000.0 : 1.0); // the same yardstick for every node
-    if (d->o.misbehave == MIS_SLOWCLAIM)
-        tok_s *= 1e-6; // from its first word: a deadline once followed from the claim
+    double tok_s = d->tok_s_bench * s_claimed(d); // the same yardstick for every node
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=%s\nthreads=%d\nmemory=%zu\ntok_s=%.6g",
              d->o.name, d->be->device, d->be->threads, d->memory, tok_s);
     net_msg_t *msg = s_msg_new(NET_MSG_HELLO);
@@ -381,11 +387,7 @@ static void s_heartbeat_send(daemon_t *d)
     char meta[256];
     node_worker_status_t st;
     node_worker_status(d->w, &st);
-    double tok_s = st.tok_s > 0 ? st.tok_s : d->tok_s_bench;
-    if (s_lying(d, MIS_SPEED))
-        tok_s *= 1000.0;
-    if (d->o.misbehave == MIS_SLOWCLAIM)
-        tok_s *= 1e-6;
+    double tok_s = (st.tok_s > 0 ? st.tok_s : d->tok_s_bench) * s_claimed(d);
     size_t heap = s_heap();
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.6g\nstep=%ld\nslots=%zu\n"
              "memory_used=%zu\nmemory_heap=%zu\nrss=%zu", st.stage, d->queued, tok_s, st.step,

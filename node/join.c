@@ -162,15 +162,23 @@ void node_join_print(FILE *out, const char *bound, const char *z85)
         return;
     }
     int n = s_addrs(host, addrs, JOIN_ADDRS_MAX);
-    fprintf(out, "join with (on each volunteer's machine; the line pastes as it is into any "
-            "shell):\n");
+    // each line is the command alone, so that the whole line pastes (a
+    // note after it once broke the shell's syntax): what it is for goes
+    // on the line above
+    if (!wild && s_loopback(host))
+        fprintf(out, "join with (from this machine only: the router listens on loopback; the "
+                "line pastes as it is into any shell):\n");
+    else if (n > 0)
+        fprintf(out, "join with (on each volunteer's machine; the line pastes as it is into any "
+                "shell):\n");
     for (int i = 0; i < n; i++)
-        fprintf(out, "  swarm node --join swarm://%s:%ld/%s%s\n", addrs[i], port, hex,
-                s_loopback(addrs[i]) ? "   (this machine only)" : "");
-    if (wild) // a node on the router's own machine
-        fprintf(out, "  swarm node --join swarm://127.0.0.1:%ld/%s   (this machine)\n", port, hex);
-    if (wild && n == 0)
-        fprintf(out, "  (no network interface but loopback is up: only this machine can join)\n");
+        fprintf(out, "  swarm node --join swarm://%s:%ld/%s\n", addrs[i], port, hex);
+    if (wild) { // a node on the router's own machine
+        fprintf(out, n > 0 ? "or from this machine:\n"
+                           : "join with (from this machine only: no network interface but "
+                             "loopback is up; the line pastes as it is into any shell):\n");
+        fprintf(out, "  swarm node --join swarm://127.0.0.1:%ld/%s\n", port, hex);
+    }
     fprintf(out, "or with the key apart:\n  swarm node --join tcp://%s:%ld --router-key '%s'\n",
             n > 0 ? addrs[0] : "127.0.0.1", port, z85);
 }

@@ -70,6 +70,18 @@ START_TEST(test_join_token_carries_address_and_key)
 }
 END_TEST
 
+// Every join line of text is the command alone, so that the whole line
+// pastes: a note after the token ("   (this machine only)") once made bash
+// fail on the parenthesis.
+static void s_lines_are_commands(const char *text)
+{
+    for (const char *l = strstr(text, "--join swarm://"); l; l = strstr(l + 1, "--join swarm://")) {
+        size_t line = strcspn(l, "\n");
+        ck_assert_msg(strcspn(l + strlen("--join "), " \n") + strlen("--join ") == line,
+                      "more than the command on its line:\n%s", text);
+    }
+}
+
 START_TEST(test_join_line_names_reachable_addresses)
 {
     char pub[41], sec[41];
@@ -77,8 +89,9 @@ START_TEST(test_join_line_names_reachable_addresses)
     // bound to loopback: loopback only, marked as such
     char *text = s_print("tcp://127.0.0.1:40123", pub);
     ck_assert_msg(strstr(text, "swarm://127.0.0.1:40123/"), "%s", text);
-    ck_assert_msg(strstr(text, "(this machine only)"), "%s", text);
+    ck_assert_msg(strstr(text, "from this machine only: the router listens on loopback"), "%s", text);
     ck_assert_ptr_null(strstr(text, "0.0.0.0"));
+    s_lines_are_commands(text);
     free(text);
     // bound to every interface: never 0.0.0.0, which nobody can connect to
     text = s_print("tcp://0.0.0.0:7070", pub);
@@ -86,6 +99,7 @@ START_TEST(test_join_line_names_reachable_addresses)
     ck_assert_msg(strstr(text, "swarm://127.0.0.1:7070/"), "%s", text);
     char *tcp = s_first_join(text, "tcp://");
     ck_assert_str_ne(tcp, "tcp://0.0.0.0:7070");
+    s_lines_are_commands(text);
     free(tcp);
     free(text);
     // a named host as it is

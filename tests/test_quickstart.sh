@@ -32,7 +32,7 @@ fi
 (cd "$TMP/work" && exec sh -c "$block") >"$TMP/router.log" 2>&1 &
 shell=$!
 pids="$shell"
-if wait_grep "$TMP/router.log" "(this machine" 20; then
+if wait_grep "$TMP/router.log" "^  swarm node --join swarm://127.0.0.1:" 20; then
     ok "the router prints a join line for this machine"
 else
     bad "no join line within 20 s:"; cat "$TMP/router.log"; lib_done; exit 1
@@ -40,7 +40,9 @@ fi
 router=$(pgrep -P "$shell" | head -1)
 [ -n "$router" ] || router=$shell
 pids="$pids $router"
-line=$(sed -n 's/^  \(swarm node --join swarm:[^ ]*\).*(this machine.*/\1/p' "$TMP/router.log" | head -1)
+# the whole printed line, as a person pastes it (a note once followed the
+# token on it, and bash failed on its parenthesis)
+line=$(sed -n 's/^  \(swarm node --join swarm:\/\/127\.0\.0\.1:.*\)$/\1/p' "$TMP/router.log" | head -1)
 token=${line#swarm node --join }
 
 # every printed form reaches the program as it was printed, in every shell here

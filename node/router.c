@@ -350,6 +350,7 @@ static int s_engine(router_t *r, char *err, size_t n)
         .lr_at = router_io_lr_at, .clip_scale = router_io_clip_scale, .stepped = router_io_stepped,
         .evaluated = s_io_evaluated, .checkpoint = s_io_checkpoint,
         .checkpoint_wait = s_io_checkpoint_wait, .checksum = s_io_checksum,
+        .cut = r->auto_stages ? router_io_cut : NULL,
     };
     r->curve = calloc((size_t) r->hp.iters + 1, sizeof(float));
     if (!r->curve) {

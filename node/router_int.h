@@ -53,6 +53,12 @@ typedef struct {
 int router_setup(router_t *r, int argc, char **argv, char *err, size_t n);
 // The engine's config from the model, the plan and the flags.
 void router_config(router_t *r);
+// Each stage's parameters, offset, cost and need (swarm_engine_config_t's
+// stage_*) in the cut `plan`, at the run's micro-batch.
+void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, size_t *off,
+                       double *cost, double *need);
+// swarm_engine_io_t.cut with --stages auto (router_plan.c), ctx a router_t.
+int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need);
 double router_fill_idle(int G, int S);
 // The micro-batch the router picks without --micro-batch (router_setup.c).
 int router_micro_choose(int batch, int T, int S);

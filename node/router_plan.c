@@ -6,7 +6,9 @@
  * stage (node_plan_make cuts by compute; node_plan_stage_memory says what
  * each stage needs). The engine then takes the HELLOs it kept as if they
  * came now. A swarm whose nodes can hold no plan waits for more and says
- * what it needs. Planned once: the plan is not changed mid-run.
+ * what it needs. Mid-run the engine cuts the model again, through
+ * router_io_cut, when no node known can hold a stage of its cut
+ * (swarm/engine_replan.c).
  */
 #include "router_int.h"
 
@@ -36,26 +38,33 @@ static int s_micro(const router_t *r, int S)
     return r->o.micro > 0 ? r->hp.micro : router_micro_choose(r->hp.batch, r->hp.cfg.T, S);
 }
 
-// 1 when the nodes' budgets (mem[], n of them, largest first; 0 = any) can
-// hold one replica of every stage of S: the k-th largest stage by need goes
-// to the k-th largest node. need[] gets each stage's bytes.
+// 1 when the nodes' budgets (mem[], n of them; 0 = any) can hold one
+// replica of every stage of S (swarm_policy_cut_fits: the k-th largest
+// stage by need on the k-th largest node). need[] gets each stage's bytes;
+// to[n] is scratch.
 static int s_fits(const router_t *r, int S, const double *mem, int n, double *need,
-                  node_plan_t *plan)
+                  node_plan_t *plan, int *to)
 {
     char err[256];
     if (S > n || node_plan_make(&r->hp.cfg, S, plan, err, sizeof err) != 0)
         return 0;
-    double sorted[NODE_MAX_LAYERS];
     int micro = s_micro(r, S);
     for (int s = 0; s < S; s++) {
         node_memory_t m = node_plan_stage_memory(&r->hp.cfg, plan, s, micro);
-        need[s] = sorted[s] = (double) node_memory_need(m);
+        need[s] = (double) node_memory_need(m);
     }
-    qsort(sorted, (size_t) S, sizeof sorted[0], s_desc);
-    for (int k = 0; k < S; k++)
-        if (mem[k] > 0 && mem[k] < sorted[k])
-            return 0;
-    return 1;
+    return swarm_policy_cut_fits(need, S, mem, n, to);
+}
+
+int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need)
+{
+    const router_t *r = ctx;
+    node_plan_t plan;
+    char err[256];
+    if (node_plan_make(&r->hp.cfg, stages, &plan, err, sizeof err) != 0)
+        return -1;
+    router_cut_tables(r, &plan, n, off, cost, need);
+    return 0;
 }
 
 // Plan for the nodes gathered so far: 0 with r->plan (and r->hp.micro) set,
@@ -63,12 +72,13 @@ static int s_fits(const router_t *r, int S, const double *mem, int n, double *ne
 static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
 {
     double mem[GATHER_MAX], need[NODE_MAX_LAYERS];
+    int to[GATHER_MAX];
     for (int i = 0; i < n; i++)
         mem[i] = g[i].memory;
     qsort(mem, (size_t) n, sizeof mem[0], s_desc);
     node_plan_t plan;
     for (int S = 1; S <= r->hp.cfg.L && S <= n; S++) {
-        if (!s_fits(r, S, mem, n, need, &plan))
+        if (!s_fits(r, S, mem, n, need, &plan, to))
             continue;
         r->plan = plan;
         r->o.stages = S;

@@ -231,18 +231,24 @@ int router_setup(router_t *r, int argc, char **argv, char *err, size_t n)
 
 // The engine's config from the model, the plan and the flags: it knows
 // stages as parameter counts and costs, and the run as numbers.
+void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, size_t *off,
+                       double *cost, double *need)
+{
+    const node_config_t *m = &r->hp.cfg;
+    for (int s = 0; s < plan->stages; s++) {
+        node_plan_stage_range(m, plan, s, &off[s], &n[s]);
+        cost[s] = node_plan_stage_cost(m, plan, s);
+        need[s] = (double) node_memory_need(node_plan_stage_memory(m, plan, s, r->hp.micro));
+    }
+}
+
 void router_config(router_t *r)
 {
     swarm_engine_config_t *c = &r->c;
     const node_config_t *m = &r->hp.cfg;
     c->shape = (swarm_shape_t) { .V = m->V, .T = m->T, .C = m->C, .L = m->L, .H = m->H };
     c->stages = r->plan.stages;
-    for (int s = 0; s < c->stages; s++) {
-        node_plan_stage_range(m, &r->plan, s, &c->stage_off[s], &c->stage_n[s]);
-        c->stage_cost[s] = node_plan_stage_cost(m, &r->plan, s);
-        node_memory_t mem = node_plan_stage_memory(m, &r->plan, s, r->hp.micro);
-        c->stage_need[s] = (double) node_memory_need(mem);
-    }
+    router_cut_tables(r, &r->plan, c->stage_n, c->stage_off, c->stage_cost, c->stage_need);
     c->nparams = node_config_params(m);
     c->batch = r->hp.batch;
     c->micro = r->hp.micro;

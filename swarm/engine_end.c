@@ -207,6 +207,7 @@ void engine_turn(swarm_engine_t *r)
             engine_rebalance(r);
         else if (r->rollbacks > 0)
             engine_refill_all(r, 0);
+        engine_replan(r);
         engine_joins(r);
         if (!r->done && engine_all_stages_ready(r) && !engine_join_held(r)) {
             if (!r->started) {

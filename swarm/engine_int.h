@@ -436,6 +436,9 @@ struct swarm_engine_s {
     int bans;                // peers banned (for a while or for the run)
     int checkpoints;         // checkpoints whole (the caller wrote them)
     engine_history_t *hist;  // what swarm status --serve draws (engine_history.c)
+    int64_t replan_from;     // ms: since when a stage has had no node (engine_replan), 0 none
+    int64_t replan_tried;    // ms: the last look for a new cut
+    char replan_said[240];   // the last line saying no cut fits (said once)
 };
 
 enum { PH_WAIT = 0, PH_MB, PH_GRAD, PH_UPDATE, PH_CKPT, PH_EVAL, PH_DISCARD };
@@ -517,6 +520,11 @@ double engine_bound_speed(const peer_t *pe);
 int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v);
 int engine_ready_count(const swarm_engine_t *r, int stage);
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
+// Give peer p a stage (as the answer to req, or unasked): a newcomer, a
+// dead one coming back once its ban is over, or one a new cut places
+// (engine_replan.c). `stage` < 0: the policy's choice of those it holds
+// (told it holds none when it holds none).
+void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
 void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e);
 void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e);
 void engine_joins(swarm_engine_t *r);
@@ -607,6 +615,10 @@ void engine_reap(swarm_engine_t *r);
 void engine_work_forgotten(swarm_engine_t *r);
 int engine_all_stages_ready(const swarm_engine_t *r);
 void engine_rebalance(swarm_engine_t *r);
+// --stages auto, while the swarm waits for its state: a stage no node has
+// served for a while, and no node can, makes a new cut of the model for
+// the nodes known (engine_replan.c).
+void engine_replan(swarm_engine_t *r);
 void engine_turn(swarm_engine_t *r);
 // The bytes the engine holds now (engine_memory.c), and a bound of them
 // from the model, the step and live_peers, the most peers held at once

@@ -339,14 +339,16 @@ static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
     snprintf(pe->why, sizeof pe->why, "%s", why);
 }
 
-// Give peer p a stage (as the answer to req, or unasked): a newcomer, or a
-// dead one coming back once its ban is over.
-static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
+void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
 {
     peer_t *pe = &r->peers[p];
     pe->failed = 0;
     pe->tok_s = s_hello_speed(r, pe->hello_tok_s);
     engine_speed_restart(pe, r->now_ms);
+    if (stage >= 0) {
+        s_ignore(engine_send_assign(r, p, stage, req));
+        return;
+    }
     swarm_peer_view_t *views = r->views;
     engine_views(r, views);
     // the stages weighed as the bound and rebalancing weigh them
@@ -354,8 +356,8 @@ static void s_admit(swarm_engine_t *r, int p, const net_msg_t *req)
         if (q != p && r->peers[q].state == P_READY)
             views[q].tok_s = engine_bound_speed(&r->peers[q]);
     swarm_peer_view_t me = views[p];
-    int stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)
-                               : swarm_policy_assign(views, r->npeers, r->stages, r->stage_need, &me);
+    stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)
+                           : swarm_policy_assign(views, r->npeers, r->stages, r->stage_need, &me);
     if (stage < 0) {
         s_no_stage_fits(r, p, req);
         return;
@@ -374,7 +376,7 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
         if (!pe->no_fit) // (one that fits no stage asks again quietly)
             engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n",
                        pe->id, pe->name, pe->why);
-        s_admit(r, p, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
+        engine_admit(r, p, -1, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *err = net_msg_new(NET_MSG_ERROR);
         int rc = isinf(pe->banned_until)
@@ -490,7 +492,7 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
     if (pe->state == P_DEAD)
         engine_on_dead_peer(r, p, e);
     else
-        s_admit(r, p, e->msg);
+        engine_admit(r, p, -1, e->msg);
 }
 
 // Between steps: hand joining peers their stage's state, from the router's

@@ -5,8 +5,9 @@
  * step's forwards one that is done by the stage's projected end of step;
  * assignment puts a joining node on the stage with the least total
  * throughput; refilling moves one peer into a stage that lost every
- * replica (rebalancing, the best split, is policy_plan.c's); the window is
- * how many micro-batches keep every stage busy.
+ * replica (rebalancing, the best split, is policy_plan.c's); a cut of the
+ * model fits the nodes' memory when each stage has a node to hold it; the
+ * window is how many micro-batches keep every stage busy.
  */
 #include "swarm.h"
 
@@ -82,6 +83,38 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
 int swarm_policy_holds(const swarm_peer_view_t *v, const double *need, int s)
 {
     return !need || !(need[s] > 0.0) || !(v->memory > 0.0) || need[s] <= v->memory;
+}
+
+// A budget's size for the order of the largest first: unknown is any.
+static double s_budget(double memory)
+{
+    return memory > 0.0 ? memory : INFINITY;
+}
+
+int swarm_policy_cut_fits(const double *need, int S, const double *mem, int n, int *to)
+{
+    for (int i = 0; i < n; i++)
+        to[i] = -1;
+    if (S < 1 || S > n || S > SWARM_MAX_STAGES)
+        return 0;
+    unsigned char taken[SWARM_MAX_STAGES] = { 0 };
+    for (int k = 0; k < S; k++) {
+        int s = -1, node = -1; // the largest stage left, the largest node left
+        for (int j = 0; j < S; j++)
+            if (!taken[j] && (s < 0 || need[j] > need[s]))
+                s = j;
+        for (int i = 0; i < n; i++)
+            if (to[i] < 0 && (node < 0 || s_budget(mem[i]) > s_budget(mem[node])))
+                node = i;
+        if (need[s] > 0.0 && s_budget(mem[node]) < need[s]) {
+            for (int i = 0; i < n; i++)
+                to[i] = -1;
+            return 0;
+        }
+        taken[s] = 1;
+        to[node] = s;
+    }
+    return 1;
 }
 
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const double *need,

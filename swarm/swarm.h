@@ -101,6 +101,13 @@ int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const
 int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, const double *need,
                              const swarm_peer_view_t *me);
 
+// A cut of the model (--stages auto), whose S stages need need[S] bytes
+// each on a node: 1 when nodes of budgets mem[n] (bytes each may hold for
+// a stage; 0 unknown: any) hold one replica of every stage, the largest
+// stage on the largest node, the next on the next, with to[i] the stage
+// of node i (-1 for the nodes left over); else 0, every to[i] -1.
+int swarm_policy_cut_fits(const double *need, int S, const double *mem, int n, int *to);
+
 // Rebalancing (policy_plan.c): which stage each peer should serve so
 // that the pipeline's bound, the least over stages of the summed tok_s of
 // its ready and joining replicas, is highest. cost[s] is stage s's work
@@ -288,6 +295,12 @@ typedef struct {
     // digits): a state a replica sends (a checkpoint's part, a joiner's) is
     // checked against the checksum it reported; NULL: not checked
     void (*checksum)(void *ctx, const float *params, size_t n, char hex[65]);
+    // the model cut into `stages`, at the run's micro-batch: each stage's
+    // parameters n, offset off, cost and need (swarm_engine_config_t's
+    // stage_*); 0, or -1 when it has no such cut. Given (--stages auto),
+    // the engine cuts the model again when no node can hold a stage of
+    // its cut (engine_replan.c); NULL: the cut stays the config's
+    int (*cut)(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need);
 } swarm_engine_io_t;
 
 // What a run did, for its summary lines.

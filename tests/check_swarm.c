@@ -1029,6 +1029,75 @@ START_TEST(test_refill_fills_each_empty_stage_from_stages_that_can_spare)
 }
 END_TEST
 
+// Some stage-to-node assignment of need[S] into mem[n] (0: any), one node
+// a stage, by trying every one (n <= 6).
+static int s_cut_brute(const double *need, int S, int s, const double *mem, int n, int *used)
+{
+    if (s == S)
+        return 1;
+    for (int i = 0; i < n; i++) {
+        if (used[i] || (mem[i] > 0.0 && mem[i] < need[s]))
+            continue;
+        used[i] = 1;
+        int ok = s_cut_brute(need, S, s + 1, mem, n, used);
+        used[i] = 0;
+        if (ok)
+            return 1;
+    }
+    return 0;
+}
+
+START_TEST(test_cut_fits_exactly_when_some_assignment_does)
+{
+    // 37 and 36 MiB stages on 40, 40, 24, 24: the two large nodes
+    double need[2] = { 36.6, 36.9 }, mem[4] = { 24, 40, 24, 40 };
+    int to[6], used[6] = { 0 };
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, mem, 4, to), 1);
+    ck_assert_int_eq(to[0], -1);
+    ck_assert_int_eq(to[2], -1);
+    ck_assert_int_eq(to[1] + to[3], 1); // one each
+    // one large node: no cut into 2; into 3 (35.4, 20.6, 20.3) it fits
+    mem[3] = 24;
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, mem, 4, to), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(to[i], -1);
+    double three[3] = { 20.3, 35.4, 20.6 };
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, mem, 4, to), 1);
+    ck_assert_int_eq(to[1], 1);
+    // a node of unknown budget holds any stage; more stages than nodes never fit
+    double any[2] = { 0, 40 };
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, any, 2, to), 1);
+    ck_assert_int_eq(to[0], 1);
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, any, 2, to), 0);
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 0, any, 2, to), 0);
+    // against every assignment: 2000 random cuts of up to 5 stages on up to 6 nodes
+    uint64_t rng = 7;
+    int fits = 0;
+    for (int c = 0; c < 2000; c++) {
+        int S = 1 + (int) (swarm_splitmix64(&rng) % 5), n = 1 + (int) (swarm_splitmix64(&rng) % 6);
+        double ns[5], ms[6];
+        for (int s = 0; s < S; s++)
+            ns[s] = (double) (1 + swarm_splitmix64(&rng) % 8);
+        for (int i = 0; i < n; i++)
+            ms[i] = (double) (swarm_splitmix64(&rng) % 9); // 0: any
+        int got = swarm_policy_cut_fits(ns, S, ms, n, to), want = s_cut_brute(ns, S, 0, ms, n, used);
+        ck_assert_msg(got == want, "case %d: %d stages on %d nodes: %d, every assignment says %d",
+                      c, S, n, got, want);
+        fits += got;
+        for (int s = 0; got && s < S; s++) { // each stage on one node that holds it
+            int on = 0;
+            for (int i = 0; i < n; i++)
+                if (to[i] == s) {
+                    ck_assert(ms[i] == 0.0 || ms[i] >= ns[s]);
+                    on++;
+                }
+            ck_assert_int_eq(on, 1);
+        }
+    }
+    ck_assert(fits > 200 && fits < 1800); // both answers are tested
+}
+END_TEST
+
 // ---- log limits ----
 
 START_TEST(test_loglimit_one_sender_gets_a_burst_then_a_line_a_second_and_a_count)
@@ -1216,6 +1285,7 @@ int main(void)
     tcase_add_test(tc, test_plan_equals_brute_force_up_to_10_peers_and_4_stages);
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
+    tcase_add_test(tc, test_cut_fits_exactly_when_some_assignment_does);
     tcase_add_test(tc, test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");

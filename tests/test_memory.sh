@@ -12,8 +12,10 @@
 # it in two stages (the router says what it would need), four hold it in
 # four, each within its budget; the only node of a stage is killed and the
 # router says what it waits for until another takes it; the losses are
-# swarm train's. Bad
-# --memory values get one line each. Ends with "N passed, N failed".
+# swarm train's. Then the only node that can hold a stage of a 2-stage cut
+# dies: the router cuts the model into 3 for the nodes left, each within
+# its budget, and the losses are swarm train's. Bad --memory values get
+# one line each. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
@@ -105,10 +107,11 @@ SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 2 --listen "tcp:
 router=$!
 pids="$pids $router"
 endpoint=$(wait_endpoint "$TMP/auto.log")
+# join_auto NAME [MEMORY]: a node of MEMORY (default 24M)
 join_auto() {
     "$SWARM" keygen "$TMP/$1" >/dev/null
     "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/$1" --threads 1 \
-        --name "$1" --memory 24M --slowdown 4 >"$TMP/$1.log" 2>&1 &
+        --name "$1" --memory "${2:-24M}" --slowdown 4 >"$TMP/$1.log" 2>&1 &
     pids="$pids $!"
 }
 join_auto a1
@@ -156,6 +159,60 @@ else
     bad "--stages auto: exit $rc"; tail -5 "$TMP/auto.log"
 fi
 check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 30 "(--stages auto, 4 nodes of 24 MiB, one replaced)"
+
+# ---- --stages auto cuts the model again ----
+# the same model on two nodes of 40 MiB: 2 stages of about 37 MiB. Two of
+# 24 MiB hold neither and wait. The first big node dies, and with it the
+# only node that can hold its stage: the router cuts the model into 3
+# stages (about 35, 21 and 20 MiB) for the big node and the two small
+# ones, each takes one within its budget, and the run replays from the
+# checkpoint (the start: no --save) to swarm train's losses
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm3.txt" >"$TMP/recut.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/recut.log")
+join_auto b1 40M
+join_auto b2 40M
+if wait_grep "$TMP/recut.log" "^swarm router: --stages auto: 2 stages for the 2 nodes known" 20; then
+    ok "$(grep -- '--stages auto: 2 stages' "$TMP/recut.log" | sed 's/^swarm router: //')"
+else
+    bad "--stages auto chose no plan for two nodes of 40 MiB:"; tail -5 "$TMP/recut.log"
+fi
+join_auto c1
+join_auto c2
+wait_grep "$TMP/c1.log" "the router says: no stage of this swarm fits your --memory 24.0 MiB" 20 \
+    && wait_grep "$TMP/c2.log" "the router says: no stage of this swarm fits your --memory 24.0 MiB" 20 \
+    || bad "the nodes of 24 MiB were not told they hold no stage of 2"
+wait_grep "$TMP/recut.log" "^step 5/" 60
+b1_stage=$(sed -n 's/^swarm router: peer [0-9]* (b1, .*) joins stage \([0-9]*\)$/\1/p' "$TMP/recut.log" | head -n 1)
+pkill -9 -f -- "--name b1 "
+if wait_grep "$TMP/recut.log" "stage $b1_stage of 2 has no node that can hold it (.* MiB): the model is cut again, into 3 stages for the 3 nodes known, from step 0$" 40; then
+    ok "b1 killed: $(grep "has no node that can hold it" "$TMP/recut.log" | head -n 1 | sed 's/^swarm router: //')"
+else
+    bad "b1 killed: the model was not cut again"; tail -8 "$TMP/recut.log"
+fi
+wait_grep "$TMP/recut.log" "^step 25/" 90
+"$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status3.json" 2>/dev/null
+over=$(jq '[.peers[] | select(.state == "ready") | select(.memory_used == null or .memory_used > .memory)] | length' "$TMP/status3.json")
+held=$(jq -r '[.peers[] | select(.state == "ready") | "\(.name) stage \(.stage) \((.memory_used // 0) / 1048576 | floor) of \(.memory / 1048576 | floor) MiB"] | join(", ")' "$TMP/status3.json")
+if [ "$over" = 0 ] && [ "$(jq '[.peers[] | select(.state == "ready")] | length' "$TMP/status3.json")" = 3 ] \
+    && [ "$(jq '.stages | length' "$TMP/status3.json")" = 3 ]; then
+    ok "3 stages, each node within its budget: $held"
+else
+    bad "after the new cut ($over over or unknown): $held"; jq -c '.stages' "$TMP/status3.json"
+fi
+wait_exit "$router" 120 || bad "the new cut: router still running after 120 s"
+wait "$router"
+rc=$?
+if clean_run $rc "$TMP/recut.log"; then
+    ok "the new cut: the router finished 30 steps"
+else
+    bad "the new cut: exit $rc"; tail -5 "$TMP/recut.log"
+fi
+check_log "the new cut: no node but b1 lost, one rollback" "$TMP/recut.log" 1 b1
+check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 30 "(--stages auto, cut again from 2 stages into 3)"
 
 # bad --memory values: one line each, naming the value
 for v in 12x 100K -5G; do

@@ -39,6 +39,7 @@ typedef struct {
     const float *ck_params, *ck_m, *ck_v; // the engine's state it writes
     double t_start;          // s (net_clock_ms) at the start of the run
     int auto_stages;         // --stages auto: planned once nodes have joined (router_plan.c)
+    int auto_replicas;       // the replicas a stage its plan was chosen for (2, else 1)
     void *gathered;          // the HELLOs kept meanwhile, for the engine
     int ngathered;           // of them
 } router_t;

@@ -38,22 +38,19 @@ static int s_micro(const router_t *r, int S)
     return r->o.micro > 0 ? r->hp.micro : router_micro_choose(r->hp.batch, r->hp.cfg.T, S);
 }
 
-// 1 when the nodes' budgets (mem[], n of them; 0 = any) can hold one
-// replica of every stage of S (swarm_policy_cut_fits: the k-th largest
-// stage by need on the k-th largest node). need[] gets each stage's bytes;
-// to[n] is scratch.
-static int s_fits(const router_t *r, int S, const double *mem, int n, double *need,
-                  node_plan_t *plan, int *to)
+// swarm_cut_need_fn before the engine exists: the needs of the cut into
+// S stages at the micro-batch the router would choose for S.
+static int s_need_of(void *ctx, int S, double *need)
 {
+    const router_t *r = ctx;
+    node_plan_t plan;
     char err[256];
-    if (S > n || node_plan_make(&r->hp.cfg, S, plan, err, sizeof err) != 0)
-        return 0;
-    int micro = s_micro(r, S);
-    for (int s = 0; s < S; s++) {
-        node_memory_t m = node_plan_stage_memory(&r->hp.cfg, plan, s, micro);
-        need[s] = (double) node_memory_need(m);
-    }
-    return swarm_policy_cut_fits(need, S, mem, n, to);
+    if (node_plan_make(&r->hp.cfg, S, &plan, err, sizeof err) != 0)
+        return -1;
+    for (int s = 0; s < S; s++)
+        need[s] = (double) node_memory_need(node_plan_stage_memory(&r->hp.cfg, &plan, s,
+                                                                    s_micro(r, S)));
+    return 0;
 }
 
 int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need)
@@ -71,22 +68,22 @@ int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, d
 // else -EAGAIN with what the swarm would need in why.
 static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
 {
-    double mem[GATHER_MAX], need[NODE_MAX_LAYERS];
+    double mem[GATHER_MAX];
     int to[GATHER_MAX];
     for (int i = 0; i < n; i++)
         mem[i] = g[i].memory;
     qsort(mem, (size_t) n, sizeof mem[0], s_desc);
     node_plan_t plan;
-    for (int S = 1; S <= r->hp.cfg.L && S <= n; S++) {
-        if (!s_fits(r, S, mem, n, need, &plan, to))
-            continue;
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, n, s_need_of, r, &replicas, to);
+    if (S > 0 && node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0) {
         r->plan = plan;
         r->o.stages = S;
         r->hp.micro = s_micro(r, S);
+        r->auto_replicas = replicas;
         return 0;
     }
     // the most stages these nodes could have: what each would need
-    int S = n < r->hp.cfg.L ? n : r->hp.cfg.L;
+    S = n < r->hp.cfg.L ? n : r->hp.cfg.L;
     double most = 0;
     if (node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0)
         for (int s = 0; s < S; s++) {
@@ -163,8 +160,10 @@ int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n)
     }
     if (rc == 0) {
         router_config(r);
-        printf("swarm router: --stages auto: %d stage%s for the %d nodes known (micro-batches of %d)\n",
-               r->o.stages, r->o.stages == 1 ? "" : "s", count, r->hp.micro);
+        printf("swarm router: --stages auto: %d stage%s for the %d nodes known (micro-batches of "
+               "%d; %s)\n", r->o.stages, r->o.stages == 1 ? "" : "s", count, r->hp.micro,
+               r->auto_replicas == 2 ? "two replicas a stage fit"
+                                     : "one replica a stage: no cut fits two");
         router_needs_say(r);
         r->gathered = g;
         r->ngathered = count;

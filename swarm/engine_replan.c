@@ -5,9 +5,10 @@
  * a stage that no node serves nor joins for REPLAN_GRACE_MS, and that no
  * other stage can spare a replica for, has no node that can hold it. The
  * engine then asks the caller for the tables of each cut into 1, 2, ...
- * stages and takes the first whose stages the nodes known can hold one
- * replica each of (swarm_policy_cut_fits: the largest stage on the
- * largest node), as the caller chose the first cut. Every node is given a
+ * stages and takes the one the caller's first cut was chosen by
+ * (swarm_policy_cut_choose: the fewest stages the nodes known hold two
+ * replicas a stage of, else one, the largest stage on the largest
+ * nodes). Every node is given a
  * stage of the new cut: those that cover it first, the rest by the policy
  * (swarm_policy_assign); each loads the router's copy of the last
  * checkpoint, and the run replays from it as after any rollback. The
@@ -106,27 +107,26 @@ static void s_place(swarm_engine_t *r, const int *idx, const int *to, int k)
             engine_admit(r, idx[i], -1, NULL);
 }
 
-// A cut the counted nodes (mem[k] their budgets) can hold: its stages in
-// *S and the tables, to[] where each node covers one. 0, or -1 with what
-// the most stages would need in *most.
-static int s_find(swarm_engine_t *r, const double *mem, int k, int *to, int *S, size_t *n,
-                  size_t *off, double *cost, double *need, double *most)
+// swarm_cut_need_fn of the caller's cuts (the other tables are asked again
+// for the cut chosen).
+static int s_need_of(void *ctx, int S, double *need)
 {
-    *most = 0.0;
-    int top = k < r->hp.cfg.L ? k : r->hp.cfg.L;
-    top = top < SWARM_MAX_STAGES ? top : SWARM_MAX_STAGES;
-    for (int s = 1; s <= top; s++) {
-        if (r->io.cut(r->io.ctx, s, n, off, cost, need) != 0)
-            continue;
-        if (swarm_policy_cut_fits(need, s, mem, k, to)) {
-            *S = s;
-            return 0;
-        }
-        if (s == top)
-            for (int j = 0; j < s; j++)
-                *most = need[j] > *most ? need[j] : *most;
-    }
-    return -1;
+    const swarm_engine_t *r = ctx;
+    size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
+    double cost[SWARM_MAX_STAGES];
+    return r->io.cut(r->io.ctx, S, n, off, cost, need);
+}
+
+// What the largest stage of the most stages k nodes allow needs (0: none).
+static double s_most(swarm_engine_t *r, int k, int *S)
+{
+    double need[SWARM_MAX_STAGES], most = 0.0;
+    *S = k < r->hp.cfg.L ? k : r->hp.cfg.L;
+    *S = *S < SWARM_MAX_STAGES ? *S : SWARM_MAX_STAGES;
+    if (*S > 0 && s_need_of(r, *S, need) == 0)
+        for (int s = 0; s < *S; s++)
+            most = need[s] > most ? need[s] : most;
+    return most;
 }
 
 void engine_replan(swarm_engine_t *r)
@@ -159,15 +159,16 @@ void engine_replan(swarm_engine_t *r)
     }
     size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
     double cost[SWARM_MAX_STAGES], need[SWARM_MAX_STAGES];
-    int S = 0;
-    double most;
-    char why[240];
-    if (s_find(r, mem, k, to, &S, n, off, cost, need, &most) != 0) {
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, k, s_need_of, r, &replicas, to);
+    if (S < 1 || r->io.cut(r->io.ctx, S, n, off, cost, need) != 0) {
+        int top;
+        double most = s_most(r, k, &top);
+        char why[240];
         snprintf(why, sizeof why, "swarm router: stage %d has no node that can hold it (%.1f MiB), "
                  "and the %d node%s known (the largest may hold %.1f MiB) cannot hold the model "
                  "in any cut (the largest stage of %d needs %.1f MiB): waiting for more nodes, "
                  "or larger ones\n", empty, r->stage_need[empty] / 1048576.0, k, k == 1 ? "" : "s",
-                 largest / 1048576.0, k < r->hp.cfg.L ? k : r->hp.cfg.L, most / 1048576.0);
+                 largest / 1048576.0, top, most / 1048576.0);
         if (strcmp(why, r->replan_said) != 0)
             engine_warn(r, "%s", why);
         snprintf(r->replan_said, sizeof r->replan_said, "%s", why);
@@ -177,15 +178,16 @@ void engine_replan(swarm_engine_t *r)
     int was = r->stages;
     double held = r->stage_need[empty];
     s_recut(r, S, n, off, cost, need);
+    const char *spare = replicas == 2 ? "two replicas a stage" : "one replica a stage";
     if (S == was)
         engine_warn(r, "swarm router: stage %d has no node that can hold it (%.1f MiB): the %d "
-                    "nodes known are placed again on its %d stages, from step %ld\n", empty,
-                    held / 1048576.0, k, S, r->step);
+                    "nodes known are placed again on its %d stages (%s), from step %ld\n", empty,
+                    held / 1048576.0, k, S, spare, r->step);
     else
         engine_warn(r, "swarm router: stage %d of %d has no node that can hold it (%.1f MiB): the "
-                    "model is cut again, into %d stage%s for the %d node%s known, from step %ld\n",
-                    empty, was, held / 1048576.0, S, S == 1 ? "" : "s", k, k == 1 ? "" : "s",
-                    r->step);
+                    "model is cut again, into %d stage%s for the %d node%s known (%s), from step "
+                    "%ld\n", empty, was, held / 1048576.0, S, S == 1 ? "" : "s", k,
+                    k == 1 ? "" : "s", spare, r->step);
     char line[64 + 24 * SWARM_MAX_STAGES];
     int at = snprintf(line, sizeof line, "swarm router: a node holds for its stage");
     for (int s = 0; s < S && at < (int) sizeof line - 24; s++)

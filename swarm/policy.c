@@ -91,17 +91,20 @@ static double s_budget(double memory)
     return memory > 0.0 ? memory : INFINITY;
 }
 
-int swarm_policy_cut_fits(const double *need, int S, const double *mem, int n, int *to)
+int swarm_policy_cut_fits(const double *need, int S, int replicas, const double *mem, int n,
+                          int *to)
 {
     for (int i = 0; i < n; i++)
         to[i] = -1;
-    if (S < 1 || S > n || S > SWARM_MAX_STAGES)
+    if (S < 1 || S > SWARM_MAX_STAGES || replicas < 1 || (long) S * replicas > n)
         return 0;
-    unsigned char taken[SWARM_MAX_STAGES] = { 0 };
-    for (int k = 0; k < S; k++) {
+    int left[SWARM_MAX_STAGES]; // replicas each stage still needs
+    for (int s = 0; s < S; s++)
+        left[s] = replicas;
+    for (int k = 0; k < S * replicas; k++) {
         int s = -1, node = -1; // the largest stage left, the largest node left
         for (int j = 0; j < S; j++)
-            if (!taken[j] && (s < 0 || need[j] > need[s]))
+            if (left[j] > 0 && (s < 0 || need[j] > need[s]))
                 s = j;
         for (int i = 0; i < n; i++)
             if (to[i] < 0 && (node < 0 || s_budget(mem[i]) > s_budget(mem[node])))
@@ -111,7 +114,7 @@ int swarm_policy_cut_fits(const double *need, int S, const double *mem, int n, i
                 to[i] = -1;
             return 0;
         }
-        taken[s] = 1;
+        left[s]--;
         to[node] = s;
     }
     return 1;
@@ -204,6 +207,22 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
         }
     }
     return best;
+}
+
+int swarm_policy_cut_choose(int most, const double *mem, int n, swarm_cut_need_fn need_of,
+                            void *ctx, int *replicas, int *to)
+{
+    double need[SWARM_MAX_STAGES];
+    most = most < n ? most : n;
+    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
+    for (int k = 2; k >= 1; k--) // two replicas a stage where the nodes afford them
+        for (int S = 1; S <= most && (long) S * k <= n; S++)
+            if (need_of(ctx, S, need) == 0 && swarm_policy_cut_fits(need, S, k, mem, n, to)) {
+                *replicas = k;
+                return S;
+            }
+    *replicas = 0;
+    return -1;
 }
 
 // Little's law for `in`: micro-batches in flight that keep the bottleneck

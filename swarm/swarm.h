@@ -103,10 +103,23 @@ int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, 
 
 // A cut of the model (--stages auto), whose S stages need need[S] bytes
 // each on a node: 1 when nodes of budgets mem[n] (bytes each may hold for
-// a stage; 0 unknown: any) hold one replica of every stage, the largest
-// stage on the largest node, the next on the next, with to[i] the stage
-// of node i (-1 for the nodes left over); else 0, every to[i] -1.
-int swarm_policy_cut_fits(const double *need, int S, const double *mem, int n, int *to);
+// a stage; 0 unknown: any) hold `replicas` replicas of every stage, the
+// largest stage on the largest nodes, the next on the next, with to[i]
+// the stage of node i (-1 for the nodes left over); else 0, every to[i]
+// -1.
+int swarm_policy_cut_fits(const double *need, int S, int replicas, const double *mem, int n,
+                          int *to);
+
+// The needs of the cut into S stages (need[S]), 0; -1 when there is none.
+typedef int (*swarm_cut_need_fn)(void *ctx, int S, double *need);
+// The cut to train with, for nodes of budgets mem[n]: the fewest stages
+// (1 .. most) whose cut they hold two replicas of every stage of, else
+// the fewest they hold one of (a stage's only replica lost is a rollback,
+// so the swarm buys a spare where it can, before it shares a stage
+// among fewer nodes). The stages, with *replicas (2 or 1) and to[] as
+// swarm_policy_cut_fits gives them; -1 (*replicas 0) when no cut fits.
+int swarm_policy_cut_choose(int most, const double *mem, int n, swarm_cut_need_fn need_of,
+                            void *ctx, int *replicas, int *to);
 
 // Rebalancing (policy_plan.c): which stage each peer should serve so
 // that the pipeline's bound, the least over stages of the summed tok_s of

@@ -1029,21 +1029,38 @@ START_TEST(test_refill_fills_each_empty_stage_from_stages_that_can_spare)
 }
 END_TEST
 
-// Some stage-to-node assignment of need[S] into mem[n] (0: any), one node
-// a stage, by trying every one (n <= 6).
-static int s_cut_brute(const double *need, int S, int s, const double *mem, int n, int *used)
+// Some assignment of k replicas of every stage of need[S] to nodes of
+// mem[n] (0: any), one stage a node, by trying every one (n <= 6);
+// placed[] counts each stage's replicas so far.
+static int s_cut_brute(const double *need, int S, int k, const double *mem, int n, int *used,
+                       int *placed)
 {
+    int s = 0;
+    while (s < S && placed[s] == k)
+        s++;
     if (s == S)
         return 1;
     for (int i = 0; i < n; i++) {
         if (used[i] || (mem[i] > 0.0 && mem[i] < need[s]))
             continue;
-        used[i] = 1;
-        int ok = s_cut_brute(need, S, s + 1, mem, n, used);
-        used[i] = 0;
+        used[i] = 1, placed[s]++;
+        int ok = s_cut_brute(need, S, k, mem, n, used, placed);
+        used[i] = 0, placed[s]--;
         if (ok)
             return 1;
     }
+    return 0;
+}
+
+// The needs of a cut into S stages of a model of 8 units of state: S
+// equal stages, the first a unit more (its embedding).
+static int s_cut_need(void *ctx, int S, double *need)
+{
+    (void) ctx;
+    if (S > 4)
+        return -1; // (a model of 4 layers)
+    for (int s = 0; s < S; s++)
+        need[s] = 8.0 / S + (s == 0);
     return 0;
 }
 
@@ -1052,37 +1069,40 @@ START_TEST(test_cut_fits_exactly_when_some_assignment_does)
     // 37 and 36 MiB stages on 40, 40, 24, 24: the two large nodes
     double need[2] = { 36.6, 36.9 }, mem[4] = { 24, 40, 24, 40 };
     int to[6], used[6] = { 0 };
-    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, mem, 4, to), 1);
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, 1, mem, 4, to), 1);
     ck_assert_int_eq(to[0], -1);
     ck_assert_int_eq(to[2], -1);
     ck_assert_int_eq(to[1] + to[3], 1); // one each
     // one large node: no cut into 2; into 3 (35.4, 20.6, 20.3) it fits
     mem[3] = 24;
-    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, mem, 4, to), 0);
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, 1, mem, 4, to), 0);
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(to[i], -1);
     double three[3] = { 20.3, 35.4, 20.6 };
-    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, mem, 4, to), 1);
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, 1, mem, 4, to), 1);
     ck_assert_int_eq(to[1], 1);
     // a node of unknown budget holds any stage; more stages than nodes never fit
     double any[2] = { 0, 40 };
-    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, any, 2, to), 1);
+    ck_assert_int_eq(swarm_policy_cut_fits(need, 2, 1, any, 2, to), 1);
     ck_assert_int_eq(to[0], 1);
-    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, any, 2, to), 0);
-    ck_assert_int_eq(swarm_policy_cut_fits(three, 0, any, 2, to), 0);
-    // against every assignment: 2000 random cuts of up to 5 stages on up to 6 nodes
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 3, 1, any, 2, to), 0);
+    ck_assert_int_eq(swarm_policy_cut_fits(three, 0, 1, any, 2, to), 0);
+    // against every assignment: 2000 random cuts of up to 5 stages on up to
+    // 6 nodes, one replica a stage or two
     uint64_t rng = 7;
-    int fits = 0;
+    int fits = 0, placed[5] = { 0 };
     for (int c = 0; c < 2000; c++) {
         int S = 1 + (int) (swarm_splitmix64(&rng) % 5), n = 1 + (int) (swarm_splitmix64(&rng) % 6);
+        int k = 1 + (int) (swarm_splitmix64(&rng) % 2);
         double ns[5], ms[6];
         for (int s = 0; s < S; s++)
             ns[s] = (double) (1 + swarm_splitmix64(&rng) % 8);
         for (int i = 0; i < n; i++)
             ms[i] = (double) (swarm_splitmix64(&rng) % 9); // 0: any
-        int got = swarm_policy_cut_fits(ns, S, ms, n, to), want = s_cut_brute(ns, S, 0, ms, n, used);
-        ck_assert_msg(got == want, "case %d: %d stages on %d nodes: %d, every assignment says %d",
-                      c, S, n, got, want);
+        int got = swarm_policy_cut_fits(ns, S, k, ms, n, to);
+        int want = s_cut_brute(ns, S, k, ms, n, used, placed);
+        ck_assert_msg(got == want, "case %d: %d stages x %d on %d nodes: %d, every assignment "
+                      "says %d", c, S, k, n, got, want);
         fits += got;
         for (int s = 0; got && s < S; s++) { // each stage on one node that holds it
             int on = 0;
@@ -1091,10 +1111,35 @@ START_TEST(test_cut_fits_exactly_when_some_assignment_does)
                     ck_assert(ms[i] == 0.0 || ms[i] >= ns[s]);
                     on++;
                 }
-            ck_assert_int_eq(on, 1);
+            ck_assert_int_eq(on, k);
         }
     }
     ck_assert(fits > 200 && fits < 1800); // both answers are tested
+}
+END_TEST
+
+START_TEST(test_cut_choice_buys_a_spare_replica_before_fewer_stages)
+{
+    // a model of 8 (stages of 9, 5+4, 3.7+2.7+2.7, 3+2+2+2): a node of 10
+    // holds it whole, but with three of 5 the swarm takes 2 stages of two
+    // replicas each over one stage on one node
+    double mem[4] = { 10, 5, 5, 5 };
+    int to[4], replicas;
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, 4, s_cut_need, NULL, &replicas, to), 2);
+    ck_assert_int_eq(replicas, 2);
+    ck_assert_int_eq(to[0] + to[1] + to[2] + to[3], 2); // two on each
+    // three nodes: no cut holds two of each, so the fewest that hold one
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, 3, s_cut_need, NULL, &replicas, to), 1);
+    ck_assert_int_eq(replicas, 1);
+    ck_assert_int_eq(to[0], 0);
+    // four of 3: 4 stages of one each (2 of two needs 5 a node)
+    double small[4] = { 3, 3, 3, 3 };
+    ck_assert_int_eq(swarm_policy_cut_choose(4, small, 4, s_cut_need, NULL, &replicas, to), 4);
+    ck_assert_int_eq(replicas, 1);
+    // two of 3: nothing fits; the cut of more stages than the model has is never asked
+    ck_assert_int_eq(swarm_policy_cut_choose(8, small, 2, s_cut_need, NULL, &replicas, to), -1);
+    ck_assert_int_eq(replicas, 0);
+    ck_assert_int_eq(swarm_policy_cut_choose(8, small, 4, s_cut_need, NULL, &replicas, to), 4);
 }
 END_TEST
 
@@ -1286,6 +1331,7 @@ int main(void)
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     tcase_add_test(tc, test_cut_fits_exactly_when_some_assignment_does);
+    tcase_add_test(tc, test_cut_choice_buys_a_spare_replica_before_fewer_stages);
     tcase_add_test(tc, test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");

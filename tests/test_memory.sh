@@ -14,8 +14,9 @@
 # router says what it waits for until another takes it; the losses are
 # swarm train's. Then the only node that can hold a stage of a 2-stage cut
 # dies: the router cuts the model into 3 for the nodes left, each within
-# its budget, and the losses are swarm train's. Bad --memory values get
-# one line each. Ends with "N passed, N failed".
+# its budget, and the losses are swarm train's. Nodes of 80, 40, 40 and
+# 40 MiB get 2 stages of two replicas, not one stage on the largest. Bad
+# --memory values get one line each. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
@@ -188,7 +189,7 @@ wait_grep "$TMP/c1.log" "the router says: no stage of this swarm fits your --mem
 wait_grep "$TMP/recut.log" "^step 5/" 60
 b1_stage=$(sed -n 's/^swarm router: peer [0-9]* (b1, .*) joins stage \([0-9]*\)$/\1/p' "$TMP/recut.log" | head -n 1)
 pkill -9 -f -- "--name b1 "
-if wait_grep "$TMP/recut.log" "stage $b1_stage of 2 has no node that can hold it (.* MiB): the model is cut again, into 3 stages for the 3 nodes known, from step 0$" 40; then
+if wait_grep "$TMP/recut.log" "stage $b1_stage of 2 has no node that can hold it (.* MiB): the model is cut again, into 3 stages for the 3 nodes known (one replica a stage), from step 0$" 40; then
     ok "b1 killed: $(grep "has no node that can hold it" "$TMP/recut.log" | head -n 1 | sed 's/^swarm router: //')"
 else
     bad "b1 killed: the model was not cut again"; tail -8 "$TMP/recut.log"
@@ -213,6 +214,35 @@ else
 fi
 check_log "the new cut: no node but b1 lost, one rollback" "$TMP/recut.log" 1 b1
 check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 30 "(--stages auto, cut again from 2 stages into 3)"
+
+# ---- --stages auto buys a spare replica before fewer stages ----
+# one node of 80 MiB holds the whole model (70.7 MiB), but with three of
+# 40 MiB the router cuts 2 stages of two replicas each: one stage on one
+# node would roll back at its first death, and leave three nodes idle
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 4 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --log-every 1 >"$TMP/spare.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/spare.log")
+join_auto d1 80M
+join_auto d2 40M
+join_auto d3 40M
+join_auto d4 40M
+if wait_grep "$TMP/spare.log" "^swarm router: --stages auto: 2 stages for the 4 nodes known (micro-batches of 4; two replicas a stage fit)$" 20 \
+    && wait_grep "$TMP/spare.log" "^step 3/" 60; then
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status4.json" 2>/dev/null
+    per=$(jq -r '[.peers[] | select(.state == "ready") | .stage] | group_by(.) | map(length) | map(tostring) | join(",")' "$TMP/status4.json")
+    if [ "$per" = "2,2" ]; then
+        ok "nodes of 80, 40, 40, 40 MiB: $(grep -- '--stages auto: 2 stages' "$TMP/spare.log" | sed 's/^swarm router: //'), ready replicas by stage: $per"
+    else
+        bad "nodes of 80, 40, 40, 40 MiB: ready replicas by stage: $per"
+    fi
+else
+    bad "nodes of 80, 40, 40, 40 MiB: not 2 stages of two replicas"; grep -- "--stages auto" "$TMP/spare.log"; tail -3 "$TMP/spare.log"
+fi
+kill "$router" 2>/dev/null
+wait "$router" 2>/dev/null
 
 # bad --memory values: one line each, naming the value
 for v in 12x 100K -5G; do

@@ -24,7 +24,7 @@ struct blas_backend_s {
     int api_version;                 // BLAS_API_VERSION the table was built for
     const char *name;                // "cpu" or "cuda"
     char device[128];                // human-readable device description
-    size_t memory;                   // bytes of device memory (host RAM for cpu)
+    size_t memory;                   // bytes of device memory free at open (cpu: host RAM)
     int threads;                     // CPU threads in use (OpenBLAS + our loops)
     void *ctx;                       // backend private state
 

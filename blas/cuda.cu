@@ -859,7 +859,11 @@ static int s_device_open(int ordinal, char *err, size_t errlen)
     snprintf(s_cuda.device, sizeof s_cuda.device, "cuda:%d %s, %.1f GiB, sm_%d%d%s", ordinal,
              prop.name, (double) prop.totalGlobalMem / (1 << 30), prop.major, prop.minor,
              use_tf32 ? ", TF32" : "");
-    s_cuda.memory = prop.totalGlobalMem;
+    // what a node may take is what is free now (another process, a desktop's
+    // display, may hold some); the total when the driver does not say
+    size_t free_b = 0, total_b = 0;
+    s_cuda.memory = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && free_b > 0
+                  ? free_b : prop.totalGlobalMem;
     return 0;
 }
 

@@ -59,6 +59,7 @@ typedef struct {
     double tok_s_bench;                    // tokens/s measured at start
     size_t memory;                         // its budget for a stage (--memory, or 90% free)
     size_t heap_idle;                      // heap in use before any stage (s_heap)
+    size_t rss_idle;                       // resident bytes then (s_rss)
     int exit_code;                         // >= 0: leave the loop with this code
 } daemon_t;
 
@@ -289,7 +290,7 @@ static void s_memory_budget(daemon_t *d)
         s_log("memory budget %.1f MiB (--memory)", d->memory / 1048576.0);
     else if (d->memory)
         s_log("memory budget %.1f MiB: 90%% of the %.1f MiB %s available (--memory to change it)",
-              d->memory / 1048576.0, avail / 1048576.0, cpu ? "of RAM" : "of the GPU's memory");
+              d->memory / 1048576.0, avail / 1048576.0, cpu ? "of RAM" : "of the GPU's memory free");
     else
         s_log("memory budget unknown (this machine does not say what it has free): any stage "
               "(--memory to set one)");
@@ -313,6 +314,7 @@ static int s_setup(daemon_t *d, char *err, size_t n)
     d->tok_s_bench = s_bench(d->be) / d->o.slowdown;
     s_memory_budget(d);
     d->heap_idle = s_heap(); // before any stage: what a stage adds is measured from here
+    d->rss_idle = s_rss();
     node_worker_config_t wc = { .be = d->be, .cache_mb = d->o.cache_mb, .memory = d->memory,
                                 .slowdown = d->o.slowdown, .log = s_worker_log };
     if (!(d->w = node_worker_new(&wc)))
@@ -388,10 +390,11 @@ static void s_heartbeat_send(daemon_t *d)
     node_worker_status_t st;
     node_worker_status(d->w, &st);
     double tok_s = (st.tok_s > 0 ? st.tok_s : d->tok_s_bench) * s_claimed(d);
-    size_t heap = s_heap();
+    size_t heap = s_heap(), rss = s_rss();
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.6g\nstep=%ld\nslots=%zu\n"
-             "memory_used=%zu\nmemory_heap=%zu\nrss=%zu", st.stage, d->queued, tok_s, st.step,
-             st.slots, st.memory_used, heap > d->heap_idle ? heap - d->heap_idle : 0, s_rss());
+             "memory_used=%zu\nmemory_heap=%zu\nrss=%zu\nrss_grown=%zu", st.stage, d->queued,
+             tok_s, st.step, st.slots, st.memory_used, heap > d->heap_idle ? heap - d->heap_idle : 0,
+             rss, rss > d->rss_idle ? rss - d->rss_idle : 0);
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
         net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
         node_meta_set(msg, meta);

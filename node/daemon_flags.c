@@ -53,7 +53,7 @@ void daemon_usage(FILE *out)
         "  --memory SIZE           what this node may hold for its stage (its state,\n"
         "                          cached activations, buffers), e.g. 4G (default: 90%%\n"
         "                          of the memory available at start: RAM for the CPU,\n"
-        "                          the GPU's for cuda)\n"
+        "                          the GPU's free memory for cuda)\n"
         "  --exit-when-done        exit 0 when the router's run is over (default: wait\n"
         "                          for the router's next run)\n"
         "Ctrl-C says BYE to the router and leaves.\n");

@@ -231,6 +231,8 @@ static const gauge_t s_tables[] = {
     {"peers", "memory", "swarm_peer_memory_budget_bytes", "Bytes the peer may hold for its stage (its --memory)."},
     {"peers", "memory_used", "swarm_peer_memory_used_bytes", "Bytes the peer's stage holds, as it counts them."},
     {"peers", "rss", "swarm_peer_resident_bytes", "The peer process's resident set."},
+    {"peers", "rss_grown", "swarm_peer_resident_grown_bytes",
+     "Resident bytes the peer process added since before it held a stage."},
 };
 
 // The metrics text (malloc'd) of what the poll loop holds.

@@ -159,6 +159,8 @@ typedef struct {
     double memory_used;      // bytes its stage holds, as it says (HEARTBEAT), 0 unknown
     double rss;              // its process's resident bytes (HEARTBEAT), 0 unknown
     double memory_heap;      // heap it added since before any stage (HEARTBEAT), 0 unknown
+    double rss_grown;        // resident bytes it added since before any stage (HEARTBEAT), 0
+                             // unknown
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
     int audit_of;            // the peer whose share it recomputes now, -1 none
@@ -246,6 +248,7 @@ typedef struct {
     double memory_used;      // bytes its stage holds, as it counts them; 0 unknown
     double rss;              // its process's resident bytes; 0 unknown
     double memory_heap;      // heap its allocations added since before any stage; 0 unknown
+    double rss_grown;        // resident bytes it added since before any stage; 0 unknown
 } msg_heartbeat_t;
 
 // Any other message (RESULT, GRAD, STATE, ERROR, and whatever a peer sends

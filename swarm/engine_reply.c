@@ -470,6 +470,8 @@ static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
         r->peers[p].rss = hb->rss;
     if (hb->memory_heap > 0)
         r->peers[p].memory_heap = hb->memory_heap;
+    if (hb->rss_grown > 0)
+        r->peers[p].rss_grown = hb->rss_grown;
     if (hb->has_slots)
         r->peers[p].slots = hb->slots >= 0 && hb->slots <= r->G ? hb->slots : r->G;
 }

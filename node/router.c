@@ -176,7 +176,7 @@ static int s_loop(router_t *r)
 static void s_help(FILE *out)
 {
     fprintf(out,
-        "usage: swarm router --stages S|auto [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
+        "usage: swarm router [--stages S|auto] [--listen tcp://*:7070] [--key NAME] [--allow FILE | --open]\n"
         "                    [--min-nodes N] [--window all|auto|W] [--wire F] [--grad-wire F]\n"
         "                    [training flags of swarm train]\n"
         "Run a swarm: nodes join with the line this prints, each serves one stage.\n"
@@ -215,8 +215,10 @@ static void s_help(FILE *out)
         "                  (default 0.3 in an open swarm, 0 with --allow; 0 = never)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
-        "training flags (as swarm train, but without --micro-batch the router chooses it from\n"
-        "--batch, --block and --stages, as its start-up line says):\n");
+        "training flags (as swarm train, but without --stages, or with --stages auto, the router\n"
+        "cuts the model for the nodes that join, by their memory and speed; and without\n"
+        "--micro-batch it chooses it from --batch, --block and the stages; its start-up lines\n"
+        "say what it chose):\n");
     node_train_help(out);
 }
 

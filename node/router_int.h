@@ -40,6 +40,8 @@ typedef struct {
     double t_start;          // s (net_clock_ms) at the start of the run
     int auto_stages;         // --stages auto: planned once nodes have joined (router_plan.c)
     int auto_replicas;       // the replicas a stage its plan was chosen for (2, else 1)
+    double need_scale;       // each stage's state (in its need) times this (swarm sim
+                             // --as-params), 0: 1
     void *gathered;          // the HELLOs kept meanwhile, for the engine
     int ngathered;           // of them
 } router_t;
@@ -54,6 +56,9 @@ typedef struct {
 int router_setup(router_t *r, int argc, char **argv, char *err, size_t n);
 // The engine's config from the model, the plan and the flags.
 void router_config(router_t *r);
+// What a node holds for a stage of memory m (node_memory_need), its state
+// times need_scale.
+double router_need(const router_t *r, node_memory_t m);
 // Each stage's parameters, offset, cost and need (swarm_engine_config_t's
 // stage_*) in the cut `plan`, at the run's micro-batch.
 void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, size_t *off,
@@ -69,6 +74,13 @@ int router_micro_choose(int batch, int T, int S);
 // router_gathered_replay once it exists.
 int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n);
 void router_gathered_replay(router_t *r);
+// The plan for nodes of budgets mem[n] (0: any) and speeds speed[n] (as
+// their HELLOs say; 0 unknown), as router_gather chooses it
+// (swarm_policy_cut_choose, which fills bounds[SWARM_MAX_STAGES] when not
+// NULL): 0 with r->plan, r->o.stages, r->hp.micro set; -EAGAIN with what
+// the swarm would need in why.
+int router_plan_for(router_t *r, const double *mem, const double *speed, int n, double *bounds,
+                    char *why, size_t wn);
 // The start-up line of what a node holds for each stage.
 void router_needs_say(const router_t *r);
 int router_tty(void);

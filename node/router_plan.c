@@ -24,13 +24,8 @@ typedef struct {
     net_peer_t who;
     net_msg_t *hello;        // the last HELLO of that key
     double memory;           // what it said it may hold, 0 unknown (any)
+    double tok_s;            // the speed it measured at start, 0 unknown
 } gathered_t;
-
-static int s_desc(const void *a, const void *b)
-{
-    double x = *(const double *) a, y = *(const double *) b;
-    return (x < y) - (x > y);
-}
 
 // The micro-batch for S stages: --micro-batch, or the router's own choice.
 static int s_micro(const router_t *r, int S)
@@ -40,16 +35,17 @@ static int s_micro(const router_t *r, int S)
 
 // swarm_cut_need_fn before the engine exists: the needs of the cut into
 // S stages at the micro-batch the router would choose for S.
-static int s_need_of(void *ctx, int S, double *need)
+static int s_need_of(void *ctx, int S, double *need, double *cost)
 {
     const router_t *r = ctx;
     node_plan_t plan;
     char err[256];
     if (node_plan_make(&r->hp.cfg, S, &plan, err, sizeof err) != 0)
         return -1;
-    for (int s = 0; s < S; s++)
-        need[s] = (double) node_memory_need(node_plan_stage_memory(&r->hp.cfg, &plan, s,
-                                                                    s_micro(r, S)));
+    for (int s = 0; s < S; s++) {
+        need[s] = router_need(r, node_plan_stage_memory(&r->hp.cfg, &plan, s, s_micro(r, S)));
+        cost[s] = node_plan_stage_cost(&r->hp.cfg, &plan, s);
+    }
     return 0;
 }
 
@@ -64,17 +60,40 @@ int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, d
     return 0;
 }
 
-// Plan for the nodes gathered so far: 0 with r->plan (and r->hp.micro) set,
-// else -EAGAIN with what the swarm would need in why.
-static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
+// " A, B and C MiB a stage" for the cut into S stages (" MiB a stage ..."
+// shortened past 8 of them): what snprintf into buf[n] returned.
+static size_t s_needs_list(router_t *r, int S, char *buf, size_t n)
 {
-    double mem[GATHER_MAX];
-    int to[GATHER_MAX];
+    double need[NODE_MAX_LAYERS], cost[NODE_MAX_LAYERS], most = 0;
+    if (S < 1 || s_need_of(r, S, need, cost) != 0)
+        return (size_t) snprintf(buf, n, " (no such cut)");
+    size_t at = 0;
+    for (int s = 0; s < S; s++)
+        most = fmax(most, need[s]);
+    if (S > 8)
+        return (size_t) snprintf(buf, n, " up to %.1f MiB a stage", most / 1048576.0);
+    for (int s = 0; s < S; s++)
+        at += (size_t) snprintf(buf + (at < n ? at : n), at < n ? n - at : 0, "%s%.1f",
+                                s == 0 ? " " : s == S - 1 ? " and " : ", ", need[s] / 1048576.0);
+    at += (size_t) snprintf(buf + (at < n ? at : n), at < n ? n - at : 0, " MiB a stage");
+    return at;
+}
+
+int router_plan_for(router_t *r, const double *mem, const double *speed, int n, double *bounds,
+                    char *why, size_t wn)
+{
+    int *to = malloc((size_t) (n > 0 ? n : 1) * sizeof *to);
+    if (!to) {
+        snprintf(why, wn, "out of memory for a plan of %d nodes", n);
+        return -ENOMEM;
+    }
+    double largest = 0;
     for (int i = 0; i < n; i++)
-        mem[i] = g[i].memory;
-    qsort(mem, (size_t) n, sizeof mem[0], s_desc);
+        largest = mem[i] > largest ? mem[i] : largest;
     node_plan_t plan;
-    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, n, s_need_of, r, &replicas, to);
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, n, s_need_of, r, &replicas,
+                                              to, bounds);
+    free(to);
     if (S > 0 && node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0) {
         r->plan = plan;
         r->o.stages = S;
@@ -84,39 +103,46 @@ static int s_plan(router_t *r, const gathered_t *g, int n, char *why, size_t wn)
     }
     // the most stages these nodes could have: what each would need
     S = n < r->hp.cfg.L ? n : r->hp.cfg.L;
-    double most = 0;
-    if (node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0)
-        for (int s = 0; s < S; s++) {
-            node_memory_t m = node_plan_stage_memory(&r->hp.cfg, &plan, s, s_micro(r, S));
-            most = fmax(most, (double) node_memory_need(m));
-        }
-    snprintf(why, wn, "the %d node%s known (the largest may hold %.1f MiB) cannot hold the model "
-             "in %d stage%s (the largest needs %.1f MiB): waiting for more nodes, or larger ones",
-             n, n == 1 ? "" : "s", mem[0] / 1048576.0, S, S == 1 ? "" : "s", most / 1048576.0);
+    size_t at = (size_t) snprintf(why, wn, "the %d node%s known (the largest may hold %.1f MiB) "
+                                  "cannot hold the model: in %d stage%s it needs", n,
+                                  n == 1 ? "" : "s", largest / 1048576.0, S, S == 1 ? "" : "s");
+    at += s_needs_list(r, S, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
+    if (S < r->hp.cfg.L) {
+        at += (size_t) snprintf(why + (at < wn ? at : wn), at < wn ? wn - at : 0,
+                                "; in %d (the most it has)", r->hp.cfg.L);
+        at += s_needs_list(r, r->hp.cfg.L, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
+    }
+    snprintf(why + (at < wn ? at : wn), at < wn ? wn - at : 0,
+             ": waiting for more nodes, or larger ones");
     return -EAGAIN;
+}
+
+// A HELLO's meta number `key` in [0, 1e18), 0 when absent or bad (unknown).
+static double s_meta_number(const net_msg_t *m, const char *key)
+{
+    char text[32] = "", *end = NULL;
+    if (net_msg_meta_get(m, key, text, sizeof text) != 0)
+        return 0;
+    double v = strtod(text, &end);
+    return end != text && *end == '\0' && v >= 0 && v < 1e18 ? v : 0;
 }
 
 // A HELLO from who kept (the last of each key: a node started again with
 // another --memory says so). 1 when kept.
 static int s_keep(gathered_t *g, int *n, const net_peer_t *who, net_msg_t **m)
 {
-    char text[32] = "", *end = NULL;
-    double memory = 0;
-    if (net_msg_meta_get(*m, "memory", text, sizeof text) == 0) {
-        memory = strtod(text, &end);
-        memory = end != text && *end == '\0' && memory >= 0 && memory < 1e18 ? memory : 0;
-    }
+    double memory = s_meta_number(*m, "memory"), tok_s = s_meta_number(*m, "tok_s");
     for (int i = 0; i < *n; i++) {
         if (strcmp(g[i].who.key, who->key) != 0)
             continue;
         net_msg_destroy(&g[i].hello);
-        g[i] = (gathered_t) {*who, *m, memory};
+        g[i] = (gathered_t) {*who, *m, memory, tok_s};
         *m = NULL;
         return 1;
     }
     if (*n == GATHER_MAX)
         return 0; // (the rest join once the engine is there)
-    g[(*n)++] = (gathered_t) {*who, *m, memory};
+    g[(*n)++] = (gathered_t) {*who, *m, memory, tok_s};
     *m = NULL;
     return 1;
 }
@@ -129,7 +155,7 @@ int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n)
         return -ENOMEM;
     }
     int count = 0, want = r->c.min_nodes > 2 ? r->c.min_nodes : 2, rc = -EAGAIN;
-    char why[400] = "", said[400] = "";
+    char why[600] = "", said[600] = "";
     printf("swarm router: --stages auto: the stages are chosen once %d nodes have joined, for "
            "the memory they say they may hold\n", want);
     fflush(stdout);
@@ -141,7 +167,10 @@ int router_gather(router_t *r, volatile sig_atomic_t *stop, char *err, size_t n)
             continue;
         int type = net_msg_head_const(m)->type;
         if (type == NET_MSG_HELLO && s_keep(g, &count, &who, &m) && count >= want) {
-            rc = s_plan(r, g, count, why, sizeof why);
+            double mem[GATHER_MAX], speed[GATHER_MAX];
+            for (int i = 0; i < count; i++)
+                mem[i] = g[i].memory, speed[i] = g[i].tok_s;
+            rc = router_plan_for(r, mem, speed, count, NULL, why, sizeof why);
             if (rc == -EAGAIN && strcmp(why, said) != 0) {
                 printf("swarm router: %s\n", why);
                 fflush(stdout);

@@ -86,7 +86,7 @@ static int s_wire_flag(router_t *r, const char *a, const char *v, char *err, siz
 // Take the router's own flags out of argv; the rest are training flags.
 static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t n)
 {
-    int out = 1, rc;
+    int out = 1, rc, stages_given = 0; // --stages: 1 a number, 2 auto (0 none: auto too)
     r->listen = "tcp://*:7070";
     r->c.rebalance_every = 5.0;
     r->c.tensor_bound = 100.0;
@@ -150,14 +150,16 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
             r->allow_path = NULL;
             continue;
         } else if (!strcmp(a, "--stages") && v && !strcmp(v, "auto")) {
-            r->auto_stages = 1; // planned once nodes have joined (router_plan.c)
+            stages_given = 2;
         } else {
+            stages_given |= !strcmp(a, "--stages");
             argv[out++] = argv[i];
             continue;
         }
         i++;
     }
     *argc = out;
+    r->auto_stages = stages_given != 1; // planned once nodes have joined (router_plan.c)
     // an open swarm audits gradient sums; a private one admits only keys its
     // owner listed, and trusts them unless --audit says otherwise
     if (r->c.audit < 0.0)
@@ -231,6 +233,12 @@ int router_setup(router_t *r, int argc, char **argv, char *err, size_t n)
 
 // The engine's config from the model, the plan and the flags: it knows
 // stages as parameter counts and costs, and the run as numbers.
+double router_need(const router_t *r, node_memory_t m)
+{
+    double state = (double) m.state * (r->need_scale > 0 ? r->need_scale : 1.0);
+    return (double) node_memory_need(m) - (double) m.state + state;
+}
+
 void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, size_t *off,
                        double *cost, double *need)
 {
@@ -238,7 +246,7 @@ void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, si
     for (int s = 0; s < plan->stages; s++) {
         node_plan_stage_range(m, plan, s, &off[s], &n[s]);
         cost[s] = node_plan_stage_cost(m, plan, s);
-        need[s] = (double) node_memory_need(node_plan_stage_memory(m, plan, s, r->hp.micro));
+        need[s] = router_need(r, node_plan_stage_memory(m, plan, s, r->hp.micro));
     }
 }
 

@@ -6,9 +6,9 @@
  * other stage can spare a replica for, has no node that can hold it. The
  * engine then asks the caller for the tables of each cut into 1, 2, ...
  * stages and takes the one the caller's first cut was chosen by
- * (swarm_policy_cut_choose: the fewest stages the nodes known hold two
- * replicas a stage of, else one, the largest stage on the largest
- * nodes). Every node is given a
+ * (swarm_policy_cut_choose: by the bound of each cut's best split of the
+ * nodes known, each within its memory, then two replicas a stage before
+ * one, then the fewest stages). Every node is given a
  * stage of the new cut: those that cover it first, the rest by the policy
  * (swarm_policy_assign); each loads the router's copy of the last
  * checkpoint, and the run replays from it as after any rollback. The
@@ -109,21 +109,20 @@ static void s_place(swarm_engine_t *r, const int *idx, const int *to, int k)
 
 // swarm_cut_need_fn of the caller's cuts (the other tables are asked again
 // for the cut chosen).
-static int s_need_of(void *ctx, int S, double *need)
+static int s_need_of(void *ctx, int S, double *need, double *cost)
 {
     const swarm_engine_t *r = ctx;
     size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
-    double cost[SWARM_MAX_STAGES];
     return r->io.cut(r->io.ctx, S, n, off, cost, need);
 }
 
 // What the largest stage of the most stages k nodes allow needs (0: none).
 static double s_most(swarm_engine_t *r, int k, int *S)
 {
-    double need[SWARM_MAX_STAGES], most = 0.0;
+    double need[SWARM_MAX_STAGES], cost[SWARM_MAX_STAGES], most = 0.0;
     *S = k < r->hp.cfg.L ? k : r->hp.cfg.L;
     *S = *S < SWARM_MAX_STAGES ? *S : SWARM_MAX_STAGES;
-    if (*S > 0 && s_need_of(r, *S, need) == 0)
+    if (*S > 0 && s_need_of(r, *S, need, cost) == 0)
         for (int s = 0; s < *S; s++)
             most = need[s] > most ? need[s] : most;
     return most;
@@ -142,24 +141,27 @@ void engine_replan(swarm_engine_t *r)
     if (now - r->replan_from < REPLAN_GRACE_MS || now - r->replan_tried < REPLAN_EVERY_MS)
         return;
     r->replan_tried = now;
-    int *idx = malloc((size_t) (r->npeers ? r->npeers : 1) * 2 * sizeof(int));
+    int *idx = malloc((size_t) (r->npeers ? r->npeers : 1) * (2 * sizeof(int) + sizeof(double)));
     if (!idx) {
         engine_warn(r, "swarm router: out of memory for a new cut of the model\n");
         return;
     }
     int *to = idx + r->npeers, k = 0;
     double *mem = r->by_peer, largest = 0.0; // scratch
+    double *speed = (double *) (to + r->npeers); // (what each measured at start)
     for (int p = 0; p < r->npeers; p++) {
         if (!s_counted(r, p))
             continue;
         idx[k] = p;
         mem[k] = r->peers[p].memory;
+        speed[k] = r->peers[p].hello_tok_s;
         largest = mem[k] > largest ? mem[k] : largest;
         k++;
     }
     size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
     double cost[SWARM_MAX_STAGES], need[SWARM_MAX_STAGES];
-    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, k, s_need_of, r, &replicas, to);
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, k, s_need_of, r, &replicas,
+                                              to, NULL);
     if (S < 1 || r->io.cut(r->io.ctx, S, n, off, cost, need) != 0) {
         int top;
         double most = s_most(r, k, &top);

@@ -209,22 +209,6 @@ int swarm_policy_refill(const swarm_peer_view_t *peers, int n, int stages, const
     return best;
 }
 
-int swarm_policy_cut_choose(int most, const double *mem, int n, swarm_cut_need_fn need_of,
-                            void *ctx, int *replicas, int *to)
-{
-    double need[SWARM_MAX_STAGES];
-    most = most < n ? most : n;
-    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
-    for (int k = 2; k >= 1; k--) // two replicas a stage where the nodes afford them
-        for (int S = 1; S <= most && (long) S * k <= n; S++)
-            if (need_of(ctx, S, need) == 0 && swarm_policy_cut_fits(need, S, k, mem, n, to)) {
-                *replicas = k;
-                return S;
-            }
-    *replicas = 0;
-    return -1;
-}
-
 // Little's law for `in`: micro-batches in flight that keep the bottleneck
 // busy, at most G; 0 while a stage is not measured.
 static int s_window_need(const swarm_window_in_t *in, int G)

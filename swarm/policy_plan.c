@@ -34,6 +34,7 @@
 #define PLAN_EXACT_NODES 2000000  // its search nodes at most (then the best found)
 #define PLAN_SEARCH_STEPS 4096    // improvements of one local search at most
 #define PLAN_KEEP 2               // a stage of more ready replicas keeps this many of them
+#define CUT_GAIN 0.10             // cuts whose bounds are this near count as equal (cut_choose)
 
 typedef struct wi {
     double w;
@@ -496,4 +497,61 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
             to[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;
     s_ctx_free(&c);
     return worth ? moves : 0;
+}
+
+// The bound of the best split of nodes (their budgets mem[], speeds w[]
+// in work a second: tok_s times cost) over the cut of need[S], cost[S]:
+// each node that holds a stage counted, starting on the first it holds.
+static double s_cut_bound(const double *need, const double *cost, int S, const double *mem,
+                          const double *w, int n)
+{
+    swarm_peer_view_t *v = calloc((size_t) (n > 0 ? n : 1), sizeof *v);
+    if (!v)
+        return 0.0;
+    for (int i = 0; i < n; i++) {
+        v[i] = (swarm_peer_view_t) { .stage = -1, .memory = mem[i], .moved_at = -1e30 };
+        for (int s = 0; s < S && v[i].stage < 0; s++)
+            if (swarm_policy_holds(&v[i], need, s))
+                v[i].stage = s;
+        v[i].joining = v[i].stage >= 0;
+        v[i].tok_s = v[i].joining ? (w[i] > 0.0 ? w[i] : 1.0) / cost[v[i].stage] : 0.0;
+    }
+    swarm_plan_t plan = { .stages = S, .cost = cost, .need = need, .hold = 0.0 };
+    double bound = swarm_policy_best(v, n, &plan, NULL);
+    free(v);
+    return bound;
+}
+
+int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
+                            swarm_cut_need_fn need_of, void *ctx, int *replicas, int *to,
+                            double *bounds)
+{
+    double need[SWARM_MAX_STAGES], cost[SWARM_MAX_STAGES], bound[SWARM_MAX_STAGES + 1];
+    unsigned char two[SWARM_MAX_STAGES + 1] = { 0 };
+    double top = 0.0;
+    most = most < n ? most : n;
+    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
+    for (int S = 1; S <= most; S++) {
+        bound[S] = -1.0; // (no such cut, or the nodes hold no replica of a stage of it)
+        if (need_of(ctx, S, need, cost) != 0 || !swarm_policy_cut_fits(need, S, 1, mem, n, to))
+            continue;
+        bound[S] = s_cut_bound(need, cost, S, mem, w, n);
+        two[S] = (unsigned char) swarm_policy_cut_fits(need, S, 2, mem, n, to);
+        top = bound[S] > top ? bound[S] : top;
+    }
+    for (int S = 1; bounds && S <= SWARM_MAX_STAGES; S++)
+        bounds[S - 1] = S <= most ? bound[S] : -1.0;
+    // of the cuts within CUT_GAIN of the highest bound: two replicas a
+    // stage before one, then the fewest stages
+    int chosen = -1;
+    for (int k = 2; k >= 1 && chosen < 0; k--)
+        for (int S = 1; S <= most && chosen < 0; S++)
+            if (bound[S] >= 0.0 && bound[S] * (1.0 + CUT_GAIN) >= top && two[S] + 1 >= k)
+                chosen = S;
+    *replicas = 0;
+    if (chosen < 0 || need_of(ctx, chosen, need, cost) != 0)
+        return -1;
+    *replicas = two[chosen] ? 2 : 1;
+    swarm_policy_cut_fits(need, chosen, *replicas, mem, n, to);
+    return chosen;
 }

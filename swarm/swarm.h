@@ -110,16 +110,27 @@ int swarm_policy_assign_even(const swarm_peer_view_t *peers, int n, int stages, 
 int swarm_policy_cut_fits(const double *need, int S, int replicas, const double *mem, int n,
                           int *to);
 
-// The needs of the cut into S stages (need[S]), 0; -1 when there is none.
-typedef int (*swarm_cut_need_fn)(void *ctx, int S, double *need);
-// The cut to train with, for nodes of budgets mem[n]: the fewest stages
-// (1 .. most) whose cut they hold two replicas of every stage of, else
-// the fewest they hold one of (a stage's only replica lost is a rollback,
-// so the swarm buys a spare where it can, before it shares a stage
-// among fewer nodes). The stages, with *replicas (2 or 1) and to[] as
-// swarm_policy_cut_fits gives them; -1 (*replicas 0) when no cut fits.
-int swarm_policy_cut_choose(int most, const double *mem, int n, swarm_cut_need_fn need_of,
-                            void *ctx, int *replicas, int *to);
+// The needs and costs (forward FLOPs a token) of the cut into S stages,
+// need[S] and cost[S]: 0, or -1 when there is none.
+typedef int (*swarm_cut_need_fn)(void *ctx, int S, double *need, double *cost);
+// The cut to train with, for nodes of budgets mem[n] and speeds w[n]
+// (tokens/s through the whole model, any one unit; 0 unknown: 1). Each cut
+// into 1 .. most stages that the nodes hold a replica of every stage of
+// (swarm_policy_cut_fits) is weighed by the bound of its best split of
+// the nodes (swarm_policy_best, each node within its memory: one that
+// holds no stage counts nothing). Of the cuts within 10% of the highest
+// bound, one the nodes hold two replicas of every stage of comes first (a
+// stage's only replica lost is a rollback), then the fewest stages (a
+// stage more is a pipeline's fill and drain, and activations on the
+// wire). The stages, with *replicas 2 or 1 and to[] as
+// swarm_policy_cut_fits gives them for that many; -1 (*replicas 0) when
+// no cut fits. bounds[SWARM_MAX_STAGES], when not NULL, gets each cut's
+// bound at bounds[S - 1] (in the units of w over cost), -1 for a cut the
+// nodes cannot hold, or one not weighed (more stages than most, n or the
+// model has). (policy_plan.c)
+int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
+                            swarm_cut_need_fn need_of, void *ctx, int *replicas, int *to,
+                            double *bounds);
 
 // Rebalancing (policy_plan.c): which stage each peer should serve so
 // that the pipeline's bound, the least over stages of the summed tok_s of

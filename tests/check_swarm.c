@@ -1052,15 +1052,17 @@ static int s_cut_brute(const double *need, int S, int k, const double *mem, int 
     return 0;
 }
 
-// The needs of a cut into S stages of a model of 8 units of state: S
-// equal stages, the first a unit more (its embedding).
-static int s_cut_need(void *ctx, int S, double *need)
+// The needs and costs of a cut into S stages of a model of 8 units of
+// state and a unit of work a token: S equal stages, the first a unit of
+// state more (its embedding). Its layers are *ctx (NULL: 4).
+static int s_cut_need(void *ctx, int S, double *need, double *cost)
 {
-    (void) ctx;
-    if (S > 4)
-        return -1; // (a model of 4 layers)
-    for (int s = 0; s < S; s++)
+    if (S > (ctx ? *(const int *) ctx : 4))
+        return -1;
+    for (int s = 0; s < S; s++) {
         need[s] = 8.0 / S + (s == 0);
+        cost[s] = 1.0 / S;
+    }
     return 0;
 }
 
@@ -1118,28 +1120,57 @@ START_TEST(test_cut_fits_exactly_when_some_assignment_does)
 }
 END_TEST
 
-START_TEST(test_cut_choice_buys_a_spare_replica_before_fewer_stages)
+START_TEST(test_cut_choice_weighs_bounds_then_spares_then_fewer_stages)
 {
-    // a model of 8 (stages of 9, 5+4, 3.7+2.7+2.7, 3+2+2+2): a node of 10
-    // holds it whole, but with three of 5 the swarm takes 2 stages of two
-    // replicas each over one stage on one node
-    double mem[4] = { 10, 5, 5, 5 };
-    int to[4], replicas;
-    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, 4, s_cut_need, NULL, &replicas, to), 2);
+    // a model of 8 (stages of 9, 5+4, 3.7+2.7+2.7, 3+2+2+2) on nodes of
+    // equal speed: a node of 10 holds it whole (bound 1), but with three of
+    // 5 the swarm takes 2 stages of two replicas each (bound 4), not 4 of
+    // one each (bound 4 too)
+    double mem[5] = { 10, 5, 5, 5, 5 }, one[5] = { 1, 1, 1, 1, 1 };
+    int to[5], replicas;
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, one, 4, s_cut_need, NULL, &replicas, to, NULL), 2);
     ck_assert_int_eq(replicas, 2);
     ck_assert_int_eq(to[0] + to[1] + to[2] + to[3], 2); // two on each
-    // three nodes: no cut holds two of each, so the fewest that hold one
-    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, 3, s_cut_need, NULL, &replicas, to), 1);
+    // three nodes: no cut holds two of each; 3 stages of one (bound 3) over
+    // 2 (bound 2) or the whole model on the node of 10 (1)
+    double b[SWARM_MAX_STAGES];
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, one, 3, s_cut_need, NULL, &replicas, to, b), 3);
+    ck_assert_int_eq(replicas, 1);
+    ck_assert(fabs(b[0] - 1) < 1e-9 && fabs(b[1] - 2) < 1e-9 && fabs(b[2] - 3) < 1e-9);
+    ck_assert(b[3] == -1 && b[SWARM_MAX_STAGES - 1] == -1); // (more stages than nodes)
+    ck_assert_int_eq(to[0], 0); // the largest stage on the largest node
+    // ... unless the node of 10 is 8 times as fast: whole on it (bound 8),
+    // for a split of 2 stages reaches 4 and of 3 reaches 3
+    double fast[3] = { 8, 1, 1 };
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, fast, 3, s_cut_need, NULL, &replicas, to, NULL), 1);
     ck_assert_int_eq(replicas, 1);
     ck_assert_int_eq(to[0], 0);
+    ck_assert_int_eq(to[1] + to[2], -2); // the other two hold no stage of it
+    // five equal nodes of 5, a model of 8 layers: 5 stages of one (bound 5)
+    // over 2 of two replicas (4: 20% less) ...
+    int eight = 8;
+    double five[5] = { 5, 5, 5, 5, 5 }, tilt[5] = { 1, 1, 1, 1, 1.3 };
+    ck_assert_int_eq(swarm_policy_cut_choose(8, five, one, 5, s_cut_need, &eight, &replicas, to, NULL), 5);
+    ck_assert_int_eq(replicas, 1);
+    // ... but with one 1.3 times as fast, 2 of two replicas (4.6) are within
+    // 10% of 5 stages of one (5): the spare wins
+    ck_assert_int_eq(swarm_policy_cut_choose(8, five, tilt, 5, s_cut_need, &eight, &replicas, to, b),
+                     2);
+    ck_assert(b[0] == -1 && fabs(b[1] - 4.6) < 1e-9 && fabs(b[4] - 5) < 1e-9);
+    ck_assert_int_eq(replicas, 2);
     // four of 3: 4 stages of one each (2 of two needs 5 a node)
     double small[4] = { 3, 3, 3, 3 };
-    ck_assert_int_eq(swarm_policy_cut_choose(4, small, 4, s_cut_need, NULL, &replicas, to), 4);
+    ck_assert_int_eq(swarm_policy_cut_choose(4, small, one, 4, s_cut_need, NULL, &replicas, to, NULL), 4);
     ck_assert_int_eq(replicas, 1);
     // two of 3: nothing fits; the cut of more stages than the model has is never asked
-    ck_assert_int_eq(swarm_policy_cut_choose(8, small, 2, s_cut_need, NULL, &replicas, to), -1);
+    ck_assert_int_eq(swarm_policy_cut_choose(8, small, one, 2, s_cut_need, NULL, &replicas, to, NULL), -1);
     ck_assert_int_eq(replicas, 0);
-    ck_assert_int_eq(swarm_policy_cut_choose(8, small, 4, s_cut_need, NULL, &replicas, to), 4);
+    ck_assert_int_eq(swarm_policy_cut_choose(8, small, one, 4, s_cut_need, NULL, &replicas, to, NULL), 4);
+    // speeds unknown (0) count alike
+    double unknown[4] = { 0, 0, 0, 0 };
+    ck_assert_int_eq(swarm_policy_cut_choose(4, mem, unknown, 4, s_cut_need, NULL, &replicas, to, NULL),
+                     2);
+    ck_assert_int_eq(replicas, 2);
 }
 END_TEST
 
@@ -1331,7 +1362,7 @@ int main(void)
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     tcase_add_test(tc, test_cut_fits_exactly_when_some_assignment_does);
-    tcase_add_test(tc, test_cut_choice_buys_a_spare_replica_before_fewer_stages);
+    tcase_add_test(tc, test_cut_choice_weighs_bounds_then_spares_then_fewer_stages);
     tcase_add_test(tc, test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_tail);
     suite_add_tcase(s, tc);
     tc = tcase_create("loglimit");

@@ -18,6 +18,8 @@
 typedef struct {
     swarm_sim_opts_t o;      // for swarm_sim_run
     double speeds[SIM_SPEEDS_MAX]; // the mix, one entry per share
+    double memories[SIM_SPEEDS_MAX]; // --memory's mix, the same way
+    double as_params;        // --as-params N: stages' needs as for N parameters, 0 the model's
     int verbose;             // the engine's lines to stderr
     int numeric;             // --numeric: each peer runs node/worker.c
     long long sim_seed;      // --sim-seed: the sim's own draws; -1: --seed's
@@ -32,11 +34,12 @@ static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", 
 static void s_help(FILE *out)
 {
     fprintf(out,
-        "usage: swarm sim --peers N --stages S [--steps K] [--seed X] [--numeric]\n"
+        "usage: swarm sim --peers N [--stages S|auto] [--steps K] [--seed X] [--numeric]\n"
         "                 [--speeds LIST] [--latency MS] [--bandwidth MBIT] [--jitter MS]\n"
         "                 [--loss F] [--kill-every S] [--leave-rate R] [--stall-every S]\n"
         "                 [--router-bandwidth MBIT] [--direct]\n"
         "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
+        "                 [--memory LIST] [--as-params N]\n"
         "                 [router and training flags of swarm router]\n"
         "Train on a simulated swarm, in virtual time, deterministic from --seed: the real\n"
         "router engine, peers that answer as nodes do. Synthetic (the default): tensors of\n"
@@ -44,10 +47,21 @@ static void s_help(FILE *out)
         "the node's real code on the model, and --loss-log compares with swarm train's.\n"
         "The last line says what it reached and whether every invariant held (each update\n"
         "the sum of exactly its step's micro-batches, no honest peer lost, no rollback a\n"
-        "fault did not cause, nothing left in flight).\n"
+        "fault did not cause, nothing left in flight). Without --stages, or with --stages\n"
+        "auto, the stages are chosen as swarm router chooses them, for the --peers (their\n"
+        "--memory and --speeds mixes in their shares).\n"
         "  --peers N          peers that join at the start (>= 1); with --churn, about the\n"
         "                     most that are up at once\n"
         "  --numeric          peers compute with the node's real code (small models)\n"
+        "  --memory LIST      what each may hold for a stage, said in its HELLO, each drawn\n"
+        "                     from the list: SIZE or SIZExSHARE, comma-separated: 8Gx3,24G\n"
+        "                     is three of 8 GiB to one of 24; as many as --speeds: each\n"
+        "                     peer takes the one at its speed's place (a device's speed\n"
+        "                     and memory) (default: unknown, any stage)\n"
+        "  --as-params N      plan memory as for a model of N parameters (3e9): each\n"
+        "                     stage's state (16 bytes a parameter) times N over the\n"
+        "                     model's parameters; its activations, buffers and the\n"
+        "                     tensors stay the model's (default: the model's own)\n"
         "  --speeds LIST      their speeds in training tokens/s, each drawn from the list;\n"
         "                     TOKS or TOKSxSHARE, comma-separated: 20000x9,400000 is nine\n"
         "                     CPUs to one GPU (default 20000)\n"
@@ -127,6 +141,40 @@ static int s_speeds(sim_flags_t *f, const char *v, char *err, size_t n)
     return 0;
 }
 
+// --memory SIZE[xSHARE],...
+static int s_memories(sim_flags_t *f, const char *v, char *err, size_t n)
+{
+    f->o.nmemories = 0;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ","), at = strcspn(p, "x,");
+        char size[32];
+        long share = 1;
+        size_t bytes;
+        if (at >= sizeof size || len == 0)
+            return s_bad(err, n, "--memory", v, "SIZE or SIZExSHARE, comma-separated (8Gx3,24G)");
+        memcpy(size, p, at);
+        size[at] = '\0';
+        if (node_parse_size("memory", size, &bytes, err, n) != 0)
+            return -EINVAL;
+        if (at < len) {
+            char *end;
+            share = strtol(p + at + 1, &end, 10);
+            if (end != p + len || share < 1 || share > SIM_SPEEDS_MAX)
+                return s_bad(err, n, "--memory", v, "a share of 1..4096 after x");
+        }
+        for (long k = 0; k < share; k++) {
+            if (f->o.nmemories == SIM_SPEEDS_MAX)
+                return s_bad(err, n, "--memory", v, "at most 4096 shares in all");
+            f->memories[f->o.nmemories++] = (double) bytes;
+        }
+        p += len + (p[len] == ',');
+    }
+    if (f->o.nmemories == 0)
+        return s_bad(err, n, "--memory", v, "at least one size");
+    f->o.memories = f->memories;
+    return 0;
+}
+
 // --lies nan,scale,...
 static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
 {
@@ -155,7 +203,7 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     static const char *const takes_value[] = { "--peers", "--speeds", "--latency",
         "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
         "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss", "--leave-rate",
-        "--router-bandwidth" };
+        "--router-bandwidth", "--memory", "--as-params" };
     f->o.latency_ms = 20;
     f->o.limit_s = 36000;
     f->o.stall_s = 3;
@@ -198,6 +246,13 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         if (!strcmp(a, "--speeds")) {
             if (s_speeds(f, v, err, n) != 0)
                 return -EINVAL;
+        } else if (!strcmp(a, "--memory")) {
+            if (s_memories(f, v, err, n) != 0)
+                return -EINVAL;
+        } else if (!strcmp(a, "--as-params")) {
+            if (!number || !(x >= 1 && x <= 1e13))
+                return s_bad(err, n, a, v, "a number of parameters, 1..1e13 (3e9)");
+            f->as_params = x;
         } else if (!strcmp(a, "--lies")) {
             if (s_lies(f, v, err, n) != 0)
                 return -EINVAL;
@@ -292,6 +347,65 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     if (f->churn_path)
         f->o.churn = &f->churn;
     return 0;
+}
+
+// --stages auto: the plan router_gather would make for the --peers that
+// join first, their budgets and speeds taken from the --memory and
+// --speeds mixes in their shares (the draws are the sim's, made later). 0, or -EINVAL with why in err.
+static int s_plan_auto(router_t *r, const sim_flags_t *f, char *err, size_t n)
+{
+    int peers = f->o.peers;
+    double *mem = calloc(2 * (size_t) peers, sizeof *mem), *speed = mem + peers;
+    if (!mem) {
+        snprintf(err, n, "out of memory for a plan of %d peers", peers);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < peers; i++) {
+        size_t m = (size_t) i * (size_t) f->o.nmemories / (size_t) peers;
+        size_t v = (size_t) i * (size_t) f->o.nspeeds / (size_t) peers;
+        mem[i] = f->o.nmemories > 0 ? f->memories[m] : 0.0;
+        speed[i] = f->o.nspeeds > 0 ? f->speeds[v] : 20000.0;
+    }
+    char why[600];
+    double bounds[SWARM_MAX_STAGES];
+    int rc = router_plan_for(r, mem, speed, peers, bounds, why, sizeof why);
+    free(mem);
+    if (rc != 0) {
+        snprintf(err, n, "--stages auto: %s", why);
+        return -EINVAL;
+    }
+    printf("sim: --stages auto: %d stage%s for the %d peers (%s; micro-batches of %d)\n",
+           r->o.stages, r->o.stages == 1 ? "" : "s", peers,
+           r->auto_replicas == 2 ? "two replicas a stage fit" : "one replica a stage: no cut fits two",
+           r->hp.micro);
+    printf("sim: the cuts weighed, by the bound of their best split of these peers over the "
+           "chosen one's:");
+    int most = peers < r->hp.cfg.L ? peers : r->hp.cfg.L;
+    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
+    int unheld = 0;
+    for (int S = 1; S <= most; S++)
+        if (bounds[S - 1] >= 0.0)
+            printf(" %d %.2f%s", S, bounds[S - 1] / bounds[r->o.stages - 1],
+                   S == r->o.stages ? " (chosen)" : "");
+        else
+            printf(" %d -", S), unheld++;
+    printf("%s\n", unheld ? " (-: no peer holds some stage of it)" : "");
+    return 0;
+}
+
+// What a peer holds for each stage (and, with --as-params, of what model).
+static void s_needs_say(const router_t *r, double as_params)
+{
+    if (as_params > 0)
+        printf("sim: memory planned as for a model of %.3g parameters: each stage's state "
+               "(16 bytes a parameter) %.4g times the model's (%zu parameters), its "
+               "activations and buffers the model's\n", as_params, r->need_scale, r->c.nparams);
+    int gib = r->c.stage_need[0] >= 1073741824.0;
+    printf("sim: a peer holds for its stage");
+    for (int s = 0; s < r->c.stages; s++)
+        printf("%s %d %.2f %s", s ? "," : "", s, r->c.stage_need[s] / (gib ? 1073741824.0 : 1048576.0),
+               gib ? "GiB" : "MiB");
+    printf("\n");
 }
 
 // ---- --numeric: each peer a node/worker.c -------------------------------------
@@ -391,6 +505,10 @@ int cmd_sim(int argc, char **argv)
         s_help(stdout);
         printf("and every flag of swarm router but its socket's (swarm router --help)\n");
     }
+    if (rc == 0 && f.as_params > 0)
+        r->need_scale = f.as_params / (double) node_config_params(&r->hp.cfg);
+    if (rc == 0 && r->auto_stages)
+        rc = s_plan_auto(r, &f, err, sizeof err);
     if (rc == 0) {
         router_config(r);
         rc = node_curve_open(&r->o, &r->logs, err, sizeof err);
@@ -402,7 +520,13 @@ int cmd_sim(int argc, char **argv)
         r->c.secret = swarm_splitmix64(&key);
         if (r->o.save_every > 0)
             r->c.save = 1; // checkpoints in memory (written only with --save DIR)
-        if (r->c.min_nodes == 0) // with --churn, whoever is up at the start
+        if (f.as_params > 0 || f.o.nmemories > 0)
+            s_needs_say(r, f.as_params);
+        if (r->c.min_nodes == 0 && r->auto_stages) // the replicas the plan was made for
+            r->c.min_nodes = r->c.stages * r->auto_replicas;
+        else if (r->c.min_nodes == 0 && f.o.nmemories > 0) // (not all may hold a stage)
+            r->c.min_nodes = r->c.stages;
+        else if (r->c.min_nodes == 0) // with --churn, whoever is up at the start
             r->c.min_nodes = f.o.peers < r->c.stages || f.o.churn ? r->c.stages : f.o.peers;
         if (f.o.churn) { // as swarm/sim_churn.c tiles it
             int copies = (f.o.peers + f.churn.most / 2) / f.churn.most;
@@ -448,6 +572,14 @@ int cmd_sim(int argc, char **argv)
                "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
                res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6, lies);
+        if (f.o.nmemories > 0) {
+            printf("sim: --memory: %d live peer%s at the end held no stage (none fits its "
+                   "memory; best counts them out)\n", res.idle, res.idle == 1 ? "" : "s");
+            printf("sim: --memory: at the end the engine's assignment's bound was %.0f, %.3f of "
+                   "the best split the policy finds within the peers' memory (%.0f)\n",
+                   res.bound_end, res.best_held > 0 ? res.bound_end / res.best_held : 0.0,
+                   res.best_held);
+        }
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

@@ -383,16 +383,49 @@ static void s_memory(sim_t *s)
 
 // The best bound any assignment of the live peers could reach, from above:
 // their summed speed over the stages' summed relative costs (a split that
-// gives every stage exactly its share).
+// gives every stage exactly its share); a peer whose memory holds no stage
+// counts nothing.
 static double s_best(const sim_t *s)
 {
-    double speed = 0.0, cost = 0.0;
+    double speed = 0.0, cost = 0.0, least = 0.0;
+    for (int st = 0; st < s->c->stages; st++)
+        least = st == 0 || s->c->stage_need[st] < least ? s->c->stage_need[st] : least;
     for (int p = 0; p < s->npeers; p++)
-        if (s->peers[p].alive)
+        if (s->peers[p].alive && !(s->peers[p].memory > 0 && s->peers[p].memory < least))
             speed += s->peers[p].speed;
     for (int st = 0; st < s->c->stages; st++)
         cost += s->c->stage_cost[st] / s->mean_cost;
     return cost > 0 ? speed / cost : 0.0;
+}
+
+// The best split of the live peers that the policy finds within their
+// memory, by their true speeds (swarm_policy_best, from where the engine
+// put them and from a greedy split: each peer on a stage it holds, one
+// that holds none counted out): what the engine's own plans aim for,
+// where s_best ignores which stage each peer can hold.
+static double s_best_held(const sim_t *s)
+{
+    swarm_peer_view_t *v = calloc((size_t) (s->npeers > 0 ? s->npeers : 1), sizeof *v);
+    if (!v)
+        return 0.0;
+    int n = 0;
+    for (int p = 0; p < s->npeers; p++) {
+        if (!s->peers[p].alive)
+            continue;
+        swarm_peer_view_t *w = &v[n++];
+        *w = (swarm_peer_view_t) { .stage = s->peers[p].stage, .memory = s->peers[p].memory,
+                                   .moved_at = -1e30 };
+        for (int st = 0; st < s->c->stages && w->stage < 0; st++)
+            if (swarm_policy_holds(w, s->c->stage_need, st))
+                w->stage = st;
+        w->joining = w->stage >= 0;
+        w->tok_s = w->joining ? s->peers[p].speed * s->mean_cost / s->c->stage_cost[w->stage] : 0.0;
+    }
+    swarm_plan_t plan = { .stages = s->c->stages, .cost = s->c->stage_cost,
+                          .need = s->c->stage_need };
+    double best = swarm_policy_best(v, n, &plan, NULL);
+    free(v);
+    return best;
 }
 
 // The bound of the engine's assignment: the least over stages of the
@@ -509,9 +542,12 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
             sim_violate(s, "%d replicas disagreed with their stage", sum.checksum_mismatches);
     }
     double secs = s->train_from >= 0 ? (double) (s->now - s->train_from) / 1000.0 : 0.0;
-    int loose = 0;
-    for (int p = 0; p < s->npeers; p++)
+    int loose = 0, idle = 0, held = 0;
+    for (int p = 0; p < s->npeers; p++) {
+        held |= s->peers[p].memory > 0;
         loose += s->peers[p].first_lie >= 0 && !s->peers[p].caught;
+        idle += s->peers[p].alive && s->peers[p].stage < 0;
+    }
     *res = (swarm_sim_result_t) {
         .steps = sum.step - s->train_from_step, .seconds = secs,
         .tok_s = secs > 0 ? (sum.step - s->train_from_step) * (double) c->batch * c->shape.T / secs : 0,
@@ -523,7 +559,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
         .liars_caught = s->liars_caught, .lies_applied = s->lies_applied,
         .catch_steps = s->catch_steps, .liars_loose = loose, .copies = s->ncopies, .memory = s->memory,
-        .memory_bound = s->memory_bound,
+        .memory_bound = s->memory_bound, .idle = idle,
+        .bound_end = s_bound(s), .best_held = held ? s_best_held(s) : 0.0,
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);
     while (s->nheap > 0) {

@@ -56,6 +56,7 @@ typedef struct {
     long step;               // updates applied (as a node counts them)
     float state[SIM_STATE_FLOATS]; // what its stage's checksum is of
     double speed;            // training tokens a second on a stage of mean cost
+    double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
     queue_t queue;           // requests waiting
     float *grad;             // [max_stage_n] its gradient sum since the last update

@@ -239,6 +239,10 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
     const net_head_t *h = net_msg_head_const(req);
     int S = s->c->stages;
     char why[128];
+    if (h->type == NET_MSG_ASSIGN && h->stage < (uint32_t) S && pe->memory > 0
+        && s->c->stage_need[h->stage] > pe->memory)
+        sim_violate(s, "%s (--memory %.1f MiB) was given stage %u, which needs %.1f MiB", pe->name,
+                    pe->memory / 1048576.0, h->stage, s->c->stage_need[h->stage] / 1048576.0);
     if (s->o->nodes)
         return s_node_answer(s, pe, req);
     if (h->type == NET_MSG_ASSIGN) { // in its turn, as a node serves it
@@ -496,9 +500,11 @@ static double s_claimed(const sim_peer_t *pe, int heartbeat)
 static void s_hello(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    char meta[128];
+    char meta[160];
     snprintf(meta, sizeof meta, "proto=1\nname=%s\ndevice=sim\ntok_s=%.6g\n", pe->name,
              pe->speed * s_claimed(pe, 0));
+    if (pe->memory > 0)
+        snprintf(meta + strlen(meta), sizeof meta - strlen(meta), "memory=%.0f\n", pe->memory);
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
     if (net_msg_set_meta(m, meta) != 0)
         abort();
@@ -567,6 +573,12 @@ int sim_peer_new(sim_t *s, int copy)
     pe->latency_ms = o->latency_ms + (wide > 0 ? (int64_t) (sim_uniform(s) * (double) (wide + 1)) : 0);
     double span = o->bandwidth_hi_mbit - o->bandwidth_mbit;
     pe->bandwidth_mbit = o->bandwidth_mbit + (span > 0 ? sim_uniform(s) * span : 0.0);
+    if (o->nmemories > 0 && o->nmemories == o->nspeeds) { // a device's speed and memory
+        pe->memory = o->memories[k < o->nspeeds ? k : 0];
+    } else if (o->nmemories > 0) { // (as above: no draw without a mix)
+        int m = (int) (sim_uniform(s) * o->nmemories);
+        pe->memory = o->memories[m < o->nmemories ? m : 0];
+    }
     s_liar_maybe(s, pe, p);
     if (s->o->nodes) {
         const swarm_sim_nodes_t *nodes = s->o->nodes;

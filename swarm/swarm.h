@@ -416,6 +416,9 @@ typedef struct {
     uint64_t seed;           // everything random in the run
     const double *speeds;    // device speeds (training tokens/s on a stage of mean cost),
     int nspeeds;             // each peer draws one; none: 20,000 each
+    const double *memories;  // budgets (bytes a peer may hold for a stage, said in its HELLO),
+    int nmemories;           // each peer draws one (as many as speeds: the one at its speed's
+                             // place, a device's speed and memory together); none: any stage
     int64_t latency_ms;      // one way, router <-> each peer
     int64_t latency_hi_ms;   // more than latency_ms: each peer draws its own in between
     double bandwidth_mbit;   // each peer's link, each way (a message takes its bytes' time
@@ -459,6 +462,10 @@ typedef struct {
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
     int copies;              // --churn: copies of the trace tiled over the peers
+    int idle;                // live peers at the end that hold no stage (--memory: none fits)
+    double bound_end;        // the engine's assignment's bound at the end
+    double best_held;        // --memory: the policy's best split of the live peers at the end
+                             // within their memory (swarm_policy_best), 0 without budgets
     size_t memory;           // the engine's bytes at its fullest
     size_t memory_bound;     // what its formula allowed then
     char violation[512];     // the first invariant broken, "" none

@@ -9,7 +9,7 @@
 # trace of ../shared/data/traces/
 # (when it is there); the same seed gives the same bytes; a crowd of 300
 # peers runs; bad flags and bad churn files get one line naming the
-# problem. Ends with "N passed, N failed".
+# problem; memory budgets of a volunteer mix. Ends with "N passed, N failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 . tests/lib.sh
@@ -159,6 +159,35 @@ fi
 sim_ok "a crowd: 300 peers on 4 stages, GPUs among CPUs, one killed every 2 s" \
     --peers 300 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 --micro-batch 2 \
     --iters 10 --eval-every 0 --speeds 2000x9,50000 --kill-every 2 --save-every 5 --seed 5
+
+# memory: a volunteer mix of budgets (GPUs of 4-24 GB, CPUs of 8-64 GB,
+# each peer's budget and speed a device's) and a model planned as 3e9
+# parameters (48 GB of training state, 8-10 GB a stage of 5 or 6): no
+# peer is ever given a stage its budget cannot hold (an invariant the sim
+# checks at every ASSIGN), the 4 GB GPUs hold none, and without --stages
+# the sim, as the router, weighs every cut and takes one of two replicas a
+# stage
+MEMMIX="--layers 8 --heads 4 --embd 32 --block 16 --micro-batch 4 --batch 512 --warmup 2
+    --eval-every 0 --iters 15 --as-params 3e9 --kill-every 5
+    --memory 4G,8Gx2,12Gx2,24G,8Gx2,16G,32G,64G --speeds 1000,3000x2,3500x2,6400,200x2,300,400,400"
+# shellcheck disable=SC2086
+sim_ok "memory mix, no --stages (auto), a kill every 5 s" --peers 40 $MEMMIX
+plan=$(grep -- "^sim: --stages auto:" "$TMP/sim.out")
+weighed=$(grep "^sim: the cuts weighed" "$TMP/sim.out")
+case "$plan" in
+    *" stages for the 40 peers (two replicas a stage fit;"*)
+        # the cut of fewest stages (one: only the 64 GB CPUs hold it) is far below
+        case "$weighed" in
+            *": 1 0.0"*" (chosen)"*) ok "${plan#sim: }; ${weighed#sim: }" ;;
+            *) bad "the cuts weighed: $weighed" ;;
+        esac ;;
+    *) bad "the plan for a memory mix: $plan" ;;
+esac
+# shellcheck disable=SC2086
+sim_ok "memory mix, --stages 4: peers that hold no stage of it wait" --peers 40 --stages 4 $MEMMIX
+grep -q "^sim: --memory: [1-9][0-9]* live peers at the end held no stage" "$TMP/sim.out" \
+    && ok "$(grep "^sim: --memory: .* held no stage" "$TMP/sim.out" | sed 's/^sim: //')" \
+    || bad "no peer without a stage at 4 stages of 12 GB or so: $(grep "^sim: --memory" "$TMP/sim.out")"
 
 # links: a slow wire, jitter and lost segments, with kills; each slows the
 # swarm in virtual time (the same seed without them is faster)
@@ -317,6 +346,15 @@ expect_error "a loss rate that is no fraction" "--loss 2: expected a fraction" \
     --peers 4 --stages 2 --loss 2 $TINY
 expect_error "a negative bandwidth" "--bandwidth -5: expected Mbit/s" \
     --peers 4 --stages 2 --bandwidth -5 $TINY
+expect_error "a memory budget that is no size" "--memory 8Q: expected a size of at least 1M" \
+    --peers 4 --stages 2 --memory 8Q $TINY
+expect_error "a memory share that is no number" "--memory 8Gxa: expected a share" \
+    --peers 4 --stages 2 --memory 8Gxa $TINY
+expect_error "a model of no parameters" "--as-params 0: expected a number of parameters" \
+    --peers 4 --stages 2 --as-params 0 $TINY
+expect_error "--stages auto on peers too small" \
+    "--stages auto: the 2 nodes known (the largest may hold 1.0 MiB) cannot hold the model: in 2 stages it needs" \
+    --peers 2 --stages auto --memory 1M --as-params 1e8 $TINY
 expect_error "more liars than peers" "--liars 5: more than the 4 --peers" \
     --peers 4 --stages 2 --liars 5 $TINY
 expect_error "a way to lie it does not know" "--lies often: expected ways from" \

@@ -289,8 +289,9 @@ static void s_memory_budget(daemon_t *d)
     if (d->o.memory)
         s_log("memory budget %.1f MiB (--memory)", d->memory / 1048576.0);
     else if (d->memory)
-        s_log("memory budget %.1f MiB: 90%% of the %.1f MiB %s available (--memory to change it)",
-              d->memory / 1048576.0, avail / 1048576.0, cpu ? "of RAM" : "of the GPU's memory free");
+        s_log("memory budget %.1f MiB: 90%% of the %.1f MiB %s (--memory to change it)",
+              d->memory / 1048576.0, avail / 1048576.0,
+              cpu ? "of RAM available" : "of the GPU's memory free");
     else
         s_log("memory budget unknown (this machine does not say what it has free): any stage "
               "(--memory to set one)");

@@ -169,6 +169,20 @@ if SWARM_CUDA_PLUGIN="$EMU" "$SWARM" train $TINY --device cuda --loss-log "$TMP/
 else
     bad "train on the emulated kernels:"; cat "$TMP/out"; paste "$TMP/emu.txt" "$TMP/cpu.txt"
 fi
+# a node's default budget on a GPU: 90% of what the device has free (the
+# emulation has 1 GiB, 768 MiB of it free), not of its total
+"$SWARM" keygen "$TMP/emu-router" >/dev/null
+SWARM_CUDA_PLUGIN="$EMU" "$SWARM" node --join tcp://127.0.0.1:9 --router-key "$TMP/emu-router.pub" \
+    --key "$TMP/emu-node" --device cuda:0 >"$TMP/node.out" 2>&1 &
+emu_node=$!
+pids="$pids $emu_node"
+if wait_grep "$TMP/node.out" "memory budget 691.2 MiB: 90% of the 768.0 MiB of the GPU's memory free" 20; then
+    ok "a GPU node's default budget: $(grep -o "memory budget .*" "$TMP/node.out" | head -n 1)"
+else
+    bad "a GPU node's default budget:"; cat "$TMP/node.out"
+fi
+kill "$emu_node" 2>/dev/null
+wait "$emu_node" 2>/dev/null
 SWARM_CUDA_PLUGIN="$EMU" GPU_SWARM_STEPS=4 CPU_SLOWDOWN=300 sh tests/gpu_swarm.sh "$BUILD" >"$TMP/out" 2>&1
 if grep -q "^4 passed, 0 failed" "$TMP/out"; then
     ok "gpu_swarm.sh with an emulated GPU node: $(grep -m1 "checksums agreed" "$TMP/out" | cut -c6-)"

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LIMIT_T 65536
@@ -143,6 +144,49 @@ void node_plan_stage_range(const node_config_t *cfg, const node_plan_t *plan, in
                : embed + (size_t) plan->first[s + 1] * layer;
     *offset = begin;
     *count = end - begin;
+}
+
+int node_plan_parse(const node_config_t *cfg, const char *text, node_plan_t *plan, char *err,
+                    size_t errlen)
+{
+    node_plan_t p = { 0 };
+    int k = 0;
+    for (const char *at = text;; at++) {
+        char *end;
+        errno = 0;
+        long v = *at >= '0' && *at <= '9' ? strtol(at, &end, 10) : -1;
+        if (v < 0 || errno || v > cfg->L || k > NODE_MAX_LAYERS
+            || (k > 0 && v <= p.first[k - 1]) || (k == 0 && v != 0)) {
+            snprintf(err, errlen, "cut=%.40s: expected the first block of each of "
+                     "1..%d stages from 0, each above the last, then %d", text, cfg->L, cfg->L);
+            return -EINVAL;
+        }
+        p.first[k++] = (int) v;
+        at = end;
+        if (*at == '\0')
+            break;
+        if (*at != ',') {
+            snprintf(err, errlen, "cut=%.40s: expected numbers separated by commas", text);
+            return -EINVAL;
+        }
+    }
+    if (k < 2 || p.first[k - 1] != cfg->L) {
+        snprintf(err, errlen, "cut=%.40s: expected the first block of each of 1..%d stages from "
+                 "0, each above the last, then %d", text, cfg->L, cfg->L);
+        return -EINVAL;
+    }
+    p.stages = k - 1;
+    *plan = p;
+    return 0;
+}
+
+int node_plan_text(const node_plan_t *plan, char *buf, size_t n)
+{
+    size_t at = 0;
+    for (int s = 0; s <= plan->stages; s++)
+        at += (size_t) snprintf(buf + (at < n ? at : n), at < n ? n - at : 0, "%s%d", s ? "," : "",
+                                plan->first[s]);
+    return (int) at;
 }
 
 int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err, size_t errlen)

@@ -72,6 +72,17 @@ typedef struct {
 __attribute__((warn_unused_result))
 int node_plan_make(const node_config_t *cfg, int S, node_plan_t *plan, char *err, size_t errlen);
 
+// The plan a router's cut says: "F0,F1,...,FS", each stage's first block
+// and the layers after the last (ASSIGN's cut=); F0 = 0, FS = cfg->L,
+// each above the last, S in 1..L. -EINVAL with what is wrong in err.
+__attribute__((warn_unused_result))
+int node_plan_parse(const node_config_t *cfg, const char *text, node_plan_t *plan, char *err,
+                    size_t errlen);
+// The plan as node_plan_parse reads it, into buf[n] (at most 4 (S + 1) + 1
+// bytes: NODE_PLAN_TEXT_MAX); what snprintf returned.
+#define NODE_PLAN_TEXT_MAX (4 * (NODE_MAX_LAYERS + 1) + 1)
+int node_plan_text(const node_plan_t *plan, char *buf, size_t n);
+
 // Stage s's slice of the model's flat parameters (offset, count in floats).
 void node_plan_stage_range(const node_config_t *cfg, const node_plan_t *plan, int s,
                            size_t *offset, size_t *count);

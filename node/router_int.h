@@ -64,7 +64,8 @@ double router_need(const router_t *r, node_memory_t m);
 void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, size_t *off,
                        double *cost, double *need);
 // swarm_engine_io_t.cut with --stages auto (router_plan.c), ctx a router_t.
-int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need);
+int router_io_cut(void *ctx, int stages, const double *mem, int nmem, size_t *n, size_t *off,
+                  double *cost, double *need, char *text);
 double router_fill_idle(int G, int S);
 // The micro-batch the router picks without --micro-batch (router_setup.c).
 int router_micro_choose(int batch, int T, int S);

@@ -1,14 +1,17 @@
-/* router_plan.c - `swarm router --stages auto`: the number of stages chosen
- * for the machines at hand. Before the engine exists the router listens,
- * keeps each node's HELLO (the memory it may hold for a stage), and plans
- * once --min-nodes nodes (at least 2) have said it: the fewest stages whose
- * each stage one of those nodes can hold, the largest node for the largest
- * stage (node_plan_make cuts by compute; node_plan_stage_memory says what
- * each stage needs). The engine then takes the HELLOs it kept as if they
- * came now. A swarm whose nodes can hold no plan waits for more and says
- * what it needs. Mid-run the engine cuts the model again, through
- * router_io_cut, when no node known can hold a stage of its cut
- * (swarm/engine_replan.c).
+/* router_plan.c - `swarm router --stages auto` (its default): the stages
+ * chosen for the machines at hand. Before the engine exists the router
+ * listens, keeps each node's HELLO (the memory it may hold for a stage, the
+ * speed it measured), and plans once --min-nodes nodes (at least 2) have
+ * said it: of the cuts into 1, 2, ... stages, the one
+ * swarm_policy_cut_choose weighs best for them. The cut into S stages is
+ * node_plan_make's (by compute) when the nodes hold it; else the one
+ * balanced by compute within the budgets of the nodes that would hold each
+ * stage (s_cut_within: larger stages for larger nodes), which ASSIGN's
+ * cut= tells the nodes. node_plan_stage_memory says what each stage needs.
+ * The engine then takes the HELLOs it kept as if they came now. A swarm
+ * whose nodes can hold no plan waits for more and says what it needs.
+ * Mid-run the engine cuts the model again, through router_io_cut, when no
+ * node known can hold a stage of its cut (swarm/engine_replan.c).
  */
 #include "router_int.h"
 
@@ -33,30 +36,163 @@ static int s_micro(const router_t *r, int S)
     return r->o.micro > 0 ? r->hp.micro : router_micro_choose(r->hp.batch, r->hp.cfg.T, S);
 }
 
-// swarm_cut_need_fn before the engine exists: the needs of the cut into
-// S stages at the micro-batch the router would choose for S.
-static int s_need_of(void *ctx, int S, double *need, double *cost)
+// The position of stage s of S in the pipeline: what its need and cost
+// depend on beside its blocks (the embeddings on the first, the head on
+// the last).
+static int s_end(int s, int S)
 {
-    const router_t *r = ctx;
-    node_plan_t plan;
-    char err[256];
-    if (node_plan_make(&r->hp.cfg, S, &plan, err, sizeof err) != 0)
+    return (s == 0) | (s == S - 1) << 1;
+}
+
+// Of the cuts into S stages whose stage s holds at most cap[s] bytes
+// (need at micro-batch micro), the one whose costliest stage costs least
+// (node_plan_make's balance, within memory), into *plan: 0, or -1 when no
+// cut fits the caps.
+static int s_cut_within(const router_t *r, int S, int micro, const double *cap, node_plan_t *plan)
+{
+    int L = r->hp.cfg.L;
+    // a stage's need and cost by its blocks and its place (s_end): a
+    // stage of k blocks at place e in a plan of 3 (of 1 for e = 3; a last
+    // stage runs to the model's end) tells them
+    double *need = malloc(4 * (size_t) (L + 1) * 2 * sizeof *need), *cost = need + 4 * (L + 1);
+    double *best = malloc((size_t) (S + 1) * (L + 1) * sizeof *best);
+    int *from = malloc((size_t) (S + 1) * (L + 1) * sizeof *from);
+    if (!need || !best || !from) {
+        free(need), free(best), free(from);
         return -1;
-    for (int s = 0; s < S; s++) {
-        need[s] = router_need(r, node_plan_stage_memory(&r->hp.cfg, &plan, s, s_micro(r, S)));
-        cost[s] = node_plan_stage_cost(&r->hp.cfg, &plan, s);
     }
+    for (int e = 0; e < 4; e++)
+        for (int k = 1; k <= L; k++) {
+            node_plan_t t = { .stages = e == 3 ? 1 : 3 };
+            int s = e == 1 || e == 3 ? 0 : e == 2 ? 2 : 1;
+            t.first[s] = e & 2 ? L - k : 0, t.first[s + 1] = e & 2 ? L : k;
+            need[e * (L + 1) + k] = router_need(r, node_plan_stage_memory(&r->hp.cfg, &t, s, micro));
+            cost[e * (L + 1) + k] = node_plan_stage_cost(&r->hp.cfg, &t, s);
+        }
+    // best[s][l]: the least costliest stage with blocks [0, l) in stages [0, s)
+    for (int i = 0; i < (S + 1) * (L + 1); i++)
+        best[i] = INFINITY;
+    best[0] = 0.0;
+    for (int s = 1; s <= S; s++)
+        for (int l = s; l <= L - (S - s); l++)
+            for (int a = s - 1; a < l; a++) {
+                int e = s_end(s - 1, S), k = l - a;
+                if (!(best[(s - 1) * (L + 1) + a] < INFINITY) || need[e * (L + 1) + k] > cap[s - 1])
+                    continue;
+                double worst = fmax(best[(s - 1) * (L + 1) + a], cost[e * (L + 1) + k]);
+                if (worst < best[s * (L + 1) + l]) { // (ties: the earlier cut)
+                    best[s * (L + 1) + l] = worst;
+                    from[s * (L + 1) + l] = a;
+                }
+            }
+    int rc = best[S * (L + 1) + L] < INFINITY ? 0 : -1;
+    if (rc == 0) {
+        memset(plan, 0, sizeof *plan);
+        plan->stages = S;
+        plan->first[S] = L;
+        for (int s = S, l = L; s > 0; s--)
+            plan->first[s - 1] = l = from[s * (L + 1) + l];
+    }
+    free(need), free(best), free(from);
+    return rc;
+}
+
+static int s_desc(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x < y) - (x > y);
+}
+
+// The needs and costs of plan's S stages at micro-batch micro.
+static void s_tables(const router_t *r, const node_plan_t *plan, int micro, double *need,
+                     double *cost)
+{
+    for (int s = 0; s < plan->stages; s++) {
+        need[s] = router_need(r, node_plan_stage_memory(&r->hp.cfg, plan, s, micro));
+        cost[s] = node_plan_stage_cost(&r->hp.cfg, plan, s);
+    }
+}
+
+// The cut of S stages at micro-batch micro for nodes of budgets mem[n]
+// (0: any; mem NULL: none known), into *plan: node_plan_make's (compute
+// balanced) when the nodes hold `replicas` of each of its stages; else
+// the cut balanced within the budgets of the nodes that would hold each
+// stage (the largest S of them, or 2S paired, the largest stages at
+// either end of the pipeline), when there is one. Two replicas before
+// one. 0; -1 when the model has no cut of S stages (a cut the nodes
+// cannot hold is still given: the balanced one).
+static int s_cut_for(const router_t *r, int S, int micro, const double *mem, int n,
+                     node_plan_t *plan)
+{
+    char err[256];
+    if (node_plan_make(&r->hp.cfg, S, plan, err, sizeof err) != 0)
+        return -1;
+    if (!mem || n < S)
+        return 0;
+    double need[NODE_MAX_LAYERS], cost[NODE_MAX_LAYERS], *by = malloc((size_t) n * sizeof *by);
+    int *to = malloc((size_t) n * sizeof *to);
+    if (!by || !to) {
+        free(by), free(to);
+        return 0;
+    }
+    s_tables(r, plan, micro, need, cost);
+    for (int i = 0; i < n; i++)
+        by[i] = mem[i] > 0.0 ? mem[i] : INFINITY;
+    qsort(by, (size_t) n, sizeof *by, s_desc);
+    for (int k = 2; k >= 1; k--) {
+        if ((long) k * S > n)
+            continue;
+        if (swarm_policy_cut_fits(need, S, k, mem, n, to))
+            break; // the balanced cut
+        double cap[NODE_MAX_LAYERS], rev[NODE_MAX_LAYERS];
+        for (int s = 0; s < S; s++) // stage s's k nodes hold what the least of them holds
+            cap[s] = by[(size_t) k * s + (size_t) k - 1], rev[S - 1 - s] = cap[s];
+        node_plan_t a, b;
+        int fa = s_cut_within(r, S, micro, cap, &a) == 0, fb = s_cut_within(r, S, micro, rev, &b) == 0;
+        if (fa || fb) {
+            double ca = 0.0, cb = 0.0;
+            for (int s = 0; s < S; s++) {
+                ca = fa ? fmax(ca, node_plan_stage_cost(&r->hp.cfg, &a, s)) : INFINITY;
+                cb = fb ? fmax(cb, node_plan_stage_cost(&r->hp.cfg, &b, s)) : INFINITY;
+            }
+            *plan = ca <= cb ? a : b;
+            break;
+        }
+    }
+    free(by), free(to);
     return 0;
 }
 
-int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need)
+// The nodes a cut is chosen for before the engine exists.
+typedef struct {
+    const router_t *r;
+    const double *mem;       // their budgets (0: any), NULL none known
+    int n;
+} cut_for_t;
+
+// swarm_cut_need_fn before the engine exists: the needs and costs of the
+// cut into S stages for those nodes at the micro-batch the router would
+// choose for S.
+static int s_need_of(void *ctx, int S, double *need, double *cost)
+{
+    const cut_for_t *f = ctx;
+    node_plan_t plan;
+    int micro = s_micro(f->r, S);
+    if (s_cut_for(f->r, S, micro, f->mem, f->n, &plan) != 0)
+        return -1;
+    s_tables(f->r, &plan, micro, need, cost);
+    return 0;
+}
+
+int router_io_cut(void *ctx, int stages, const double *mem, int nmem, size_t *n, size_t *off,
+                  double *cost, double *need, char *text)
 {
     const router_t *r = ctx;
     node_plan_t plan;
-    char err[256];
-    if (node_plan_make(&r->hp.cfg, stages, &plan, err, sizeof err) != 0)
+    if (s_cut_for(r, stages, r->hp.micro, mem, nmem, &plan) != 0)
         return -1;
     router_cut_tables(r, &plan, n, off, cost, need);
+    node_plan_text(&plan, text, SWARM_CUT_MAX);
     return 0;
 }
 
@@ -65,7 +201,8 @@ int router_io_cut(void *ctx, int stages, size_t *n, size_t *off, double *cost, d
 static size_t s_needs_list(router_t *r, int S, char *buf, size_t n)
 {
     double need[NODE_MAX_LAYERS], cost[NODE_MAX_LAYERS], most = 0;
-    if (S < 1 || s_need_of(r, S, need, cost) != 0)
+    cut_for_t f = { r, NULL, 0 }; // (compute balanced)
+    if (S < 1 || s_need_of(&f, S, need, cost) != 0)
         return (size_t) snprintf(buf, n, " (no such cut)");
     size_t at = 0;
     for (int s = 0; s < S; s++)
@@ -91,10 +228,11 @@ int router_plan_for(router_t *r, const double *mem, const double *speed, int n, 
     for (int i = 0; i < n; i++)
         largest = mem[i] > largest ? mem[i] : largest;
     node_plan_t plan;
-    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, n, s_need_of, r, &replicas,
-                                              to, bounds);
+    cut_for_t f = { r, mem, n };
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, n, s_need_of, &f,
+                                              &replicas, to, bounds);
     free(to);
-    if (S > 0 && node_plan_make(&r->hp.cfg, S, &plan, why, wn) == 0) {
+    if (S > 0 && s_cut_for(r, S, s_micro(r, S), mem, n, &plan) == 0) {
         r->plan = plan;
         r->o.stages = S;
         r->hp.micro = s_micro(r, S);
@@ -212,6 +350,26 @@ void router_needs_say(const router_t *r)
         printf("%s %d %.1f MiB", s ? "," : "", s, r->c.stage_need[s] / 1048576.0);
     printf(" (its state, a micro-batch's activations, buffers); it is given only a stage its "
            "--memory holds\n");
+    node_plan_t even;
+    char err[256];
+    if (node_plan_make(&r->hp.cfg, r->plan.stages, &even, err, sizeof err) == 0
+        && memcmp(even.first, r->plan.first, sizeof even.first) != 0) {
+        printf("swarm router: the model is cut within the nodes' memory, not by compute alone:");
+        for (int pass = 0; pass < 2; pass++) {
+            const node_plan_t *p = pass ? &even : &r->plan;
+            printf("%s", pass ? " (by compute:" : "");
+            for (int s = 0; s < p->stages; s++) {
+                int a = p->first[s], b = p->first[s + 1] - 1;
+                if (pass)
+                    printf("%s %d", s ? "," : "", b - a + 1);
+                else if (a == b)
+                    printf("%s stage %d block %d", s ? "," : "", s, a);
+                else
+                    printf("%s stage %d blocks %d-%d", s ? "," : "", s, a, b);
+            }
+        }
+        printf(" blocks a stage)\n");
+    }
     fflush(stdout);
 }
 

@@ -257,6 +257,7 @@ void router_config(router_t *r)
     c->shape = (swarm_shape_t) { .V = m->V, .T = m->T, .C = m->C, .L = m->L, .H = m->H };
     c->stages = r->plan.stages;
     router_cut_tables(r, &r->plan, c->stage_n, c->stage_off, c->stage_cost, c->stage_need);
+    node_plan_text(&r->plan, c->cut, sizeof c->cut); // (ASSIGN says it: a cut may be uneven)
     c->nparams = node_config_params(m);
     c->batch = r->hp.batch;
     c->micro = r->hp.micro;

@@ -627,7 +627,11 @@ static void s_unassign(node_worker_t *w)
 static int s_assign_build(node_worker_t *w, const assign_t *a, char *err, size_t n)
 {
     s_unassign(w);
-    int rc = node_plan_make(&a->cfg, a->stages, &w->plan, err, n);
+    int rc = 0;
+    if (a->cut)
+        w->plan = a->plan; // (node_plan_parse checked it against the shape)
+    else
+        rc = node_plan_make(&a->cfg, a->stages, &w->plan, err, n);
     if (rc != 0)
         return rc;
     node_memory_t mem = node_plan_stage_memory(&a->cfg, &w->plan, a->stage, a->micro);

@@ -27,6 +27,8 @@ typedef struct {
     long step;                // the swarm's step
     int wire;                 // NET_DTYPE_* of the activations and dx we send (meta wire)
     int grad_wire;            // NET_DTYPE_* of the gradient sums we send (meta grad_wire)
+    int cut;                  // 1: the router said its cut (meta cut=), in plan
+    node_plan_t plan;         // that cut; else node_plan_make's of S
 } assign_t;
 
 #define WORKER_LIE_KEPT 4096 // parameters a checksum liar changes after each update

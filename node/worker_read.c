@@ -283,8 +283,22 @@ int worker_assign_parse(const net_msg_t *msg, assign_t *a, char *err, size_t n)
         rc = s_assign_wire(msg, "grad_wire", &a->grad_wire, err, n);
     if (rc != 0)
         return rc;
+    char cut[NODE_PLAN_TEXT_MAX];
+    rc = net_msg_meta_get(msg, "cut", cut, sizeof cut);
+    if (rc == -ENOBUFS) {
+        snprintf(err, n, "meta cut: value too long");
+        return -EPROTO;
+    }
+    a->cut = rc == 0;
+    if (a->cut && (rc = node_config_check(&a->cfg, err, n)) == 0
+        && (rc = node_plan_parse(&a->cfg, cut, &a->plan, err, n)) != 0)
+        return -EPROTO;
+    if (rc != 0 && rc != -ENOENT)
+        return rc;
     rc = -EPROTO;
-    if (a->stage >= a->stages)
+    if (a->cut && a->plan.stages != a->stages)
+        snprintf(err, n, "meta cut=%.40s has %d stages, but S=%d", cut, a->plan.stages, a->stages);
+    else if (a->stage >= a->stages)
         snprintf(err, n, "meta stage=%d, but S=%d", a->stage, a->stages);
     else if (h->stage != (uint32_t) a->stage)
         snprintf(err, n, "header stage %" PRIu32 ", meta stage=%d", h->stage, a->stage);
@@ -303,5 +317,8 @@ int worker_assign_same(const node_worker_t *w, const assign_t *a)
     const node_config_t *x = &w->as.cfg, *y = &a->cfg;
     return w->stage && x->V == y->V && x->T == y->T && x->C == y->C && x->L == y->L
         && x->H == y->H && w->as.stages == a->stages && w->as.stage == a->stage
+        && w->as.cut == a->cut
+        && (!a->cut || !memcmp(w->as.plan.first, a->plan.first,
+                               (size_t) (a->stages + 1) * sizeof a->plan.first[0]))
         && w->as.micro == a->micro && w->as.wire == a->wire && w->as.grad_wire == a->grad_wire;
 }

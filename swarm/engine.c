@@ -27,6 +27,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
                                  .iters = c->iters, .seed = c->seed, .eval_iters = c->eval_iters,
                                  .weight_decay = c->weight_decay, .grad_clip = c->grad_clip };
     r->stages = c->stages;
+    snprintf(r->cut, sizeof r->cut, "%s", c->cut);
     for (int s = 0; s < r->stages; s++) {
         r->stage_n[s] = c->stage_n[s];
         r->stage_off[s] = c->stage_off[s];

@@ -306,6 +306,7 @@ struct swarm_engine_s {
     int stages;              // S
     size_t stage_n[SWARM_MAX_STAGES]; // parameters per stage
     size_t stage_off[SWARM_MAX_STAGES]; // offset of each stage in the model
+    char cut[SWARM_CUT_MAX];            // the cut's text for ASSIGN (config's cut), "" none
     double stage_cost[SWARM_MAX_STAGES]; // forward FLOPs a token through each stage
     double stage_need[SWARM_MAX_STAGES]; // bytes a node holds for each stage, 0 unknown
     size_t nparams;          // the model's parameters

@@ -272,8 +272,10 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     net_msg_head(a)->step = (uint64_t) r->step;
     const swarm_shape_t *c = &r->hp.cfg;
     int rc = engine_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
-                         "wire=%s\ngrad_wire=%s\n", c->V, c->T, c->C, c->L, c->H, r->stages, stage,
-                    r->hp.micro, pe->id, net_dtype_name(r->wire), net_dtype_name(r->grad_wire));
+                         "wire=%s\ngrad_wire=%s\n%s%s%s", c->V, c->T, c->C, c->L, c->H, r->stages,
+                         stage, r->hp.micro, pe->id, net_dtype_name(r->wire),
+                         net_dtype_name(r->grad_wire), r->cut[0] ? "cut=" : "", r->cut,
+                         r->cut[0] ? "\n" : "");
     if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0)
         pe->failed = r->failed_any = 1; // not connected: engine_reap finds it dead
     net_msg_destroy(&a);

@@ -53,7 +53,7 @@ static int s_counted(const swarm_engine_t *r, int p)
 // bounds, the audits drawn) starts again, and buffers sized by the
 // largest stage go (they are made again at the new size when needed).
 static void s_recut(swarm_engine_t *r, int S, const size_t *n, const size_t *off,
-                    const double *cost, const double *need)
+                    const double *cost, const double *need, const char *text)
 {
     for (int i = 0; i < r->req_slots; i++)
         if (engine_req_at(r, i)->id)
@@ -78,6 +78,7 @@ static void s_recut(swarm_engine_t *r, int S, const size_t *n, const size_t *off
     free(r->audit_sum);
     r->audit_sum = NULL;
     r->stages = S;
+    snprintf(r->cut, sizeof r->cut, "%s", text);
     r->max_stage_n = 0;
     for (int s = 0; s < S; s++) {
         r->stage_n[s] = n[s];
@@ -107,22 +108,30 @@ static void s_place(swarm_engine_t *r, const int *idx, const int *to, int k)
             engine_admit(r, idx[i], -1, NULL);
 }
 
-// swarm_cut_need_fn of the caller's cuts (the other tables are asked again
-// for the cut chosen).
+// The nodes a new cut is for: their budgets mem[k].
+typedef struct {
+    const swarm_engine_t *r;
+    const double *mem;
+    int k;
+} cut_for_t;
+
+// swarm_cut_need_fn of the caller's cuts for those nodes (the other
+// tables are asked again for the cut chosen).
 static int s_need_of(void *ctx, int S, double *need, double *cost)
 {
-    const swarm_engine_t *r = ctx;
+    const cut_for_t *f = ctx;
     size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
-    return r->io.cut(r->io.ctx, S, n, off, cost, need);
+    char text[SWARM_CUT_MAX];
+    return f->r->io.cut(f->r->io.ctx, S, f->mem, f->k, n, off, cost, need, text);
 }
 
 // What the largest stage of the most stages k nodes allow needs (0: none).
-static double s_most(swarm_engine_t *r, int k, int *S)
+static double s_most(const cut_for_t *f, int *S)
 {
     double need[SWARM_MAX_STAGES], cost[SWARM_MAX_STAGES], most = 0.0;
-    *S = k < r->hp.cfg.L ? k : r->hp.cfg.L;
+    *S = f->k < f->r->hp.cfg.L ? f->k : f->r->hp.cfg.L;
     *S = *S < SWARM_MAX_STAGES ? *S : SWARM_MAX_STAGES;
-    if (*S > 0 && s_need_of(r, *S, need, cost) == 0)
+    if (*S > 0 && s_need_of((void *) f, *S, need, cost) == 0)
         for (int s = 0; s < *S; s++)
             most = need[s] > most ? need[s] : most;
     return most;
@@ -160,11 +169,13 @@ void engine_replan(swarm_engine_t *r)
     }
     size_t n[SWARM_MAX_STAGES], off[SWARM_MAX_STAGES];
     double cost[SWARM_MAX_STAGES], need[SWARM_MAX_STAGES];
-    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, k, s_need_of, r, &replicas,
-                                              to, NULL);
-    if (S < 1 || r->io.cut(r->io.ctx, S, n, off, cost, need) != 0) {
+    char text[SWARM_CUT_MAX];
+    cut_for_t f = { r, mem, k };
+    int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, k, s_need_of, &f,
+                                              &replicas, to, NULL);
+    if (S < 1 || r->io.cut(r->io.ctx, S, mem, k, n, off, cost, need, text) != 0) {
         int top;
-        double most = s_most(r, k, &top);
+        double most = s_most(&f, &top);
         char why[240];
         snprintf(why, sizeof why, "swarm router: stage %d has no node that can hold it (%.1f MiB), "
                  "and the %d node%s known (the largest may hold %.1f MiB) cannot hold the model "
@@ -179,7 +190,7 @@ void engine_replan(swarm_engine_t *r)
     }
     int was = r->stages;
     double held = r->stage_need[empty];
-    s_recut(r, S, n, off, cost, need);
+    s_recut(r, S, n, off, cost, need, text);
     const char *spare = replicas == 2 ? "two replicas a stage" : "one replica a stage";
     if (S == was)
         engine_warn(r, "swarm router: stage %d has no node that can hold it (%.1f MiB): the %d "

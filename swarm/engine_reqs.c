@@ -258,7 +258,7 @@ int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int s
 
 int engine_meta(net_msg_t *m, const char *fmt, ...)
 {
-    char text[1024];
+    char text[1024 + SWARM_CUT_MAX]; // (an ASSIGN's cut= of up to SWARM_MAX_STAGES stages)
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);

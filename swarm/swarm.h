@@ -237,6 +237,7 @@ int swarm_policy_window(const swarm_window_in_t *in);
 // ---- the router engine (swarm/engine*.c; docs/swarm.md) ----
 
 #define SWARM_MAX_STAGES 256
+#define SWARM_CUT_MAX (4 * (SWARM_MAX_STAGES + 1) + 1) // a cut's text: S + 1 numbers < 1000
 enum { SWARM_WINDOW_FIXED = 0, SWARM_WINDOW_AUTO, SWARM_WINDOW_ALL }; // --window W, auto, all
 
 typedef struct swarm_engine_s swarm_engine_t;
@@ -260,6 +261,8 @@ typedef struct {
     double stage_need[SWARM_MAX_STAGES]; // bytes a node holds for it (node_plan_stage_memory:
                                          // its state, one micro-batch's activations, buffers);
                                          // 0 unknown: any node may take it
+    char cut[SWARM_CUT_MAX]; // the cut as the caller's nodes read it (ASSIGN's cut=: the
+                             // first block of each stage), "" none: S= alone says it
     size_t nparams;          // the model's parameters
     float *params, *m, *v;   // [nparams] the state the run starts from (the engine takes
                              // them; m and v may be NULL: zeros)
@@ -319,12 +322,15 @@ typedef struct {
     // digits): a state a replica sends (a checkpoint's part, a joiner's) is
     // checked against the checksum it reported; NULL: not checked
     void (*checksum)(void *ctx, const float *params, size_t n, char hex[65]);
-    // the model cut into `stages`, at the run's micro-batch: each stage's
-    // parameters n, offset off, cost and need (swarm_engine_config_t's
-    // stage_*); 0, or -1 when it has no such cut. Given (--stages auto),
-    // the engine cuts the model again when no node can hold a stage of
-    // its cut (engine_replan.c); NULL: the cut stays the config's
-    int (*cut)(void *ctx, int stages, size_t *n, size_t *off, double *cost, double *need);
+    // the model cut into `stages` for nodes of budgets mem[nmem] (0: any),
+    // at the run's micro-batch: each stage's parameters n, offset off, cost
+    // and need (swarm_engine_config_t's stage_*), and its text for ASSIGN
+    // into text[SWARM_CUT_MAX] (swarm_engine_config_t's cut); 0, or -1
+    // when it has no such cut. Given (--stages auto), the engine cuts the
+    // model again when no node can hold a stage of its cut
+    // (engine_replan.c); NULL: the cut stays the config's
+    int (*cut)(void *ctx, int stages, const double *mem, int nmem, size_t *n, size_t *off,
+               double *cost, double *need, char *text);
 } swarm_engine_io_t;
 
 // What a run did, for its summary lines.

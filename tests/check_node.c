@@ -446,6 +446,44 @@ START_TEST(test_plan_refuses_more_stages_than_layers)
 }
 END_TEST
 
+START_TEST(test_plan_reads_the_cut_a_router_says_and_nothing_else)
+{
+    // every plan node_plan_make makes reads back from its text as itself
+    node_config_t cfg = { NODE_VOCAB, 64, 128, 12, 4 };
+    char err[256] = "", text[NODE_PLAN_TEXT_MAX];
+    for (int S = 1; S <= 12; S++) {
+        node_plan_t plan, back;
+        ck_assert_int_eq(node_plan_make(&cfg, S, &plan, err, sizeof err), 0);
+        ck_assert_int_lt(node_plan_text(&plan, text, sizeof text), (int) sizeof text);
+        ck_assert_int_eq(node_plan_parse(&cfg, text, &back, err, sizeof err), 0);
+        ck_assert_int_eq(back.stages, S);
+        ck_assert_mem_eq(back.first, plan.first, (size_t) (S + 1) * sizeof plan.first[0]);
+    }
+    // an uneven cut
+    node_plan_t p;
+    ck_assert_int_eq(node_plan_parse(&cfg, "0,9,11,12", &p, err, sizeof err), 0);
+    ck_assert_int_eq(p.stages, 3);
+    ck_assert_int_eq(p.first[1], 9);
+    // what no cut of 12 blocks is: each refused with the value in the line
+    const char *bad[] = { "", "0", "12", "1,12", "0,5,5,12", "0,7,3,12", "0,13", "0,6,11",
+                          "0,6,12,", ",0,12", "0;12", "0,-1,12", "0,6x,12", "0, 6,12",
+                          "0,99999999999999999999,12" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        ck_assert_msg(node_plan_parse(&cfg, bad[i], &p, err, sizeof err) == -EINVAL,
+                      "cut=%s was taken", bad[i]);
+        ck_assert_msg(strstr(err, "cut=") != NULL, "cut=%s: '%s'", bad[i], err);
+    }
+    // the longest text fits its bound
+    node_config_t deep = { NODE_VOCAB, 16, 32, NODE_MAX_LAYERS, 4 };
+    node_plan_t most;
+    ck_assert_int_eq(node_plan_make(&deep, NODE_MAX_LAYERS, &most, err, sizeof err), 0);
+    ck_assert_int_lt(node_plan_text(&most, text, sizeof text), (int) sizeof text);
+    ck_assert_int_eq(node_plan_parse(&deep, text, &p, err, sizeof err), 0);
+    ck_assert_int_eq(p.stages, NODE_MAX_LAYERS);
+}
+END_TEST
+
 START_TEST(test_config_refuses_embd_not_divisible_by_heads)
 {
     node_config_t cfg = { NODE_VOCAB, 16, 30, 2, 4 };
@@ -1263,6 +1301,7 @@ int main(void)
     tc = tcase_create("plan");
     tcase_add_test(tc, test_plan_cuts_contiguous_nonempty_stages);
     tcase_add_test(tc, test_plan_refuses_more_stages_than_layers);
+    tcase_add_test(tc, test_plan_reads_the_cut_a_router_says_and_nothing_else);
     tcase_add_test(tc, test_config_refuses_embd_not_divisible_by_heads);
     tcase_add_test(tc, test_parameter_count_matches_reference_files);
     suite_add_tcase(s, tc);

@@ -27,7 +27,7 @@ static const net_limits_t s_limits = {0, 1, 1, 1, 1u << 16};
 static const char *const s_keys[] = {
     "proto", "name", "device", "threads", "memory", "tok_s", "queue", "stage", "step",
     "loss", "checksum", "samples", "sumsq", "scale", "eval", "norm_only", "lr", "wd", "t",
-    "reason", "fatal", "V", "T", "C", "L", "H", "S", "micro", "peer", "", "name=x",
+    "reason", "fatal", "V", "T", "C", "L", "H", "S", "micro", "peer", "cut", "", "name=x",
 };
 static const size_t s_caps[] = {1, 2, 3, 8, 16, 17, 32, 64, 65, 128, 256, 4096};
 

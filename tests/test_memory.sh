@@ -219,6 +219,43 @@ fi
 check_log "the new cut: no node but b1 lost, one rollback" "$TMP/recut.log" 1 b1
 check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 30 "(--stages auto, cut again from 2 stages into 3)"
 
+# ---- --stages auto cuts within unequal budgets ----
+# nodes of 56 and 24 MiB: the model cut by compute into 2 stages (about 37
+# MiB each) fits neither the small node nor, in 3, two nodes; cut within
+# their memory, 3 blocks (about 50 MiB) go to the large node and 1 (about
+# 20 MiB) to the small one: each node gets a stage in proportion to what
+# it holds, within it, and the losses are swarm train's
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $MODEL2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
+    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm5.txt" >"$TMP/uneven.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/uneven.log")
+join_auto e1 56M
+join_auto e2 24M
+if wait_grep "$TMP/uneven.log" "^swarm router: --stages auto: 2 stages for the 2 nodes known" 20 \
+    && wait_grep "$TMP/uneven.log" "^swarm router: the model is cut within the nodes' memory, not by compute alone: stage 0 blocks 0-2, stage 1 block 3 (by compute: 2, 2 blocks a stage)$" 5; then
+    ok "nodes of 56 and 24 MiB, no --stages: $(grep -- '--stages auto: 2 stages' "$TMP/uneven.log" | sed 's/^swarm router: //'); $(grep "the model is cut within" "$TMP/uneven.log" | sed 's/^swarm router: //')"
+else
+    bad "nodes of 56 and 24 MiB: not 2 stages cut within their memory"; grep "swarm router: " "$TMP/uneven.log" | tail -4
+fi
+wait_grep "$TMP/uneven.log" "^step 5/" 60
+"$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status5.json" 2>/dev/null
+over=$(jq '[.peers[] | select(.memory_used == null or .memory_used > .memory
+    or .memory_heap == null or .memory_heap > .memory)] | length' "$TMP/status5.json")
+held=$(jq -r '[.peers[] | "\(.name) stage \(.stage) \((.memory_used // 0) / 1048576 | floor) of \(.memory / 1048576 | floor) MiB"] | join(", ")' "$TMP/status5.json")
+e1_at=$(jq '[.peers[] | select(.name == "e1") | .stage][0]' "$TMP/status5.json")
+if [ "$over" = 0 ] && [ "$e1_at" = 0 ] && [ "$(jq '.peers | length' "$TMP/status5.json")" = 2 ]; then
+    ok "each node within its budget, the large one on the large stage: $held"
+else
+    bad "nodes of 56 and 24 MiB ($over over or unknown): $held"
+fi
+wait_exit "$router" 120 || bad "uneven budgets: router still running after 120 s"
+wait "$router"
+rc=$?
+if clean_run $rc "$TMP/uneven.log"; then ok "uneven budgets: the router finished 30 steps"; else bad "uneven budgets: exit $rc"; tail -5 "$TMP/uneven.log"; fi
+check_losses "$TMP/swarm5.txt" "$TMP/train2.txt" 30 "(2 stages cut within budgets of 56 and 24 MiB)"
+
 # ---- --stages auto buys a spare replica before fewer stages ----
 # one node of 80 MiB holds the whole model (70.7 MiB), but with three of
 # 40 MiB the router cuts 2 stages of two replicas each: one stage on one

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BLAS_API_VERSION 1
+#define BLAS_API_VERSION 2
 
 typedef struct blas_backend_s blas_backend_t;
 
@@ -81,6 +81,13 @@ struct blas_backend_s {
                          int N, int V, float scale);
     // sum of squares of n floats, accumulated in double (for gradient norms)
     double (*sumsq)(const float *x, size_t n);
+
+    // ---- measured ----
+    // bytes of device memory taken since the backend opened (what the
+    // device had free then less what it has free now: this process's
+    // buffers, cuBLAS's workspace, and whatever else took some meanwhile);
+    // NULL where device memory is the host's (cpu: the heap says it)
+    size_t (*memory_used)(blas_backend_t *self);
 };
 
 // The CPU backend (OpenBLAS sgemm + C loops). threads <= 0 means all cores.

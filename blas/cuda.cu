@@ -781,6 +781,17 @@ static double s_sumsq(const float *x, size_t n)
 
 // ---- the plugin's entry point ----------------------------------------------
 
+// what the device had free at open less what it has free now
+static size_t s_memory_used(blas_backend_t *self)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return self->memory > free_b ? self->memory - free_b : 0;
+}
+
 static blas_backend_t s_cuda = {
     BLAS_API_VERSION,           // api_version
     "cuda",                     // name
@@ -792,6 +803,7 @@ static blas_backend_t s_cuda = {
     s_encoder_forward, s_encoder_backward, s_layernorm_forward, s_layernorm_backward,
     s_matmul_forward, s_matmul_backward, s_attention_forward, s_attention_backward,
     s_gelu_forward, s_gelu_backward, s_add, s_crossentropy, s_sumsq,
+    s_memory_used,
 };
 
 __global__ void k_probe(int *out)

@@ -387,15 +387,17 @@ static void s_hello_send(daemon_t *d)
 
 static void s_heartbeat_send(daemon_t *d)
 {
-    char meta[256];
+    char meta[384];
     node_worker_status_t st;
     node_worker_status(d->w, &st);
     double tok_s = (st.tok_s > 0 ? st.tok_s : d->tok_s_bench) * s_claimed(d);
     size_t heap = s_heap(), rss = s_rss();
+    size_t device = d->be->memory_used ? d->be->memory_used(d->be) : 0; // (a GPU's)
     snprintf(meta, sizeof meta, "stage=%d\nqueue=%zu\ntok_s=%.6g\nstep=%ld\nslots=%zu\n"
-             "memory_used=%zu\nmemory_heap=%zu\nrss=%zu\nrss_grown=%zu", st.stage, d->queued,
-             tok_s, st.step, st.slots, st.memory_used, heap > d->heap_idle ? heap - d->heap_idle : 0,
-             rss, rss > d->rss_idle ? rss - d->rss_idle : 0);
+             "memory_used=%zu\nmemory_heap=%zu\nrss=%zu\nrss_grown=%zu\ndevice_used=%zu",
+             st.stage, d->queued, tok_s, st.step, st.slots, st.memory_used,
+             heap > d->heap_idle ? heap - d->heap_idle : 0, rss,
+             rss > d->rss_idle ? rss - d->rss_idle : 0, device);
     for (int i = 0; i < (s_lying(d, MIS_FLOOD) ? 500 : 1); i++) {
         net_msg_t *msg = s_msg_new(NET_MSG_HEARTBEAT);
         node_meta_set(msg, meta);

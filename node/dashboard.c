@@ -233,6 +233,8 @@ static const gauge_t s_tables[] = {
     {"peers", "rss", "swarm_peer_resident_bytes", "The peer process's resident set."},
     {"peers", "rss_grown", "swarm_peer_resident_grown_bytes",
      "Resident bytes the peer process added since before it held a stage."},
+    {"peers", "device_used", "swarm_peer_device_used_bytes",
+     "GPU memory the peer process took since its start."},
 };
 
 // The metrics text (malloc'd) of what the poll loop holds.

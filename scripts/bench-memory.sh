@@ -7,7 +7,8 @@
 # at MEMORY (below 1 GB) with `swarm router --stages auto`. Prints each
 # one's tokens/s, the plan the router chose, each node's memory (its
 # budget, what the formula says its stage needs, what it counts, what its
-# heap measurably grew by, its RSS) and the one process's peak RSS. A
+# heap measurably grew by, its RSS and how much that grew since before it
+# held a stage) and the one process's peak RSS. A
 # benchmark: prints numbers, asserts nothing. About 5 minutes on 2 cores.
 #   STEPS=3 NODES=4 MEMORY=700M THREADS=2 scripts/bench-memory.sh build
 set -eu
@@ -60,6 +61,6 @@ wait "$router" || true
 sed -n 's/^swarm router: \(--stages auto: [0-9]* stage.*\)/\1/p; s/^swarm router: \(a node holds for its stage.*\) (its state.*/\1/p' "$OUT/router.log"
 swarm_tok=$(sed -n 's/^summary | .* tok\/s \([0-9]*\) .*/\1/p' "$OUT/router.log")
 echo "the swarm, $NODES nodes of $MEMORY, one thread each: ${swarm_tok:-?} tok/s"
-jq -r '.stages as $st | .peers[] | "  \(.name): stage \(.stage), budget \(.memory / 1048576 | floor) MiB, the formula \($st[.stage].memory_need / 1048576 | floor) MiB (one cached micro-batch), counts \((.memory_used // 0) / 1048576 | floor) MiB, heap grew \((.memory_heap // 0) / 1048576 | floor) MiB, RSS \((.rss // 0) / 1048576 | floor) MiB"' \
+jq -r '.stages as $st | .peers[] | "  \(.name): stage \(.stage), budget \(.memory / 1048576 | floor) MiB, the formula \($st[.stage].memory_need / 1048576 | floor) MiB (one cached micro-batch), counts \((.memory_used // 0) / 1048576 | floor) MiB, heap grew \((.memory_heap // 0) / 1048576 | floor) MiB, RSS \((.rss // 0) / 1048576 | floor) MiB (grew \((.rss_grown // 0) / 1048576 | floor) MiB since before its stage)"' \
     "$OUT/status.json" 2>/dev/null || echo "  (no status sampled)"
 paste "$OUT/swarm.txt" "$OUT/train.txt" 2>/dev/null | awk '{ printf "  step %s: swarm %s, swarm train %s\n", $1, $2, $5 }' | tail -n "$STEPS"

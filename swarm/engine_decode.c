@@ -109,6 +109,7 @@ static void s_heartbeat(const net_msg_t *m, msg_heartbeat_t *hb)
     hb->rss = s_number(m, "rss", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
     hb->memory_heap = s_number(m, "memory_heap", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
     hb->rss_grown = s_number(m, "rss_grown", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
+    hb->device_used = s_number(m, "device_used", 32, &t) && t >= 0 && t < 1e18 ? t : 0.0;
 }
 
 // 64 lowercase hex digits into out[65]: 1, else 0 and "".

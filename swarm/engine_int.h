@@ -161,6 +161,7 @@ typedef struct {
     double memory_heap;      // heap it added since before any stage (HEARTBEAT), 0 unknown
     double rss_grown;        // resident bytes it added since before any stage (HEARTBEAT), 0
                              // unknown
+    double device_used;      // GPU memory it took (HEARTBEAT), 0 unknown or none
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
     int audit_of;            // the peer whose share it recomputes now, -1 none
@@ -249,6 +250,7 @@ typedef struct {
     double rss;              // its process's resident bytes; 0 unknown
     double memory_heap;      // heap its allocations added since before any stage; 0 unknown
     double rss_grown;        // resident bytes it added since before any stage; 0 unknown
+    double device_used;      // GPU memory it took since its start; 0 unknown or none
 } msg_heartbeat_t;
 
 // Any other message (RESULT, GRAD, STATE, ERROR, and whatever a peer sends

@@ -472,6 +472,8 @@ static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
         r->peers[p].memory_heap = hb->memory_heap;
     if (hb->rss_grown > 0)
         r->peers[p].rss_grown = hb->rss_grown;
+    if (hb->device_used > 0)
+        r->peers[p].device_used = hb->device_used;
     if (hb->has_slots)
         r->peers[p].slots = hb->slots >= 0 && hb->slots <= r->G ? hb->slots : r->G;
 }

@@ -58,11 +58,12 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
     const char *state = pe->state == P_READY ? "ready"
                       : pe->state == P_JOINING ? (pe->moving ? "moving" : "joining")
                       : ban > 0 ? "banned" : "dead";
-    json_t *known[5];
-    const double bytes[5] = {pe->memory, pe->memory_used, pe->memory_heap, pe->rss, pe->rss_grown};
-    for (int k = 0; k < 5; k++) // a node that never said: null
+    json_t *known[6];
+    const double bytes[6] = {pe->memory, pe->memory_used, pe->memory_heap, pe->rss, pe->rss_grown,
+                             pe->device_used};
+    for (int k = 0; k < 6; k++) // a node that never said: null
         known[k] = bytes[k] > 0 ? engine_json_num(bytes[k], 0) : json_null();
-    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o}",
+    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
                      "id", pe->id, "name", s_json_text(pe->name), "key", pe->who.key,
                      "device", s_json_text(pe->device), "stage", pe->stage,
                      "tok_s", engine_json_num(pe->tok_s, 1), "node_tok_s", engine_json_num(pe->node_tok_s, 1),
@@ -72,7 +73,7 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
                      "banned_s", expelled ? json_null() : engine_json_num(ban > 0 ? ban : 0.0, 0),
                      "expelled", expelled, "why", s_json_text(dead ? pe->why : ""),
                      "memory", known[0], "memory_used", known[1], "memory_heap", known[2],
-                     "rss", known[3], "rss_grown", known[4]);
+                     "rss", known[3], "rss_grown", known[4], "device_used", known[5]);
 }
 
 // The run's counters (swarm status --serve's /metrics counts them up).

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <malloc.h>
 #include <setjmp.h>
 #include <ucontext.h>
 
@@ -275,12 +276,17 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     return cudaSuccess;
 }
 
-// the emulated device's 1 GiB, three quarters of it free (another
-// process holds the rest), so a node's default budget shows it took the free
+// the bytes cudaMalloc has handed out and not had back
+static size_t emu_device_taken;
+
+// the emulated device's 1 GiB, a quarter of it held by another process (so
+// a node's default budget shows it took what is free), less what this one
+// took with cudaMalloc
 static inline cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
     *total_b = (size_t) 1 << 30;
-    *free_b = *total_b / 4 * 3;
+    size_t free_now = *total_b / 4 * 3;
+    *free_b = emu_device_taken < free_now ? free_now - emu_device_taken : 0;
     return cudaSuccess;
 }
 
@@ -288,13 +294,17 @@ template <class T>
 static cudaError_t cudaMalloc(T **p, size_t bytes)
 {
     *p = (T *) malloc(bytes);
-    if (*p)
+    if (*p) {
         memset(*p, 0xff, bytes); // NaN: fresh device memory is garbage
+        emu_device_taken += malloc_usable_size(*p);
+    }
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 static inline cudaError_t cudaFree(void *p)
 {
+    if (p)
+        emu_device_taken -= malloc_usable_size(p);
     free(p);
     return cudaSuccess;
 }

@@ -3,8 +3,8 @@
 # the CPU and one on CUDA (`swarm node --device cuda`): the router compares
 # their checksums after every step and there must be no mismatch (the CPU's
 # AdamW applies the same summed gradient on both), the losses follow
-# `swarm train --device cpu` to 1e-4 relative, and the GPU node computed
-# gradients. Says SKIP and passes without a usable GPU. Part of
+# `swarm train --device cpu` to 1e-4 relative, the GPU node computed
+# gradients, and it says what device memory it took. Says SKIP and passes without a usable GPU. Part of
 # `make test-gpu`; test_cuda.sh runs it on the CPU emulation of the kernels.
 # GPU_SWARM_STEPS (default 20) sets the run's length; CPU_SLOWDOWN slows the
 # CPU node (node --slowdown) so that the other gets work too.
@@ -51,6 +51,23 @@ for device in cpu cuda; do
     pids="$pids $!"
     eval "node_$device=$!"
 done
+
+# while it trains: the GPU node says what device memory it took (the
+# CPU's says none)
+device_used=""
+for _ in $(seq 1 3000); do
+    kill -0 "$router" 2>/dev/null || break
+    "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>/dev/null
+    device_used=$(jq -r '.peers[] | select(.name == "cuda") | .device_used // empty' "$TMP/status.json" 2>/dev/null)
+    [ -n "$device_used" ] && break
+    sleep 0.2
+done
+cpu_device=$(jq -r '.peers[] | select(.name == "cpu") | .device_used' "$TMP/status.json" 2>/dev/null)
+if [ "${device_used:-0}" -gt 0 ] 2>/dev/null && [ "$cpu_device" = null ]; then
+    ok "the GPU node took $((device_used / 1024)) KiB of device memory (its heartbeat's device_used; the CPU node: none)"
+else
+    bad "device memory: GPU node '$device_used', CPU node '$cpu_device'"
+fi
 
 if ! wait_exit "$router" 600; then
     bad "router still running after 600 s"; tail -20 "$TMP/router.log"

@@ -184,7 +184,7 @@ fi
 kill "$emu_node" 2>/dev/null
 wait "$emu_node" 2>/dev/null
 SWARM_CUDA_PLUGIN="$EMU" GPU_SWARM_STEPS=4 CPU_SLOWDOWN=300 sh tests/gpu_swarm.sh "$BUILD" >"$TMP/out" 2>&1
-if grep -q "^4 passed, 0 failed" "$TMP/out"; then
+if grep -q "^5 passed, 0 failed" "$TMP/out"; then
     ok "gpu_swarm.sh with an emulated GPU node: $(grep -m1 "checksums agreed" "$TMP/out" | cut -c6-)"
 else
     bad "gpu_swarm.sh with an emulated GPU node:"; cat "$TMP/out"

@@ -194,7 +194,7 @@ fi
 # liar still sends them), valid JSON with peers ready, dead and banned for
 # the run
 clocks='del(.now_s, .eta_s)
-    | .peers |= map(del(.heartbeat_age_s, .banned_s, .memory_used, .memory_heap, .rss, .rss_grown))'
+    | .peers |= map(del(.heartbeat_age_s, .banned_s, .memory_used, .memory_heap, .rss, .rss_grown, .device_used))'
 states=$(jq -r '[.peers[].state] | unique | join(" ")' "$TMP/api.json")
 if jq -S "$clocks" "$TMP/status.json" >"$TMP/a.json" && jq -S "$clocks" "$TMP/api.json" >"$TMP/b.json" \
     && cmp -s "$TMP/a.json" "$TMP/b.json" && [ "$(jq '.history.loss | length' "$TMP/api.json")" -gt 0 ] \

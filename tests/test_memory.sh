@@ -102,12 +102,18 @@ MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --i
 # shellcheck disable=SC2086
 "$SWARM" train $MODEL2 --threads 1 --quiet --loss-log "$TMP/train2.txt" >/dev/null 2>&1 \
     || bad "swarm train (the larger model) failed"
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 2 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm2.txt" >"$TMP/auto.log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$TMP/auto.log")
+# start_auto LOG FLAGS...: a router of MODEL2 with FLAGS, its lines in LOG;
+# sets router and endpoint
+start_auto() {
+    sa_log=$1
+    shift
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$SWARM" router $MODEL2 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
+        --log-every 1 "$@" >"$sa_log" 2>&1 &
+    router=$!
+    pids="$pids $router"
+    endpoint=$(wait_endpoint "$sa_log")
+}
 # join_auto NAME [MEMORY]: a node of MEMORY (default 24M)
 join_auto() {
     "$SWARM" keygen "$TMP/$1" >/dev/null
@@ -115,6 +121,7 @@ join_auto() {
         --name "$1" --memory "${2:-24M}" --slowdown 4 >"$TMP/$1.log" 2>&1 &
     pids="$pids $!"
 }
+start_auto "$TMP/auto.log" --stages auto --min-nodes 2 --loss-log "$TMP/swarm2.txt"
 join_auto a1
 join_auto a2
 if wait_grep "$TMP/auto.log" "cannot hold the model: in 2 stages it needs [0-9.]* and [0-9.]* MiB a stage; in 4 (the most it has) " 20; then
@@ -172,12 +179,7 @@ check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 30 "(--stages auto, 4 nodes of 
 # stages (about 35, 21 and 20 MiB) for the big node and the two small
 # ones, each takes one within its budget, and the run replays from the
 # checkpoint (the start: no --save) to swarm train's losses
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 2 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm3.txt" >"$TMP/recut.log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$TMP/recut.log")
+start_auto "$TMP/recut.log" --stages auto --min-nodes 2 --loss-log "$TMP/swarm3.txt"
 join_auto b1 40M
 join_auto b2 40M
 if wait_grep "$TMP/recut.log" "^swarm router: --stages auto: 2 stages for the 2 nodes known" 20; then
@@ -225,12 +227,7 @@ check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 30 "(--stages auto, cut again f
 # their memory, 3 blocks (about 50 MiB) go to the large node and 1 (about
 # 20 MiB) to the small one: each node gets a stage in proportion to what
 # it holds, within it, and the losses are swarm train's
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $MODEL2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --log-every 1 --loss-log "$TMP/swarm5.txt" >"$TMP/uneven.log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$TMP/uneven.log")
+start_auto "$TMP/uneven.log" --min-nodes 2 --loss-log "$TMP/swarm5.txt"
 join_auto e1 56M
 join_auto e2 24M
 if wait_grep "$TMP/uneven.log" "^swarm router: --stages auto: 2 stages for the 2 nodes known" 20 \
@@ -260,12 +257,7 @@ check_losses "$TMP/swarm5.txt" "$TMP/train2.txt" 30 "(2 stages cut within budget
 # one node of 80 MiB holds the whole model (70.7 MiB), but with three of
 # 40 MiB the router cuts 2 stages of two replicas each: one stage on one
 # node would roll back at its first death, and leave three nodes idle
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" router $MODEL2 --stages auto --min-nodes 4 --listen "tcp://127.0.0.1:0" \
-    --key "$TMP/router" --log-every 1 >"$TMP/spare.log" 2>&1 &
-router=$!
-pids="$pids $router"
-endpoint=$(wait_endpoint "$TMP/spare.log")
+start_auto "$TMP/spare.log" --stages auto --min-nodes 4
 join_auto d1 80M
 join_auto d2 40M
 join_auto d3 40M

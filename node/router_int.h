@@ -82,8 +82,12 @@ void router_gathered_replay(router_t *r);
 // the swarm would need in why.
 int router_plan_for(router_t *r, const double *mem, const double *speed, int n, double *bounds,
                     char *why, size_t wn);
-// The start-up line of what a node holds for each stage.
+// The start-up line of what a node holds for each stage, and
+// router_cut_say's.
 void router_needs_say(const router_t *r);
+// When the cut is not node_plan_make's, a line "WHO: the model is cut
+// within the nodes' memory, ..." with each stage's blocks.
+void router_cut_say(const router_t *r, const char *who);
 int router_tty(void);
 // swarm_engine_io_t callbacks, ctx a router_t
 void router_io_log(void *ctx, int to_stderr, const char *line);

@@ -350,11 +350,16 @@ void router_needs_say(const router_t *r)
         printf("%s %d %.1f MiB", s ? "," : "", s, r->c.stage_need[s] / 1048576.0);
     printf(" (its state, a micro-batch's activations, buffers); it is given only a stage its "
            "--memory holds\n");
+    router_cut_say(r, "swarm router");
+}
+
+void router_cut_say(const router_t *r, const char *who)
+{
     node_plan_t even;
     char err[256];
     if (node_plan_make(&r->hp.cfg, r->plan.stages, &even, err, sizeof err) == 0
         && memcmp(even.first, r->plan.first, sizeof even.first) != 0) {
-        printf("swarm router: the model is cut within the nodes' memory, not by compute alone:");
+        printf("%s: the model is cut within the nodes' memory, not by compute alone:", who);
         for (int pass = 0; pass < 2; pass++) {
             const node_plan_t *p = pass ? &even : &r->plan;
             printf("%s", pass ? " (by compute:" : "");

@@ -57,7 +57,9 @@ static void s_help(FILE *out)
         "                     from the list: SIZE or SIZExSHARE, comma-separated: 8Gx3,24G\n"
         "                     is three of 8 GiB to one of 24; as many as --speeds: each\n"
         "                     peer takes the one at its speed's place (a device's speed\n"
-        "                     and memory) (default: unknown, any stage)\n"
+        "                     and memory); the peers that join at the start take the\n"
+        "                     mixes in their shares, in order, the later ones draw\n"
+        "                     (default: unknown, any stage)\n"
         "  --as-params N      plan memory as for a model of N parameters (3e9): each\n"
         "                     stage's state (16 bytes a parameter) times N over the\n"
         "                     model's parameters; its activations, buffers and the\n"
@@ -401,6 +403,7 @@ static void s_needs_say(const router_t *r, double as_params)
                "(16 bytes a parameter) %.4g times the model's (%zu parameters), its "
                "activations and buffers the model's\n", as_params, r->need_scale, r->c.nparams);
     int gib = r->c.stage_need[0] >= 1073741824.0;
+    router_cut_say(r, "sim");
     printf("sim: a peer holds for its stage");
     for (int s = 0; s < r->c.stages; s++)
         printf("%s %d %.2f %s", s ? "," : "", s, r->c.stage_need[s] / (gib ? 1073741824.0 : 1048576.0),

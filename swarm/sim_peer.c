@@ -564,11 +564,16 @@ int sim_peer_new(sim_t *s, int copy)
     snprintf(pe->who.key, sizeof pe->who.key, "%040d", p + 1);
     snprintf(pe->who.conn, sizeof pe->who.conn, "%040d/%016d", p + 1, p + 1);
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
-    int k = s->o->nspeeds > 0 ? (int) (sim_uniform(s) * s->o->nspeeds) : 0;
-    pe->speed = s->o->nspeeds > 0 ? s->o->speeds[k < s->o->nspeeds ? k : 0] : 20000.0;
+    const swarm_sim_opts_t *o = s->o;
+    // with --memory the peers that join at the start are the mixes in their
+    // shares, in order (what --stages auto planned for); the rest draw
+    int shares = o->nmemories > 0 && !o->churn && p < o->peers;
+    int k = o->nspeeds <= 0 ? 0
+          : shares ? (int) ((long) p * o->nspeeds / o->peers)
+                   : (int) (sim_uniform(s) * o->nspeeds);
+    pe->speed = o->nspeeds > 0 ? o->speeds[k < o->nspeeds ? k : 0] : 20000.0;
     // its link: one of the range when there is one (no draw otherwise: a
     // seed's runs stay what they were)
-    const swarm_sim_opts_t *o = s->o;
     int64_t wide = o->latency_hi_ms - o->latency_ms;
     pe->latency_ms = o->latency_ms + (wide > 0 ? (int64_t) (sim_uniform(s) * (double) (wide + 1)) : 0);
     double span = o->bandwidth_hi_mbit - o->bandwidth_mbit;
@@ -576,7 +581,8 @@ int sim_peer_new(sim_t *s, int copy)
     if (o->nmemories > 0 && o->nmemories == o->nspeeds) { // a device's speed and memory
         pe->memory = o->memories[k < o->nspeeds ? k : 0];
     } else if (o->nmemories > 0) { // (as above: no draw without a mix)
-        int m = (int) (sim_uniform(s) * o->nmemories);
+        int m = shares ? (int) ((long) p * o->nmemories / o->peers)
+                       : (int) (sim_uniform(s) * o->nmemories);
         pe->memory = o->memories[m < o->nmemories ? m : 0];
     }
     s_liar_maybe(s, pe, p);

@@ -424,7 +424,9 @@ typedef struct {
     int nspeeds;             // each peer draws one; none: 20,000 each
     const double *memories;  // budgets (bytes a peer may hold for a stage, said in its HELLO),
     int nmemories;           // each peer draws one (as many as speeds: the one at its speed's
-                             // place, a device's speed and memory together); none: any stage
+                             // place, a device's speed and memory together); none: any stage.
+                             // Given, the --peers that join at the start (no churn) take
+                             // the mixes in their shares, in order, not by draws
     int64_t latency_ms;      // one way, router <-> each peer
     int64_t latency_hi_ms;   // more than latency_ms: each peer draws its own in between
     double bandwidth_mbit;   // each peer's link, each way (a message takes its bytes' time

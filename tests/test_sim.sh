@@ -283,6 +283,24 @@ for lies in "3 grad" "1 dx"; do
     check_losses "$TMP/numeric.txt" "$TMP/train.txt" 40 "(numeric sim, $kind liars)"
 done
 
+# numeric, a cut within unequal budgets: two peers of 2 and 1 MiB, a model
+# of 4 blocks planned as 150,000 parameters (the cut by compute needs 1.3
+# MiB a stage): 3 blocks on the one, 1 on the other, and the losses are
+# swarm train's
+UNEVEN="--layers 4 --heads 4 --embd 32 --block 16 --batch 8 --micro-batch 2 --iters 20 --warmup 2
+    --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+# shellcheck disable=SC2086
+"$SWARM" train $UNEVEN --threads 1 --quiet --loss-log "$TMP/train4.txt" >/dev/null 2>&1
+# shellcheck disable=SC2086
+sim_ok "numeric: peers of 2 and 1 MiB, a model of 4 blocks they cannot hold cut evenly" --numeric \
+    --peers 2 $UNEVEN --memory 2M,1M --as-params 150000 --loss-log "$TMP/uneven.txt"
+if grep -q "^sim: the model is cut within the nodes' memory, not by compute alone: stage 0 blocks 0-2, stage 1 block 3" "$TMP/sim.out"; then
+    ok "$(grep "^sim: the model is cut within" "$TMP/sim.out" | sed 's/^sim: //'); $(grep "^sim: a peer holds" "$TMP/sim.out" | sed 's/^sim: //')"
+else
+    bad "no uneven cut: $(grep "^sim: a peer holds" "$TMP/sim.out")"
+fi
+check_losses "$TMP/uneven.txt" "$TMP/train4.txt" 20 "(numeric sim, a cut within budgets of 2 and 1 MiB)"
+
 # the same seed, the same run: every byte but the engine's CPU time and the wall's
 for i in 1 2; do
     SWARM_PLAIN=1 "$SWARM" sim --peers 9 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 \

@@ -156,28 +156,25 @@ int node_plan_parse(const node_config_t *cfg, const char *text, node_plan_t *pla
         errno = 0;
         long v = *at >= '0' && *at <= '9' ? strtol(at, &end, 10) : -1;
         if (v < 0 || errno || v > cfg->L || k > NODE_MAX_LAYERS
-            || (k > 0 && v <= p.first[k - 1]) || (k == 0 && v != 0)) {
-            snprintf(err, errlen, "cut=%.40s: expected the first block of each of "
-                     "1..%d stages from 0, each above the last, then %d", text, cfg->L, cfg->L);
-            return -EINVAL;
-        }
+            || (k > 0 && v <= p.first[k - 1]) || (k == 0 && v != 0))
+            break; // (k < 2 or the last not L below: the line says what a cut is)
         p.first[k++] = (int) v;
         at = end;
-        if (*at == '\0')
-            break;
+        if (*at == '\0') {
+            p.stages = k - 1;
+            if (k < 2 || p.first[k - 1] != cfg->L)
+                break;
+            *plan = p;
+            return 0;
+        }
         if (*at != ',') {
             snprintf(err, errlen, "cut=%.40s: expected numbers separated by commas", text);
             return -EINVAL;
         }
     }
-    if (k < 2 || p.first[k - 1] != cfg->L) {
-        snprintf(err, errlen, "cut=%.40s: expected the first block of each of 1..%d stages from "
-                 "0, each above the last, then %d", text, cfg->L, cfg->L);
-        return -EINVAL;
-    }
-    p.stages = k - 1;
-    *plan = p;
-    return 0;
+    snprintf(err, errlen, "cut=%.40s: expected the first block of each of 1..%d stages from 0, "
+             "each above the last, then %d", text, cfg->L, cfg->L);
+    return -EINVAL;
 }
 
 int node_plan_text(const node_plan_t *plan, char *buf, size_t n)

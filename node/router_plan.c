@@ -44,31 +44,42 @@ static int s_end(int s, int S)
     return (s == 0) | (s == S - 1) << 1;
 }
 
-// Of the cuts into S stages whose stage s holds at most cap[s] bytes
-// (need at micro-batch micro), the one whose costliest stage costs least
-// (node_plan_make's balance, within memory), into *plan: 0, or -1 when no
-// cut fits the caps.
-static int s_cut_within(const router_t *r, int S, int micro, const double *cap, node_plan_t *plan)
+// What a stage of k blocks at place e (s_end) needs and costs, for k in
+// 1..L: need[e * (L + 1) + k], cost[...] (need at micro-batch micro). A
+// stage at a place in a plan of 3 (of 1 for e = 3; a last stage runs to
+// the model's end) tells them. 0, or -1 out of memory (free *need then).
+static int s_by_blocks(const router_t *r, int micro, double **need, double **cost)
 {
     int L = r->hp.cfg.L;
-    // a stage's need and cost by its blocks and its place (s_end): a
-    // stage of k blocks at place e in a plan of 3 (of 1 for e = 3; a last
-    // stage runs to the model's end) tells them
-    double *need = malloc(4 * (size_t) (L + 1) * 2 * sizeof *need), *cost = need + 4 * (L + 1);
-    double *best = malloc((size_t) (S + 1) * (L + 1) * sizeof *best);
-    int *from = malloc((size_t) (S + 1) * (L + 1) * sizeof *from);
-    if (!need || !best || !from) {
-        free(need), free(best), free(from);
+    *need = malloc(4 * (size_t) (L + 1) * 2 * sizeof **need);
+    if (!*need)
         return -1;
-    }
+    *cost = *need + 4 * (L + 1);
     for (int e = 0; e < 4; e++)
         for (int k = 1; k <= L; k++) {
             node_plan_t t = { .stages = e == 3 ? 1 : 3 };
             int s = e == 1 || e == 3 ? 0 : e == 2 ? 2 : 1;
             t.first[s] = e & 2 ? L - k : 0, t.first[s + 1] = e & 2 ? L : k;
-            need[e * (L + 1) + k] = router_need(r, node_plan_stage_memory(&r->hp.cfg, &t, s, micro));
-            cost[e * (L + 1) + k] = node_plan_stage_cost(&r->hp.cfg, &t, s);
+            (*need)[e * (L + 1) + k] = router_need(r, node_plan_stage_memory(&r->hp.cfg, &t, s,
+                                                                              micro));
+            (*cost)[e * (L + 1) + k] = node_plan_stage_cost(&r->hp.cfg, &t, s);
         }
+    return 0;
+}
+
+// Of the cuts into S stages whose stage s needs at most cap[s] bytes (by
+// s_by_blocks's need and cost), the one whose costliest stage costs least
+// (node_plan_make's balance, within memory), into *plan: that cost, or
+// INFINITY when no cut fits the caps.
+static double s_cut_within(int L, int S, const double *need, const double *cost,
+                           const double *cap, node_plan_t *plan)
+{
+    double *best = malloc((size_t) (S + 1) * (L + 1) * sizeof *best);
+    int *from = malloc((size_t) (S + 1) * (L + 1) * sizeof *from);
+    if (!best || !from) {
+        free(best), free(from);
+        return INFINITY;
+    }
     // best[s][l]: the least costliest stage with blocks [0, l) in stages [0, s)
     for (int i = 0; i < (S + 1) * (L + 1); i++)
         best[i] = INFINITY;
@@ -85,16 +96,16 @@ static int s_cut_within(const router_t *r, int S, int micro, const double *cap, 
                     from[s * (L + 1) + l] = a;
                 }
             }
-    int rc = best[S * (L + 1) + L] < INFINITY ? 0 : -1;
-    if (rc == 0) {
+    double got = best[S * (L + 1) + L];
+    if (got < INFINITY) {
         memset(plan, 0, sizeof *plan);
         plan->stages = S;
         plan->first[S] = L;
         for (int s = S, l = L; s > 0; s--)
             plan->first[s - 1] = l = from[s * (L + 1) + l];
     }
-    free(need), free(best), free(from);
-    return rc;
+    free(best), free(from);
+    return got;
 }
 
 static int s_desc(const void *a, const void *b)
@@ -144,17 +155,16 @@ static int s_cut_for(const router_t *r, int S, int micro, const double *mem, int
             continue;
         if (swarm_policy_cut_fits(need, S, k, mem, n, to))
             break; // the balanced cut
-        double cap[NODE_MAX_LAYERS], rev[NODE_MAX_LAYERS];
+        double cap[NODE_MAX_LAYERS], rev[NODE_MAX_LAYERS], *bn, *bc;
         for (int s = 0; s < S; s++) // stage s's k nodes hold what the least of them holds
             cap[s] = by[(size_t) k * s + (size_t) k - 1], rev[S - 1 - s] = cap[s];
-        node_plan_t a, b;
-        int fa = s_cut_within(r, S, micro, cap, &a) == 0, fb = s_cut_within(r, S, micro, rev, &b) == 0;
-        if (fa || fb) {
-            double ca = 0.0, cb = 0.0;
-            for (int s = 0; s < S; s++) {
-                ca = fa ? fmax(ca, node_plan_stage_cost(&r->hp.cfg, &a, s)) : INFINITY;
-                cb = fb ? fmax(cb, node_plan_stage_cost(&r->hp.cfg, &b, s)) : INFINITY;
-            }
+        if (s_by_blocks(r, micro, &bn, &bc) != 0)
+            break;
+        node_plan_t a, b; // the largest stages first, or last: the cheaper costliest stage
+        double ca = s_cut_within(r->hp.cfg.L, S, bn, bc, cap, &a);
+        double cb = s_cut_within(r->hp.cfg.L, S, bn, bc, rev, &b);
+        free(bn);
+        if (ca < INFINITY || cb < INFINITY) {
             *plan = ca <= cb ? a : b;
             break;
         }

@@ -109,72 +109,64 @@ static int s_bad(char *err, size_t n, const char *flag, const char *v, const cha
     return -EINVAL;
 }
 
-// --speeds TOKS[xSHARE],...
-static int s_speeds(sim_flags_t *f, const char *v, char *err, size_t n)
+// One VALUE of a mix (NUL-terminated) into *out: 0, or -EINVAL with err
+// (whole: the flag's value, for the line)
+typedef int (*mix_value_fn)(const char *value, const char *whole, double *out, char *err,
+                            size_t n);
+
+// a speed in tokens/s
+static int s_speed(const char *value, const char *whole, double *out, char *err, size_t n)
 {
-    const char *p = v;
-    f->o.nspeeds = 0;
-    while (*p) {
-        char *end;
-        double tok = strtod(p, &end);
-        long share = 1;
-        if (end == p || !(tok > 0 && tok < 1e12))
-            return s_bad(err, n, "--speeds", v, "TOKS or TOKSxSHARE, comma-separated (20000x9,400000)");
-        p = end;
-        if (*p == 'x') {
-            share = strtol(p + 1, &end, 10);
-            if (end == p + 1 || share < 1 || share > SIM_SPEEDS_MAX)
-                return s_bad(err, n, "--speeds", v, "a share of 1..4096 after x");
-            p = end;
-        }
-        if (*p && *p != ',')
-            return s_bad(err, n, "--speeds", v, "TOKS or TOKSxSHARE, comma-separated (20000x9,400000)");
-        if (*p == ',')
-            p++;
-        for (long k = 0; k < share; k++) {
-            if (f->o.nspeeds == SIM_SPEEDS_MAX)
-                return s_bad(err, n, "--speeds", v, "at most 4096 shares in all");
-            f->speeds[f->o.nspeeds++] = tok;
-        }
-    }
-    if (f->o.nspeeds == 0)
-        return s_bad(err, n, "--speeds", v, "at least one speed");
-    f->o.speeds = f->speeds;
+    char *end;
+    *out = strtod(value, &end);
+    if (end == value || *end || !(*out > 0 && *out < 1e12))
+        return s_bad(err, n, "--speeds", whole, "TOKS or TOKSxSHARE, comma-separated (20000x9,400000)");
     return 0;
 }
 
-// --memory SIZE[xSHARE],...
-static int s_memories(sim_flags_t *f, const char *v, char *err, size_t n)
+// a memory budget (swarm node --memory's sizes)
+static int s_size(const char *value, const char *whole, double *out, char *err, size_t n)
 {
-    f->o.nmemories = 0;
+    (void) whole;
+    size_t bytes;
+    if (node_parse_size("memory", value, &bytes, err, n) != 0)
+        return -EINVAL;
+    *out = (double) bytes;
+    return 0;
+}
+
+// FLAG's mix v, "VALUE or VALUExSHARE, comma-separated" (form, as the line
+// says it), into out[SIM_SPEEDS_MAX], one entry a share: their count, or
+// -EINVAL with err naming the problem
+static int s_mix(const char *flag, const char *v, const char *form, const char *each,
+                 mix_value_fn read, double *out, char *err, size_t n)
+{
+    int count = 0;
     for (const char *p = v; *p;) {
         size_t len = strcspn(p, ","), at = strcspn(p, "x,");
-        char size[32];
+        char value[32];
         long share = 1;
-        size_t bytes;
-        if (at >= sizeof size || len == 0)
-            return s_bad(err, n, "--memory", v, "SIZE or SIZExSHARE, comma-separated (8Gx3,24G)");
-        memcpy(size, p, at);
-        size[at] = '\0';
-        if (node_parse_size("memory", size, &bytes, err, n) != 0)
+        double x;
+        if (at >= sizeof value || len == 0)
+            return s_bad(err, n, flag, v, form);
+        memcpy(value, p, at);
+        value[at] = '\0';
+        if (read(value, v, &x, err, n) != 0)
             return -EINVAL;
         if (at < len) {
             char *end;
             share = strtol(p + at + 1, &end, 10);
             if (end != p + len || share < 1 || share > SIM_SPEEDS_MAX)
-                return s_bad(err, n, "--memory", v, "a share of 1..4096 after x");
+                return s_bad(err, n, flag, v, "a share of 1..4096 after x");
         }
         for (long k = 0; k < share; k++) {
-            if (f->o.nmemories == SIM_SPEEDS_MAX)
-                return s_bad(err, n, "--memory", v, "at most 4096 shares in all");
-            f->memories[f->o.nmemories++] = (double) bytes;
+            if (count == SIM_SPEEDS_MAX)
+                return s_bad(err, n, flag, v, "at most 4096 shares in all");
+            out[count++] = x;
         }
         p += len + (p[len] == ',');
     }
-    if (f->o.nmemories == 0)
-        return s_bad(err, n, "--memory", v, "at least one size");
-    f->o.memories = f->memories;
-    return 0;
+    return count > 0 ? count : s_bad(err, n, flag, v, each);
 }
 
 // --lies nan,scale,...
@@ -246,11 +238,15 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             number = end2 != end + 1 && !*end2 && hi > x;
         }
         if (!strcmp(a, "--speeds")) {
-            if (s_speeds(f, v, err, n) != 0)
+            if ((f->o.nspeeds = s_mix(a, v, "TOKS or TOKSxSHARE, comma-separated (20000x9,400000)",
+                                      "at least one speed", s_speed, f->speeds, err, n)) < 0)
                 return -EINVAL;
+            f->o.speeds = f->speeds;
         } else if (!strcmp(a, "--memory")) {
-            if (s_memories(f, v, err, n) != 0)
+            if ((f->o.nmemories = s_mix(a, v, "SIZE or SIZExSHARE, comma-separated (8Gx3,24G)",
+                                        "at least one size", s_size, f->memories, err, n)) < 0)
                 return -EINVAL;
+            f->o.memories = f->memories;
         } else if (!strcmp(a, "--as-params")) {
             if (!number || !(x >= 1 && x <= 1e13))
                 return s_bad(err, n, a, v, "a number of parameters, 1..1e13 (3e9)");

@@ -285,20 +285,13 @@ int worker_assign_parse(const net_msg_t *msg, assign_t *a, char *err, size_t n)
         return rc;
     char cut[NODE_PLAN_TEXT_MAX];
     rc = net_msg_meta_get(msg, "cut", cut, sizeof cut);
+    a->cut = rc == 0;
     if (rc == -ENOBUFS) {
         snprintf(err, n, "meta cut: value too long");
         return -EPROTO;
     }
-    a->cut = rc == 0;
-    if (a->cut && (rc = node_config_check(&a->cfg, err, n)) == 0
-        && (rc = node_plan_parse(&a->cfg, cut, &a->plan, err, n)) != 0)
-        return -EPROTO;
-    if (rc != 0 && rc != -ENOENT)
-        return rc;
     rc = -EPROTO;
-    if (a->cut && a->plan.stages != a->stages)
-        snprintf(err, n, "meta cut=%.40s has %d stages, but S=%d", cut, a->plan.stages, a->stages);
-    else if (a->stage >= a->stages)
+    if (a->stage >= a->stages)
         snprintf(err, n, "meta stage=%d, but S=%d", a->stage, a->stages);
     else if (h->stage != (uint32_t) a->stage)
         snprintf(err, n, "header stage %" PRIu32 ", meta stage=%d", h->stage, a->stage);
@@ -309,6 +302,12 @@ int worker_assign_parse(const net_msg_t *msg, assign_t *a, char *err, size_t n)
                  a->micro, a->micro, a->cfg.T, a->cfg.C);
     else
         rc = node_config_check(&a->cfg, err, n);
+    if (rc == 0 && a->cut && node_plan_parse(&a->cfg, cut, &a->plan, err, n) != 0)
+        rc = -EPROTO;
+    else if (rc == 0 && a->cut && a->plan.stages != a->stages) {
+        snprintf(err, n, "meta cut=%.40s has %d stages, but S=%d", cut, a->plan.stages, a->stages);
+        rc = -EPROTO;
+    }
     return rc;
 }
 

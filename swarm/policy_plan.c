@@ -499,25 +499,22 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     return worth ? moves : 0;
 }
 
-// The bound of the best split of nodes (their budgets mem[], speeds w[]
-// in work a second: tok_s times cost) over the cut of need[S], cost[S]:
-// each node that holds a stage counted, starting on the first it holds.
-static double s_cut_bound(const double *need, const double *cost, int S, const double *mem,
-                          const double *w, int n)
+double swarm_policy_best_of(const double *mem, const double *w, const int *from, int n,
+                            const swarm_plan_t *plan)
 {
     swarm_peer_view_t *v = calloc((size_t) (n > 0 ? n : 1), sizeof *v);
     if (!v)
         return 0.0;
     for (int i = 0; i < n; i++) {
-        v[i] = (swarm_peer_view_t) { .stage = -1, .memory = mem[i], .moved_at = -1e30 };
-        for (int s = 0; s < S && v[i].stage < 0; s++)
-            if (swarm_policy_holds(&v[i], need, s))
+        v[i] = (swarm_peer_view_t) { .stage = from ? from[i] : -1, .memory = mem[i],
+                                     .moved_at = -1e30 };
+        for (int s = 0; s < plan->stages && v[i].stage < 0; s++)
+            if (swarm_policy_holds(&v[i], plan->need, s))
                 v[i].stage = s;
         v[i].joining = v[i].stage >= 0;
-        v[i].tok_s = v[i].joining ? (w[i] > 0.0 ? w[i] : 1.0) / cost[v[i].stage] : 0.0;
+        v[i].tok_s = v[i].joining ? (w[i] > 0.0 ? w[i] : 1.0) / plan->cost[v[i].stage] : 0.0;
     }
-    swarm_plan_t plan = { .stages = S, .cost = cost, .need = need, .hold = 0.0 };
-    double bound = swarm_policy_best(v, n, &plan, NULL);
+    double bound = swarm_policy_best(v, n, plan, NULL);
     free(v);
     return bound;
 }
@@ -535,7 +532,8 @@ int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
         bound[S] = -1.0; // (no such cut, or the nodes hold no replica of a stage of it)
         if (need_of(ctx, S, need, cost) != 0 || !swarm_policy_cut_fits(need, S, 1, mem, n, to))
             continue;
-        bound[S] = s_cut_bound(need, cost, S, mem, w, n);
+        swarm_plan_t plan = { .stages = S, .cost = cost, .need = need };
+        bound[S] = swarm_policy_best_of(mem, w, NULL, n, &plan);
         two[S] = (unsigned char) swarm_policy_cut_fits(need, S, 2, mem, n, to);
         top = bound[S] > top ? bound[S] : top;
     }
@@ -546,7 +544,7 @@ int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
     int chosen = -1;
     for (int k = 2; k >= 1 && chosen < 0; k--)
         for (int S = 1; S <= most && chosen < 0; S++)
-            if (bound[S] >= 0.0 && bound[S] * (1.0 + CUT_GAIN) >= top && two[S] + 1 >= k)
+            if (bound[S] >= 0.0 && bound[S] * (1.0 + CUT_GAIN) >= top && (k == 1 || two[S]))
                 chosen = S;
     *replicas = 0;
     if (chosen < 0 || need_of(ctx, chosen, need, cost) != 0)

@@ -405,26 +405,24 @@ static double s_best(const sim_t *s)
 // where s_best ignores which stage each peer can hold.
 static double s_best_held(const sim_t *s)
 {
-    swarm_peer_view_t *v = calloc((size_t) (s->npeers > 0 ? s->npeers : 1), sizeof *v);
-    if (!v)
+    double *mem = calloc(2 * (size_t) (s->npeers > 0 ? s->npeers : 1), sizeof *mem);
+    int *from = calloc((size_t) (s->npeers > 0 ? s->npeers : 1), sizeof *from);
+    if (!mem || !from) {
+        free(mem), free(from);
         return 0.0;
-    int n = 0;
-    for (int p = 0; p < s->npeers; p++) {
-        if (!s->peers[p].alive)
-            continue;
-        swarm_peer_view_t *w = &v[n++];
-        *w = (swarm_peer_view_t) { .stage = s->peers[p].stage, .memory = s->peers[p].memory,
-                                   .moved_at = -1e30 };
-        for (int st = 0; st < s->c->stages && w->stage < 0; st++)
-            if (swarm_policy_holds(w, s->c->stage_need, st))
-                w->stage = st;
-        w->joining = w->stage >= 0;
-        w->tok_s = w->joining ? s->peers[p].speed * s->mean_cost / s->c->stage_cost[w->stage] : 0.0;
     }
+    double *w = mem + s->npeers;
+    int n = 0;
+    for (int p = 0; p < s->npeers; p++)
+        if (s->peers[p].alive) {
+            mem[n] = s->peers[p].memory;
+            w[n] = s->peers[p].speed * s->mean_cost; // (speed is on a stage of mean cost)
+            from[n++] = s->peers[p].stage;
+        }
     swarm_plan_t plan = { .stages = s->c->stages, .cost = s->c->stage_cost,
                           .need = s->c->stage_need };
-    double best = swarm_policy_best(v, n, &plan, NULL);
-    free(v);
+    double best = swarm_policy_best_of(mem, w, from, n, &plan);
+    free(mem), free(from);
     return best;
 }
 

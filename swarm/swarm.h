@@ -155,6 +155,13 @@ double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_pla
 // into at[n] when not NULL, and its bound: exact up to 12 peers, a local
 // search's beyond (policy_plan.c says how).
 double swarm_policy_best(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *at);
+// swarm_policy_best of nodes known only by their budgets mem[n] (0: any)
+// and their work a second w[n] (tok_s times the cost of a stage: on stage
+// s each does w / cost[s]; 0 or less: 1), each starting on from[n] (-1,
+// or from NULL: the first stage it holds); a node that holds no stage
+// counts nothing.
+double swarm_policy_best_of(const double *mem, const double *w, const int *from, int n,
+                            const swarm_plan_t *plan);
 // The moves that take the swarm to the best assignment it can reach now:
 // to[i] each peer's stage after them (its own when it stays), and how many
 // they are; 0 (to[] unchanged) when none is worth making: the new bound

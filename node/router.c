@@ -251,9 +251,12 @@ static int s_load_key(router_t *r, char *err, size_t n)
 static void s_micro_why(const router_t *r, double idle)
 {
     int S = r->plan.stages, G = r->hp.batch / r->hp.micro;
-    if (S == 1)
+    if (S == 1 && G == 1)
         printf(" (chosen: the whole batch, as swarm train: one stage has no pipeline to fill; "
                "--micro-batch sets it)\n");
+    else if (S == 1)
+        printf(" (chosen: %d a step, so that each of the stage's replicas has its share; "
+               "--micro-batch sets it)\n", G);
     else if (idle <= MICRO_IDLE)
         printf(" (chosen: %d a step over %d stages keeps the pipeline's fill and drain to ~%.0f%% "
                "of a step; --micro-batch sets it)\n", G, S, 100.0 * idle);

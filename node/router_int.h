@@ -67,8 +67,9 @@ void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, si
 int router_io_cut(void *ctx, int stages, const double *mem, int nmem, size_t *n, size_t *off,
                   double *cost, double *need, char *text);
 double router_fill_idle(int G, int S);
-// The micro-batch the router picks without --micro-batch (router_setup.c).
-int router_micro_choose(int batch, int T, int S);
+// The micro-batch the router picks without --micro-batch for S stages of
+// R replicas each (router_setup.c).
+int router_micro_choose(int batch, int T, int S, int R);
 // --stages auto (router_plan.c): listen until the nodes that joined can
 // hold a plan, then set it (r->plan, r->o.stages, r->hp.micro, r->c);
 // 0, or -EINTR on *stop. The HELLOs kept go to the engine with

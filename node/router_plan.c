@@ -30,10 +30,12 @@ typedef struct {
     double tok_s;            // the speed it measured at start, 0 unknown
 } gathered_t;
 
-// The micro-batch for S stages: --micro-batch, or the router's own choice.
-static int s_micro(const router_t *r, int S)
+// The micro-batch for S stages on n nodes: --micro-batch, or the router's
+// own choice for n / S replicas a stage.
+static int s_micro(const router_t *r, int S, int n)
 {
-    return r->o.micro > 0 ? r->hp.micro : router_micro_choose(r->hp.batch, r->hp.cfg.T, S);
+    return r->o.micro > 0 ? r->hp.micro
+                          : router_micro_choose(r->hp.batch, r->hp.cfg.T, S, n > S ? n / S : 1);
 }
 
 // The position of stage s of S in the pipeline: what its need and cost
@@ -187,7 +189,7 @@ static int s_need_of(void *ctx, int S, double *need, double *cost)
 {
     const cut_for_t *f = ctx;
     node_plan_t plan;
-    int micro = s_micro(f->r, S);
+    int micro = s_micro(f->r, S, f->n);
     if (s_cut_for(f->r, S, micro, f->mem, f->n, &plan) != 0)
         return -1;
     s_tables(f->r, &plan, micro, need, cost);
@@ -206,12 +208,13 @@ int router_io_cut(void *ctx, int stages, const double *mem, int nmem, size_t *n,
     return 0;
 }
 
-// " A, B and C MiB a stage" for the cut into S stages (" MiB a stage ..."
-// shortened past 8 of them): what snprintf into buf[n] returned.
-static size_t s_needs_list(router_t *r, int S, char *buf, size_t n)
+// " A, B and C MiB a stage" for the cut into S stages by compute for
+// `nodes` nodes (" up to X MiB a stage" past 8 of them): what snprintf
+// into buf[n] returned.
+static size_t s_needs_list(router_t *r, int S, int nodes, char *buf, size_t n)
 {
     double need[NODE_MAX_LAYERS], cost[NODE_MAX_LAYERS], most = 0;
-    cut_for_t f = { r, NULL, 0 }; // (compute balanced)
+    cut_for_t f = { r, NULL, nodes }; // (compute balanced, the micro-batch for that many)
     if (S < 1 || s_need_of(&f, S, need, cost) != 0)
         return (size_t) snprintf(buf, n, " (no such cut)");
     size_t at = 0;
@@ -242,10 +245,10 @@ int router_plan_for(router_t *r, const double *mem, const double *speed, int n, 
     int replicas, S = swarm_policy_cut_choose(r->hp.cfg.L, mem, speed, n, s_need_of, &f,
                                               &replicas, to, bounds);
     free(to);
-    if (S > 0 && s_cut_for(r, S, s_micro(r, S), mem, n, &plan) == 0) {
+    if (S > 0 && s_cut_for(r, S, s_micro(r, S, n), mem, n, &plan) == 0) {
         r->plan = plan;
         r->o.stages = S;
-        r->hp.micro = s_micro(r, S);
+        r->hp.micro = s_micro(r, S, n);
         r->auto_replicas = replicas;
         return 0;
     }
@@ -254,11 +257,11 @@ int router_plan_for(router_t *r, const double *mem, const double *speed, int n, 
     size_t at = (size_t) snprintf(why, wn, "the %d node%s known (the largest may hold %.1f MiB) "
                                   "cannot hold the model: in %d stage%s it needs", n,
                                   n == 1 ? "" : "s", largest / 1048576.0, S, S == 1 ? "" : "s");
-    at += s_needs_list(r, S, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
+    at += s_needs_list(r, S, n, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
     if (S < r->hp.cfg.L) {
         at += (size_t) snprintf(why + (at < wn ? at : wn), at < wn ? wn - at : 0,
                                 "; in %d (the most it has)", r->hp.cfg.L);
-        at += s_needs_list(r, r->hp.cfg.L, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
+        at += s_needs_list(r, r->hp.cfg.L, n, why + (at < wn ? at : wn), at < wn ? wn - at : 0);
     }
     snprintf(why + (at < wn ? at : wn), at < wn ? wn - at : 0,
              ": waiting for more nodes, or larger ones");

@@ -173,19 +173,21 @@ double router_fill_idle(int G, int S)
 }
 
 // Without --micro-batch the router picks it: the largest divisor of the
-// batch that keeps the fill and drain within MICRO_IDLE; but none of fewer
-// than MICRO_MIN_TOKENS tokens (windows x T), under which each request's
-// fixed costs (the router's hop, waking the node, decoding) eat what the
+// batch that keeps the fill and drain within MICRO_IDLE and gives each of
+// a stage's R replicas a micro-batch a step; but none of fewer than
+// MICRO_MIN_TOKENS tokens (windows x T), under which each request's fixed
+// costs (the router's hop, waking the node, decoding) eat what the
 // pipeline gains (docs/performance.md). When no divisor does both, the
-// smallest with enough tokens; one stage (no pipeline), the whole batch.
-int router_micro_choose(int batch, int T, int S)
+// smallest with enough tokens; one stage of one replica (no pipeline, no
+// one to share with), the whole batch.
+int router_micro_choose(int batch, int T, int S, int R)
 {
     int best = batch;
     for (int m = batch; m >= 1 && (long) m * T >= MICRO_MIN_TOKENS; m--) {
         if (batch % m != 0)
             continue;
         best = m;
-        if (router_fill_idle(batch / m, S) <= MICRO_IDLE)
+        if (batch / m >= R && router_fill_idle(batch / m, S) <= MICRO_IDLE)
             break;
     }
     return best;
@@ -218,7 +220,9 @@ int router_setup(router_t *r, int argc, char **argv, char *err, size_t n)
         return rc;
     r->hp = node_train_hparams(&r->o);
     if (r->o.micro == 0 && r->hp.batch >= 1) // no --micro-batch given
-        r->hp.micro = router_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages);
+        r->hp.micro = router_micro_choose(r->hp.batch, r->hp.cfg.T, r->o.stages,
+                                          r->c.min_nodes > r->o.stages
+                                              ? r->c.min_nodes / r->o.stages : 1);
     if (r->hp.micro < 1 || r->hp.batch % r->hp.micro != 0) {
         snprintf(err, n, "--micro-batch %d must divide --batch %d", r->hp.micro, r->hp.batch);
         return -EINVAL;

@@ -180,6 +180,47 @@ else
 fi
 quiet_log "$(kept_dir "$TMP/chosen.log")/router.log" "no --micro-batch"
 
+# no --stages either, on two nodes that each hold the model: one stage of
+# two replicas, and the batch cut so that both work every step (4 windows
+# in micro-batches of 2, not one of 4 that one replica computes while the
+# other waits); the losses are swarm train --micro-batch 2's
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" router $CHOICE --iters 10 --listen "tcp://127.0.0.1:0" --key "$TMP/router" \
+    --log-every 1 --loss-log "$TMP/auto.txt" >"$TMP/auto.log" 2>&1 &
+router=$!
+pids="$pids $router"
+endpoint=$(wait_endpoint "$TMP/auto.log")
+auto_nodes=""
+for i in 1 2; do
+    "$SWARM" keygen "$TMP/auto$i" >/dev/null
+    "$SWARM" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/auto$i" \
+        --threads 1 --name "auto$i" >"$TMP/auto$i.log" 2>&1 &
+    auto_nodes="$auto_nodes $!"
+done
+pids="$pids$auto_nodes"
+wait_exit "$router" 60 || bad "no --stages: router still running after 60 s"
+wait "$router"
+rc=$?
+# shellcheck disable=SC2086
+kill -INT $auto_nodes 2>/dev/null # (each then says what it computed)
+# shellcheck disable=SC2086
+"$SWARM" train $CHOICE --iters 10 --micro-batch 2 --threads 1 --quiet \
+    --loss-log "$TMP/train-auto.txt" >/dev/null 2>&1 || bad "swarm train --micro-batch 2 run"
+plan=$(grep -- "--stages auto: " "$TMP/auto.log" | tail -n 1)
+wait_grep "$TMP/auto1.log" "left the swarm" 20
+wait_grep "$TMP/auto2.log" "left the swarm" 20
+work1=$(sed -n 's/.*left the swarm (\([0-9]*\) micro-batches.*/\1/p' "$TMP/auto1.log")
+work2=$(sed -n 's/.*left the swarm (\([0-9]*\) micro-batches.*/\1/p' "$TMP/auto2.log")
+if clean_run $rc "$TMP/auto.log" \
+    && [ "$plan" = "swarm router: --stages auto: 1 stage for the 2 nodes known (micro-batches of 2; two replicas a stage fit)" ] \
+    && [ "${work1:-0}" -gt 0 ] && [ "${work2:-0}" -gt 0 ] \
+    && losses_match "$TMP/auto.txt" "$TMP/train-auto.txt" 10; then
+    ok "no --stages, no --micro-batch: ${plan#swarm router: }; the nodes computed $work1 and $work2 micro-batches; losses equal swarm train --micro-batch 2's"
+else
+    bad "no --stages (exit $rc): '$plan', work $work1 and $work2"; tail -5 "$TMP/auto.log"
+fi
+check_log "no --stages: no node lost, no rollback" "$TMP/auto.log" 0
+
 # a crowd: 300 peers, each with a key of its own, connect at once and say
 # HELLO while the router waits for its nodes (more than the 256 entries its
 # peer table once had: crowd257 on were ignored), then leave without a

@@ -223,9 +223,11 @@ void engine_turn(swarm_engine_t *r)
         engine_step_micro(r);
         break;
     case PH_GRAD:
-        // the step's checks first: a lie caught starts the step over
+        // the step's checks first: a lie caught starts the step over; and
+        // the last step's checksums compared (a pipelined update's), so that
+        // no work of a replica that diverged reaches this step's update
         if (r->pending <= 0 && engine_spots_open(r) == 0 && engine_audits_open(r) == 0
-            && r->phase == PH_GRAD)
+            && r->update_pending == 0 && r->phase == PH_GRAD)
             engine_step_update(r);
         break;
     case PH_UPDATE:

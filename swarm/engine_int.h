@@ -549,6 +549,9 @@ static inline int engine_mb_place(int S, int stage, int backward)
 }
 // Micro-batches at places lo .. hi - 1 (engine_mb_place).
 int engine_mb_count(const swarm_engine_t *r, int lo, int hi);
+// Whether this step has used outputs of peer p: a stage input it made, or
+// an input gradient it returned.
+int engine_outputs_used(const swarm_engine_t *r, int p);
 // 0 when the counts, what each peer owes and the queues are what the
 // micro-batches say, counted again (O(G S): for tests), else -EPROTO.
 int engine_mb_recount(const swarm_engine_t *r);

@@ -123,6 +123,15 @@ int engine_mb_count(const swarm_engine_t *r, int lo, int hi)
     return n;
 }
 
+int engine_outputs_used(const swarm_engine_t *r, int p)
+{
+    for (int i = 0; r->mbs && i < r->G; i++)
+        for (int s = 0; s < r->stages; s++)
+            if ((r->mbs[i].fwd_peer[s] == p && r->mbs[i].in[s + 1]) || r->mbs[i].dx_peer[s] == p)
+                return 1;
+    return 0;
+}
+
 int engine_mb_recount(const swarm_engine_t *r)
 {
     int S = r->stages, count[MB_PLACES] = {0}, queued = 0, bad = 0;

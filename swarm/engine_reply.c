@@ -263,17 +263,6 @@ static int s_check_reply(swarm_engine_t *r, const req_t *q, const msg_in_t *e, c
     return 0;
 }
 
-// Whether this step has used outputs of peer p: a stage input it made, or
-// an input gradient it returned.
-static int s_outputs_used(const swarm_engine_t *r, int p)
-{
-    for (int i = 0; r->mbs && i < r->G; i++)
-        for (int s = 0; s < r->stages; s++)
-            if ((r->mbs[i].fwd_peer[s] == p && r->mbs[i].in[s + 1]) || r->mbs[i].dx_peer[s] == p)
-                return 1;
-    return 0;
-}
-
 // A joiner's checksum after it loaded its stage's state: the one a ready
 // replica of its stage holds (any, when the stage has none yet).
 static int s_checksum_agrees(const swarm_engine_t *r, int p, const char *checksum)
@@ -300,7 +289,7 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
         return; // stale or not ours: dropped
     char why[160];
     if (s_check_reply(r, q, e, why, sizeof why) != 0) {
-        int lied = h->type != NET_MSG_ERROR && !r->evaluating && s_outputs_used(r, p);
+        int lied = h->type != NET_MSG_ERROR && !r->evaluating && engine_outputs_used(r, p);
         engine_peer_fail(r, p, "%s", why); // q is still its request: redone elsewhere
         if (lied && (r->phase == PH_MB || r->phase == PH_GRAD))
             engine_step_restart(r, "a peer whose outputs it used sent a value it refused");

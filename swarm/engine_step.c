@@ -226,7 +226,10 @@ static void s_update_all(swarm_engine_t *r, int self, long step, double lr, floa
 // checksum most of them report is the stage's (on a tie, that of the
 // replica that joined first); a replica that reports another is resynced
 // from one that agrees (it fetches the stage's state again between steps)
-// and expelled for the rest of the run if it diverges a second time.
+// and expelled for the rest of the run if it diverges a second time. With
+// updates pipelined the vote comes during the next step: when that step
+// has used the diverged replica's outputs or holds its gradient sum (work
+// done with the wrong parameters), the step starts over.
 static int s_voter(const peer_t *pe, int s)
 {
     return pe->updated && pe->state == P_READY && pe->stage == s; // the dead do not vote
@@ -270,6 +273,7 @@ void engine_consensus(swarm_engine_t *r, long step)
     int *votes = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *votes);
     if (!by || !votes)
         abort(); // a bookkeeping allocation, as the engine's others
+    int tainted = 0; // the step under way used a diverged replica's work
     for (int s = 0; s < r->stages; s++) {
         int best_votes = 0, best = s_majority(r, s, by, votes, &best_votes);
         for (int p = 0; p < r->npeers && best >= 0; p++) {
@@ -278,6 +282,7 @@ void engine_consensus(swarm_engine_t *r, long step)
                 continue;
             r->checksum_mismatches++;
             pe->updated = 0;
+            tainted |= step < r->step && (pe->got_grad || engine_outputs_used(r, p));
             if (++pe->divergences >= 2) {
                 engine_peer_expel(r, p, "diverged from its replicas a second time");
                 continue;
@@ -295,6 +300,8 @@ void engine_consensus(swarm_engine_t *r, long step)
     }
     free(by);
     free(votes);
+    if (tainted && (r->phase == PH_MB || r->phase == PH_GRAD))
+        engine_step_restart(r, "a replica whose parameters diverged worked on it");
 }
 
 // All gradients are in: sum each stage's over its replicas in peer order,

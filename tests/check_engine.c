@@ -30,6 +30,7 @@
 typedef struct {
     net_peer_t from;             // the connection it comes from
     net_msg_t *m;
+    int64_t due;                 // the round it arrives in (ms)
 } reply_t;
 
 typedef struct {
@@ -56,6 +57,15 @@ typedef struct {
     double walk[ANSWER_KEYS];
     double spike[ANSWER_KEYS];   // peer i's next backward input gradient is ones times this
     int lies[ANSWER_KEYS];       // activations peer i sent so
+    int64_t slow[ANSWER_KEYS];   // peer i's replies arrive this many ms late (a slow link)
+    // parameters that diverge: peer i's next update leaves it with others
+    // than its replicas' (drift), until it loads its stage's state again
+    // (diverged); what it computes then is off by a little, and so is what
+    // a peer computes from that (taint: outputs 1 + 1/1024, and a gradient
+    // sum whose first value is 1/1024 past the whole number an honest one's
+    // is)
+    unsigned char drift[ANSWER_KEYS], diverged[ANSWER_KEYS], taint[ANSWER_KEYS];
+    int tainted_updates;         // UPDATEs that carried such a sum
     int live;                    // peers connected
     int64_t now;                 // ms, of the round
     int64_t died[ANSWER_KEYS];   // [ndied] when each peer that died did, in order
@@ -83,6 +93,25 @@ static void s_add_ones_times(net_msg_t *m, double k, uint32_t *dims)
     free(x);
 }
 
+// Whether an f32 tensor of m of n floats is not what it is when nobody
+// computed with diverged parameters: activations (sum 0) all ones; a
+// gradient sum (sum 1) a whole number of micro-batches, then zeros.
+static int s_tainted(const net_msg_t *m, size_t n, int sum)
+{
+    const net_head_t *h = net_msg_head_const(m);
+    float *x = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    int off = 0;
+    for (int k = 0; k < (int) h->ntensors && !off; k++) {
+        if (h->tensors[k].dtype != NET_DTYPE_F32 || net_msg_tensor(m, k, x, n) != 0)
+            continue; // tokens, or another shape
+        for (size_t j = 0; j < n && !off; j++)
+            off = !sum ? x[j] != 1.0f : j == 0 ? x[j] != rintf(x[j]) : x[j] != 0.0f;
+    }
+    free(x);
+    return off;
+}
+
 static int s_flag(const net_msg_t *m, const char *key)
 {
     char text[8];
@@ -91,6 +120,8 @@ static int s_flag(const net_msg_t *m, const char *key)
 
 #define CHECKSUM "checksum=" \
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define CHECKSUM_DIVERGED "checksum=" \
+    "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 
 // Peer i's reply to req, or NULL for none (a message that is no request).
 // Every replica reports the same checksum; gradients and states are zeros,
@@ -117,10 +148,21 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
     // a gradient sum says how many micro-batches it holds, as a node's does
     if (t == NET_MSG_BWD || (t == NET_MSG_FWD && last && !s_flag(req, "eval")))
         w->acc[i]++;
+    // work from diverged parameters: its own, or from inputs made with them
+    int off = (t == NET_MSG_FWD || t == NET_MSG_BWD)
+              && (w->diverged[i] || s_tainted(req, sizeof s_ones / sizeof s_ones[0], 0));
+    w->taint[i] |= off;
+    if (t == NET_MSG_UPDATE)
+        w->tainted_updates += s_tainted(req, stage[0], 1);
+    float grad[ANSWER_STAGE_N] = { (float) w->acc[i] + (w->taint[i] ? 1.0f / 1024 : 0.0f) };
     char samples[32];
     snprintf(samples, sizeof samples, "samples=%d\n", w->acc[i]);
     if (discard || t == NET_MSG_UPDATE || t == NET_MSG_STATE)
-        w->acc[i] = 0;
+        w->acc[i] = w->taint[i] = 0;
+    if (t == NET_MSG_UPDATE && w->drift[i])
+        w->diverged[i] = 1, w->drift[i] = 0;
+    else if (t == NET_MSG_STATE)
+        w->diverged[i] = 0; // its replicas' parameters again
     net_msg_t *a = net_msg_reply(req, t == NET_MSG_STATE_GET ? NET_MSG_STATE
                                  : t == NET_MSG_STEP && !discard ? NET_MSG_GRAD : NET_MSG_RESULT);
     if ((t == NET_MSG_FWD || t == NET_MSG_BWD) && w->lying[i]) {
@@ -131,10 +173,13 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
         s_add_ones_times(a, w->spike[i], acts);
         w->spike[i] = 0.0;
     } else if (t == NET_MSG_FWD || t == NET_MSG_BWD) {
-        s_add(a, s_ones, acts, 3);
+        s_add_ones_times(a, off ? 1.0 + 1.0 / 1024 : 1.0, acts);
     }
+    char sumsq[48];
+    snprintf(sumsq, sizeof sumsq, "sumsq=%a", (double) grad[0] * grad[0]);
     const char *meta = t == NET_MSG_FWD && last ? "loss=1.5"
-                     : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? "sumsq=0"
+                     : t == NET_MSG_STEP && !discard && s_flag(req, "norm_only") ? sumsq
+                     : (t == NET_MSG_UPDATE || t == NET_MSG_STATE) && w->diverged[i] ? CHECKSUM_DIVERGED
                      : t == NET_MSG_UPDATE || t == NET_MSG_STATE ? CHECKSUM : NULL;
     char text[160];
     snprintf(text, sizeof text, "%s%s", t == NET_MSG_STEP && !discard ? samples : "",
@@ -142,7 +187,7 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
     if (text[0])
         ck_assert_int_eq(net_msg_set_meta(a, text), 0);
     if (!meta && t == NET_MSG_STEP && !discard)
-        s_add(a, s_zeros, stage, 1); // its gradient sum
+        s_add(a, grad, stage, 1); // its gradient sum
     if (t == NET_MSG_STATE_GET) {
         net_msg_head(a)->step = (uint64_t) w->e->step; // the state the step about to start needs
         for (int k = 0; k < 3; k++)
@@ -168,7 +213,7 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
             ck_assert_ptr_nonnull(w->q = realloc(w->q, (size_t) w->q_cap * sizeof *w->q));
         }
         if (a)
-            w->q[w->nq++] = (reply_t) { *to, a };
+            w->q[w->nq++] = (reply_t) { *to, a, w->now + w->slow[i] };
     }
     if (h->type <= NET_MSG_TYPE_MAX)
         w->sent[h->type]++;
@@ -512,19 +557,23 @@ END_TEST
 // ---- the engine's memory ---------------------------------------------------
 
 // One round (10 ms) of an answering world: the replies queued in the last
-// one arrive, but those of a peer killed since, then the engine's tick.
+// one arrive (a slow peer's once they are due, in the order sent), but
+// those of a peer killed since, then the engine's tick.
 static void s_round(world_t *w, swarm_engine_t *e)
 {
-    int n = w->nq;
+    int n = w->nq, kept = 0;
     for (int k = 0; k < n; k++) {
         reply_t a = w->q[k]; // (the engine's sends may move the queue)
+        if (a.due >= w->now) {
+            w->q[kept++] = a; // (before k: the queue only shrinks below n)
+            continue;
+        }
         if (w->gone[atoi(a.from.key)] != 1)
             swarm_engine_message(e, w->now, &a.from, a.m);
         net_msg_destroy(&a.m);
     }
-    w->nq -= n;
-    if (n > 0)
-        memmove(w->q, w->q + n, (size_t) w->nq * sizeof *w->q);
+    memmove(w->q + kept, w->q + n, (size_t) (w->nq - n) * sizeof *w->q);
+    w->nq -= n - kept;
     swarm_engine_tick(e, w->now);
     ck_assert_int_eq(engine_mb_recount(e), 0); // what a request asks of the micro-batches
 }
@@ -875,11 +924,11 @@ START_TEST(test_engine_a_checkpoint_read_left_unanswered_is_failed)
 }
 END_TEST
 
-// Six peers answering (two a stage), spot checks and audits off, at step
-// 20: what the RMS bound tests start from.
-static swarm_engine_t *s_engine_unchecked_at_20(world_t *w)
+// `live` peers answering (a third a stage), spot checks and audits off, at
+// step 20: what the RMS bound tests start from.
+static swarm_engine_t *s_engine_unchecked_at_20(world_t *w, int live)
 {
-    swarm_engine_t *e = s_engine_answered(w, 6);
+    swarm_engine_t *e = s_engine_answered(w, live);
     e->verify = 0.0;
     e->audit_rate = 0.0;
     s_rounds_to_step(w, e, 20);
@@ -894,7 +943,7 @@ static swarm_engine_t *s_engine_unchecked_at_20(world_t *w)
 static int s_liar_banned(double scale, double walk, int caught)
 {
     world_t w = { 0 };
-    swarm_engine_t *e = s_engine_unchecked_at_20(&w);
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w, 6);
     int liar = 1;
     while (s_peer_of(e, liar)->stage != 0)
         liar++;
@@ -929,6 +978,38 @@ END_TEST
 START_TEST(test_engine_zero_activations_are_refused)
 {
     s_liar_banned(0.0, 1.0, 1);
+}
+END_TEST
+
+// A replica whose parameters diverge (its checksum after an update is not
+// its replicas') while another's confirmation of that update is slow: the
+// vote on the checksums comes during the next step, which may by then have
+// used what the diverged one computed. That step starts over, and no
+// UPDATE carries work done with the wrong parameters; the diverged replica
+// fetches its stage's state and works on. Once, the step went on with its
+// outputs in it (a curve off swarm train's from that step on).
+START_TEST(test_engine_a_step_that_used_a_diverged_replica_starts_over)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w, 9); // three replicas a stage: a vote
+    int slow = 1;
+    while (s_peer_of(e, slow)->stage != 2)
+        slow++;
+    w.slow[slow] = 40; // its UPDATEs' confirmations arrive in the next step
+    int restarts = e->restarts;
+    for (int i = 1; i <= 9; i++) { // each of the others diverges once, on every stage
+        if (i == slow)
+            continue;
+        w.drift[i] = 1;
+        s_rounds_to_step(&w, e, e->step + 4);
+        ck_assert_msg(s_peer_of(e, i)->state == P_READY, "%s", w.log); // resynced, working
+    }
+    ck_assert_int_eq(w.tainted_updates, 0);
+    ck_assert_int_eq(e->resyncs, 8);
+    ck_assert_int_eq(e->expelled, 0);
+    ck_assert_msg(e->restarts >= restarts + 3, "%d steps started over: the diverged replicas' "
+                  "work was seldom used before the vote", e->restarts - restarts);
+    s_close(&w, &e);
 }
 END_TEST
 
@@ -979,7 +1060,7 @@ END_TEST
 static void s_drift_followed(double burst, double walk, double to)
 {
     world_t w = { 0 };
-    swarm_engine_t *e = s_engine_unchecked_at_20(&w);
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w, 6);
     int n = 0, ps[ANSWER_KEYS];
     for (int p = 1; p <= 6; p++)
         if (s_peer_of(e, p)->stage == 0) {
@@ -1142,6 +1223,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_a_walk_up_the_rms_bound_is_refused);
     tcase_add_test(tc, test_engine_zero_activations_are_refused);
     tcase_add_test(tc, test_engine_an_honest_spike_of_input_gradients_is_not_refused);
+    tcase_add_test(tc, test_engine_a_step_that_used_a_diverged_replica_starts_over);
     suite_add_tcase(s, tc);
     tc = tcase_create("long runs"); // hundreds of steps, minutes of the swarm's time
     tcase_set_timeout(tc, 60);

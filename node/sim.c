@@ -595,7 +595,7 @@ int cmd_sim(int argc, char **argv)
         } else {
             printf("invariants ok\n");
         }
-        rc = res.violation[0] ? 1 : 0;
+        rc = res.violation[0] ? -EPROTO : 0; // exit 1 (rc 1 is --help's)
     }
     free(r->c.params);
     free(r->c.m);

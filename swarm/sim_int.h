@@ -55,6 +55,7 @@ typedef struct {
     int ready;               // a state is loaded
     long step;               // updates applied (as a node counts them)
     float state[SIM_STATE_FLOATS]; // what its stage's checksum is of
+    int diverged;            // a drift liar whose state is not its replicas' (sim_peer.c)
     double speed;            // training tokens a second on a stage of mean cost
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
@@ -89,6 +90,7 @@ typedef struct {
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     float *ones;             // (micro, T, C) ones: every activation a peer sends
     float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
+    float *in;               // the same shape: an input decoded, to read (sim_peer.c)
     struct churn_copy *copies; // --churn: each copy's place in the trace
     int ncopies;
     double churn_f;          // machines of the trace to peers of a copy

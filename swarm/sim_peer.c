@@ -36,19 +36,53 @@ static const float *s_step_sum(sim_t *s, int st)
     return s->step_sum[st];
 }
 
-static void s_accumulate(sim_t *s, sim_peer_t *pe, int mb)
+// Work with diverged parameters: a drift liar's, from the update it
+// drifted in until it loads its stage's state again (pe->diverged), and
+// anything computed from such work. Its activations and input gradients
+// are SIM_TAINT where the truth is 1, and each micro-batch of it adds a
+// half to the first value of the gradient it goes into: an UPDATE that
+// carries one is off its step's exact sum (a step that used such work
+// must start over), and an audit of such a sum by an untainted replica
+// disagrees with it.
+#define SIM_TAINT (1.0f + 1.0f / 1024.0f)
+
+// Whether req (a FWD or BWD) carries work of diverged parameters: an
+// activation or input gradient of SIM_TAINT. Only read when a drift liar
+// may be among the peers (decoding every tensor costs).
+static int s_tainted(sim_t *s, const net_msg_t *req)
+{
+    if (s->o->liars == 0 || !(s->o->lies & (1u << SIM_LIE_DRIFT)))
+        return 0;
+    size_t n = (size_t) s->c->micro * s->c->shape.T * s->c->shape.C;
+    if (!s->in && !(s->in = malloc(n * sizeof(float))))
+        abort();
+    for (int k = 0; k < (int) net_msg_head_const(req)->ntensors; k++)
+        if (net_msg_tensor(req, k, s->in, n) == 0 && fabsf(s->in[0] - SIM_TAINT) < 1.0f / 4096)
+            return 1; // (tokens and other shapes are not decoded)
+    return 0;
+}
+
+// Micro-batch mb's gradient into g (pe's sum, or its audit sum).
+static void s_grad_add(sim_t *s, const sim_peer_t *pe, float *g, int mb, int tainted)
 {
     size_t n = s->c->stage_n[pe->stage];
+    for (size_t j = 0; j < n; j++)
+        g[j] += s_grad_of(mb, pe->stage, j);
+    if (tainted && n > 0)
+        g[0] += 0.5f;
+}
+
+static void s_accumulate(sim_t *s, sim_peer_t *pe, int mb, int tainted)
+{
     if (mb < 0 || mb >= s->G)
         return;
-    for (size_t j = 0; j < n; j++)
-        pe->grad[j] += s_grad_of(mb, pe->stage, j);
+    s_grad_add(s, pe, pe->grad, mb, tainted);
     pe->count[mb]++;
 }
 
 // audit=1 (a FWD of the last stage, a BWD elsewhere): micro-batch mb of
 // another replica's share, into pe's audit sum, as a node recomputes it.
-static void s_audit_add(sim_t *s, sim_peer_t *pe, int mb)
+static void s_audit_add(sim_t *s, sim_peer_t *pe, int mb, int tainted)
 {
     size_t n = s->c->stage_n[pe->stage];
     if (!pe->audit && !(pe->audit = calloc(s->e->max_stage_n, sizeof(float))))
@@ -59,8 +93,8 @@ static void s_audit_add(sim_t *s, sim_peer_t *pe, int mb)
         pe->audit_step = pe->step;
         pe->audit_open = 1;
     }
-    for (size_t j = 0; mb >= 0 && mb < s->G && j < n; j++)
-        pe->audit[j] += s_grad_of(mb, pe->stage, j);
+    if (mb >= 0 && mb < s->G)
+        s_grad_add(s, pe, pe->audit, mb, tainted);
     pe->audit_n++;
 }
 
@@ -133,8 +167,10 @@ static void s_checksum(const sim_peer_t *pe, char hex[65])
     sim_state_checksum(pe->state, hex);
 }
 
-// An update applied: the state moves by a hash of what was applied.
-static void s_apply(sim_peer_t *pe, const float *sum, size_t n, long t, double scale)
+// An update applied: the state moves by a hash of what was applied. A
+// drift liar's then drifts by its own amount (liars that do not collude
+// do not agree with each other either: one more than its index).
+static void s_apply(sim_t *s, sim_peer_t *pe, const float *sum, size_t n, long t, double scale)
 {
     uint64_t h = (uint64_t) t * 0x9E3779B97F4A7C15ull ^ (uint64_t) (scale * 1e6);
     for (size_t j = 0; j < n; j++) {
@@ -145,8 +181,10 @@ static void s_apply(sim_peer_t *pe, const float *sum, size_t n, long t, double s
         uint64_t x = h ^ s_bits(pe, k);
         pe->state[k] = (float) (swarm_splitmix64(&x) & 0x1fffff);
     }
-    if (s_lying(pe, SIM_LIE_DRIFT))
-        pe->state[0] += 1.0f; // parameters that drift from its replicas'
+    if (s_lying(pe, SIM_LIE_DRIFT)) {
+        pe->state[0] += (float) (1 + (pe - s->peers)); // parameters that drift from its replicas'
+        pe->diverged = 1;
+    }
     memset(pe->grad, 0, n * sizeof(float));
     pe->step = t;
 }
@@ -176,8 +214,9 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
 // An activation-shaped tensor of ones (made once), or as a liar sends it:
 // with a NaN in it, 1000 times too large, (an input gradient, dx) of
 // minus ones, or each 1.5 times the last (raw f32, past the encoder's
-// checks, as a lying node's).
-static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx)
+// checks, as a lying node's); of SIM_TAINT when it is work of diverged
+// parameters (`tainted`).
+static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int tainted)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
@@ -195,18 +234,19 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx)
         return;
     }
     int how = s_lying(pe, SIM_LIE_NAN) ? SIM_LIE_NAN : s_lying(pe, SIM_LIE_SCALE) ? SIM_LIE_SCALE
-            : dx && s_lying(pe, SIM_LIE_DX) ? SIM_LIE_DX : 0;
+            : dx && s_lying(pe, SIM_LIE_DX) ? SIM_LIE_DX : tainted ? SIM_LIE_DRIFT : 0;
     float **x = how ? &s->lies[how] : &s->ones;
     if (!*x) {
         if (!(*x = malloc(n * sizeof(float))))
             abort();
         for (size_t j = 0; j < n; j++)
-            (*x)[j] = how == SIM_LIE_SCALE ? 1000.0f : how == SIM_LIE_DX ? -1.0f : 1.0f;
+            (*x)[j] = how == SIM_LIE_SCALE ? 1000.0f : how == SIM_LIE_DX ? -1.0f
+                    : how == SIM_LIE_DRIFT ? SIM_TAINT : 1.0f;
         if (how == SIM_LIE_NAN)
             (*x)[n / 2] = NAN;
     }
-    int rc = how ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
-                 : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
+    int rc = how && how != SIM_LIE_DRIFT ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
+                                         : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
     if (rc != 0)
         abort();
 }
@@ -261,6 +301,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             abort();
         memcpy(pe->state, params, sizeof pe->state); // what STATE_GET sends back
         free(params);
+        pe->diverged = 0; // its replicas' parameters (or those of the one it came from)
         memset(pe->grad, 0, s->c->stage_n[pe->stage] * sizeof(float));
         memset(pe->count, 0, (size_t) s->G * sizeof(int));
         pe->norm_only = 0;
@@ -297,6 +338,8 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
     int last = pe->stage == S - 1, eval = s_meta_is(req, "eval"), audit = s_meta_is(req, "audit");
     if (audit && (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD) && pe->grad_sent != pe->step)
         return s_error(req, "an audit before this node sent its own gradient sum");
+    int tainted = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD)
+                  && (pe->diverged || s_tainted(s, req));
     if (h->type == NET_MSG_FWD) {
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (last) {
@@ -305,24 +348,24 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             if (net_msg_set_meta(r, meta) != 0)
                 abort();
             if (audit)
-                s_audit_add(s, pe, (int) h->mb);
+                s_audit_add(s, pe, (int) h->mb, tainted);
             else if (!eval)
-                s_accumulate(s, pe, (int) h->mb);
+                s_accumulate(s, pe, (int) h->mb, tainted);
             if (S > 1 && !eval)
-                s_add_acts(s, pe, r, 1);
+                s_add_acts(s, pe, r, 1, tainted);
         } else {
-            s_add_acts(s, pe, r, 0);
+            s_add_acts(s, pe, r, 0, tainted);
         }
         return r;
     }
     if (h->type == NET_MSG_BWD) {
         if (audit)
-            s_audit_add(s, pe, (int) h->mb);
+            s_audit_add(s, pe, (int) h->mb, tainted);
         else
-            s_accumulate(s, pe, (int) h->mb);
+            s_accumulate(s, pe, (int) h->mb, tainted);
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (pe->stage > 0)
-            s_add_acts(s, pe, r, 1);
+            s_add_acts(s, pe, r, 1, tainted);
         return r;
     }
     size_t n = s->c->stage_n[pe->stage];
@@ -376,7 +419,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             scale = s->model.clip_scale(s->model.ctx, sqrt(strtod(others, NULL) + pe->sumsq));
         if (pe->norm_only) {
             if (s_exactly_once(s, pe, pe->count, pe->step) == 0)
-                s_apply(pe, pe->grad, n, t, scale);
+                s_apply(s, pe, pe->grad, n, t, scale);
         } else {
             float *sum = malloc(n * sizeof(float));
             if (!sum || net_tensor_get(req, 0, sum, n) != 0)
@@ -396,7 +439,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                     break;
                 }
             }
-            s_apply(pe, sum, n, t, scale);
+            s_apply(s, pe, sum, n, t, scale);
             free(sum);
         }
         memset(pe->count, 0, (size_t) s->G * sizeof(int));
@@ -601,6 +644,7 @@ int sim_peer_new(sim_t *s, int copy)
     }
     pe->audit_step = pe->grad_sent = -1;
     pe->first_lie = -1;
+    pe->diverged = 0;
     s->joins++;
     s_hello(s, p);
     sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL);

@@ -25,15 +25,16 @@ else
     bad "numeric soak:"; grep -A1 "^FAIL" "$TMP/numeric.out" | head -20; tail -1 "$TMP/numeric.out"
 fi
 
-# sim_ok WHAT FLAGS...: swarm sim FLAGS ends with "invariants ok"
+# sim_ok WHAT FLAGS...: swarm sim FLAGS ends with "invariants ok" and exits 0
 sim_ok() {
     what=$1
     shift
     SWARM_PLAIN=1 "$SWARM" sim "$@" >"$TMP/sim.out" 2>&1
+    rc=$?
     line=$(grep "^sim |" "$TMP/sim.out")
-    case "$line" in
-        *"invariants ok") ok "$what: ${line#sim | }" ;;
-        *) bad "$what:"; tail -3 "$TMP/sim.out" ;;
+    case "$rc $line" in
+        "0 "*"invariants ok") ok "$what: ${line#sim | }" ;;
+        *) bad "$what (exit $rc):"; tail -3 "$TMP/sim.out" ;;
     esac
 }
 

@@ -114,6 +114,7 @@ typedef struct {
     int64_t probed;          // ms: when s_probe last sent it a HEARTBEAT
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
+    int update_stage;        // the stage of the UPDATE it acked last (its checksum is of)
     int failed;              // a send to it failed: to be declared dead
     double moved_at;         // s (engine_secs) of its last rebalancing move, -1e30 never
     int moving;              // joining its new stage after a move
@@ -122,6 +123,8 @@ typedef struct {
     int failures;            // requests it failed (deadline, refusal, bad result)
     int ban_told;            // it was told of its current ban
     int divergences;         // steps after which its checksum differed from its stage's
+    int agreed;              // votes on its checksum it agreed with, since it loaded its stage's state
+    char sent_sum[65];       // joining: the checksum of the state it was sent, "" none
     int64_t burst_from;      // ms: start of the second its unasked messages are counted in
     int burst;               // unasked messages (not replies) in that second
     int claim_doubted;       // its HEARTBEAT speed is far above what the router measures

@@ -223,16 +223,23 @@ static void s_update_all(swarm_engine_t *r, int self, long step, double lr, floa
 }
 
 // Replicas of a stage must hold the same bits after the same update. The
-// checksum most of them report is the stage's (on a tie, that of the
-// replica that joined first); a replica that reports another is resynced
-// from one that agrees (it fetches the stage's state again between steps)
-// and expelled for the rest of the run if it diverges a second time. With
-// updates pipelined the vote comes during the next step: when that step
-// has used the diverged replica's outputs or holds its gradient sum (work
-// done with the wrong parameters), the step starts over.
+// checksum most of them report is the stage's. On a tie (two replicas
+// that disagree: which one drifted cannot be told), that of the replicas
+// that have agreed with their stage's vote the most times since they
+// loaded its state (a replica just resynced, moved or joined has the
+// least standing), then of the one first in the table (it joined first).
+// A replica that reports another is resynced from one that agrees (it
+// fetches the stage's state again between steps) and expelled for the
+// rest of the run if it diverges a second time. With updates pipelined
+// the vote comes during the next step: when that step has used the
+// diverged replica's outputs or holds its gradient sum (work done with
+// the wrong parameters), the step starts over.
 static int s_voter(const peer_t *pe, int s)
 {
-    return pe->updated && pe->state == P_READY && pe->stage == s; // the dead do not vote
+    // one moved to another stage since it applied the update votes on the
+    // stage it applied it on (a stage's replicas can all move but one, and
+    // that one's drift was then never compared); the dead do not vote
+    return pe->updated && pe->state != P_DEAD && pe->update_stage == s;
 }
 
 static int s_by_checksum(const void *a, const void *b)
@@ -242,9 +249,11 @@ static int s_by_checksum(const void *a, const void *b)
     return c ? c : (x < y ? -1 : x > y);
 }
 
-// The voter of stage s whose checksum most of its voters share (the first
-// in peer order among the most shared), and how many share it; -1 when the
-// stage has none. O(n log n): voters sorted by checksum, runs counted.
+// The voter of stage s whose checksum most of its voters share (of the
+// most shared, the group whose members agreed the most times before, and
+// in it the first in peer order), and how many share it; -1 when the stage
+// has none. O(n log n): voters sorted by checksum (then by peer), runs
+// counted.
 static int s_majority(swarm_engine_t *r, int s, const peer_t **by, int *votes, int *best_votes)
 {
     int n = 0;
@@ -260,11 +269,44 @@ static int s_majority(swarm_engine_t *r, int s, const peer_t **by, int *votes, i
             votes[by[k] - r->peers] = j - i;
         most = j - i > most ? j - i : most;
     }
+    int best = -1;
+    long best_agreed = 0;
+    for (int i = 0; i < n; i += votes[by[i] - r->peers]) { // run by run
+        if (votes[by[i] - r->peers] != most)
+            continue;
+        long agreed = 0;
+        for (int k = i; k < i + most; k++)
+            agreed += by[k]->agreed;
+        int first = (int) (by[i] - r->peers); // (each run is in peer order)
+        if (best < 0 || agreed > best_agreed || (agreed == best_agreed && first < best))
+            best = first, best_agreed = agreed;
+    }
     *best_votes = most;
-    for (int p = 0; p < r->npeers; p++)
-        if (s_voter(&r->peers[p], s) && votes[p] == most)
-            return p;
-    return -1;
+    return best;
+}
+
+// Replica p of stage s diverged in the vote on `step`: a replica that
+// loaded its state since (pipelined, a join is served before the vote on
+// the update its state is of) and has applied no update yet holds the
+// same checksum. Not its fault: it fetches its stage's state again, with
+// no divergence counted. Whether the step under way used such a one's work.
+static int s_copies_refetch(swarm_engine_t *r, int p, int s, long step)
+{
+    int tainted = 0;
+    for (int q = 0; q < r->npeers; q++) {
+        peer_t *pe = &r->peers[q];
+        if (q == p || pe->state != P_READY || pe->stage != s || pe->updated || pe->agreed > 0
+            || strcmp(pe->checksum, r->peers[p].checksum) != 0)
+            continue;
+        tainted |= step < r->step && (pe->got_grad || engine_outputs_used(r, q));
+        char why[160];
+        snprintf(why, sizeof why, "loaded the state of peer %d (%s), which diverged from its "
+                 "replicas after step %ld: it fetches another", r->peers[p].id, r->peers[p].name,
+                 step);
+        engine_peer_dead(r, q, why);
+        engine_peer_state(r, q, P_JOINING);
+    }
+    return tainted;
 }
 
 void engine_consensus(swarm_engine_t *r, long step)
@@ -278,20 +320,30 @@ void engine_consensus(swarm_engine_t *r, long step)
         int best_votes = 0, best = s_majority(r, s, by, votes, &best_votes);
         for (int p = 0; p < r->npeers && best >= 0; p++) {
             peer_t *pe = &r->peers[p];
+            if (s_voter(pe, s) && !strcmp(pe->checksum, r->peers[best].checksum))
+                pe->agreed++;
             if (!s_voter(pe, s) || !strcmp(pe->checksum, r->peers[best].checksum))
                 continue;
             r->checksum_mismatches++;
             pe->updated = 0;
             tainted |= step < r->step && (pe->got_grad || engine_outputs_used(r, p));
+            tainted |= s_copies_refetch(r, p, s, step);
             if (++pe->divergences >= 2) {
                 engine_peer_expel(r, p, "diverged from its replicas a second time");
                 continue;
             }
-            r->resyncs++;
+            if (pe->state != P_READY || pe->stage != s) { // moved since
+                engine_warn(r, "swarm router: peer %d (%s) reported checksum %.16s after step %ld "
+                            "on stage %d, %d of its replicas there %.16s (it has moved to stage %d "
+                            "and fetches that one's state)\n", pe->id, pe->name, pe->checksum,
+                            step, s, best_votes, r->peers[best].checksum, pe->stage);
+                continue;
+            }
             char why[160];
             snprintf(why, sizeof why, "reports checksum %.16s after step %ld, %d of its replicas "
                      "%.16s: it fetches their state again", pe->checksum, step, best_votes,
                      r->peers[best].checksum);
+            r->resyncs++;
             // the next step may have begun (pipelined updates): what it did
             // there is redone by the others, as for a peer that died
             engine_peer_dead(r, p, why);
@@ -476,7 +528,8 @@ int engine_on_updated(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     if (!e->reply.has_checksum)
         return -EPROTO; // (checked already)
     memcpy(pe->checksum, e->reply.checksum, sizeof pe->checksum);
-    pe->updated = pe->state == P_READY; // not one moved to another stage since
+    pe->updated = 1;
+    pe->update_stage = q->stage;
     if (q->mb != 1) {
         r->pending--;
     } else if (--r->update_pending == 0) {

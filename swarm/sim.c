@@ -173,8 +173,10 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
         if (!faulty)
             sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
         // a liar or a stalled peer leaves when the engine says so (the line
-        // comes before the engine marks it); a kill's is counted when it dies
-        if (k < 3 && !pe->killed)
+        // comes before the engine marks it); a kill's is counted when it dies.
+        // A liar resynced leaves its stage's ready replicas too (fetching
+        // the state again): the last of them leaves the stage empty
+        if ((k < 3 || (k == 3 && pe->lie)) && !pe->killed)
             sim_leaves(s, p);
         if (k < 3 && pe->lie && !pe->caught++) {
             s->liars_caught++;

@@ -97,7 +97,10 @@ typedef struct {
     double mean_cost;        // mean of the stages' costs
     int emptied;             // faults that left a stage with no live ready honest replica
     int kills, stalls, joins, liars_caught;
-    long lied[SWARM_MAX_STAGES]; // 1 + the last step a liar's gradient sum of the stage lied in
+    // 1 + a step a liar's gradient sum of the stage lied in, at that step's
+    // parity: a slow replica applies one step's update while the next
+    // step's sums come in (the router's overlap is one step)
+    long lied[SWARM_MAX_STAGES][2];
     long applied_at[SWARM_MAX_STAGES]; // 1 + the last step such a lie was counted applied at
     int lies_applied;        // stage updates a lying sum reached (it was not audited)
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none

@@ -107,7 +107,7 @@ static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, s
     uint32_t dims[1] = { (uint32_t) n };
     float *lie = s_lying(pe, SIM_LIE_GRAD) ? malloc(n * sizeof(float)) : NULL;
     if (lie) {
-        s->lied[pe->stage] = pe->step + 1;
+        s->lied[pe->stage][(pe->step + 1) & 1] = pe->step + 1;
         if (pe->first_lie < 0)
             pe->first_lie = pe->step;
     }
@@ -374,7 +374,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             memset(pe->grad, 0, n * sizeof(float));
             memset(pe->count, 0, (size_t) s->G * sizeof(int));
             pe->audit_step = pe->grad_sent = -1;
-            s->lied[pe->stage] = 0; // the step starts over: its lies are void
+            s->lied[pe->stage][(pe->step + 1) & 1] = 0; // the step starts over: its lies are void
             return net_msg_reply(req, NET_MSG_RESULT);
         }
         if (s_meta_is(req, "audit")) {
@@ -426,7 +426,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                 abort();
             const float *want = s_step_sum(s, pe->stage);
             for (size_t j = 0; j < n; j++) {
-                if (sum[j] != want[j] && s->lied[pe->stage] == pe->step + 1) {
+                if (sum[j] != want[j] && s->lied[pe->stage][(pe->step + 1) & 1] == pe->step + 1) {
                     // a liar's sum that no audit drew (counted once a stage and step)
                     s->lies_applied += s->applied_at[pe->stage] != pe->step + 1;
                     s->applied_at[pe->stage] = pe->step + 1;

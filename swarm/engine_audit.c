@@ -97,13 +97,15 @@ void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why)
     peer_t *pe = &r->peers[p];
     engine_warn(r, "swarm router: step %ld: peer %d (%s) %s: it is audited, and the replicas whose "
                 "input gradients went into it\n", r->step, pe->id, pe->name, why);
-    pe->audit.forced = pe->audit.want = 1;
+    pe->audit.forced = 2;
+    pe->audit.want = 1;
     s_audit_mark(r, s, p);
     for (int i = 0; s + 1 < r->stages && i < r->G; i++) {
         int d = r->mbs[i].grad_peer[s] == p ? r->mbs[i].dx_peer[s + 1] : -1;
         if (d >= 0 && r->peers[d].state == P_READY && r->peers[d].stage == s + 1
             && !r->peers[d].audit.done) {
-            r->peers[d].audit.forced = r->peers[d].audit.want = 1;
+            r->peers[d].audit.forced = r->peers[d].audit.forced ? r->peers[d].audit.forced : 1;
+            r->peers[d].audit.want = 1;
             s_audit_mark(r, s + 1, d);
         }
     }
@@ -387,11 +389,14 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 }
 
 // Target t's audit found the replicas liars[0..n) out (n 0: nobody can
-// tell).
+// tell). When no two of three agree, at most one of them is honest (honest
+// replicas reproduce each other): a target audited for its own tensor or
+// sum outside its stage's bound fails then (it would be audited again in
+// every attempt at the step, and the step started over for good).
 static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
 {
     audit_t *a = &r->peers[t].audit;
-    int s = r->peers[t].stage, asked = a->n, by[AUDIT_VOTERS];
+    int s = r->peers[t].stage, asked = a->n, by[AUDIT_VOTERS], suspect = a->forced == 2;
     memcpy(by, a->by, sizeof by);
     int mbs = engine_share(r, t, s);
     s_audit_end(r, t);
@@ -406,6 +411,9 @@ static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
                     "%s\n", r->step, s, who, asked > 1 ? "each find another" : "disagree on", mbs,
                     asked > 1 ? "no two agree, and no other replica is left to ask"
                               : "no third replica to decide");
+        if (asked > 1 && suspect)
+            engine_peer_fail(r, t, "sent a tensor outside its stage's bound, and no replica "
+                             "reproduces its gradient sum");
         engine_step_restart(r, "a gradient sum in it is disputed");
         if (asked == 1)
             engine_referee(r, s); // (the next attempt has a third)

@@ -51,7 +51,8 @@ typedef struct {
 #define AUDIT_VOTERS 3
 typedef struct {
     int want;                // drawn: its sum of this step is to be recomputed
-    int forced;              // whatever the draw (engine_audit_force)
+    int forced;              // whatever the draw (engine_audit_force): 2 its own tensor or sum
+                             // was outside its stage's bound, 1 it fed one that was
     int open;                // a verifier recomputes it now
     int done;                // settled (or its verdict given)
     int by[AUDIT_VOTERS];    // the replicas recomputing it: later ones decide a dispute

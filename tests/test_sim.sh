@@ -150,6 +150,21 @@ for seed in 4 9; do
         --embd 32 --block 16 --micro-batch 2 --warmup 2 --eval-every 0 --batch 16 --iters 80 \
         --liars 4 --lies drift,nan --latency 1-300 --seed $seed
 done
+# seed 22 of 12 peers on 2 stages with every kind of liar behind slow
+# links: a liar's input gradients 1000x its stage's (audited for them) and
+# a liar that lies in its recomputations; no two of the three results
+# agreed, the step started over, and the same dispute came back in every
+# attempt (the run held at step 26 until the sim's limit). The target of
+# such a dispute fails now
+sim_ok "an audit no two replicas settle, its target out of bound: it fails, the run finishes" \
+    --peers 12 --stages 2 --layers 3 --heads 4 --embd 32 --block 16 --micro-batch 2 --warmup 2 \
+    --eval-every 0 --batch 16 --iters 80 --liars 3 --latency 1-300 --seed 22
+# seed 17 of drifting, NaN and gradient liars on 3 stages: a slow replica
+# applied an unaudited lie's update after the liar had lied again in the
+# next step, which the sim once took for an update nobody lied in
+sim_ok "a lie applied late by a slow replica is the lie it is" --peers 12 --stages 3 --layers 3 \
+    --heads 4 --embd 32 --block 16 --micro-batch 2 --warmup 2 --eval-every 0 --batch 16 \
+    --iters 80 --liars 4 --lies drift,nan,grad --latency 1-300 --seed 17
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held

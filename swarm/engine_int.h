@@ -124,7 +124,7 @@ typedef struct {
     int failures;            // requests it failed (deadline, refusal, bad result)
     int ban_told;            // it was told of its current ban
     int divergences;         // steps after which its checksum differed from its stage's
-    int agreed;              // votes on its checksum it agreed with, since it loaded its stage's state
+    int agreed;              // checksum votes it agreed with since it loaded its stage's state
     char sent_sum[65];       // joining: the checksum of the state it was sent, "" none
     int64_t burst_from;      // ms: start of the second its unasked messages are counted in
     int burst;               // unasked messages (not replies) in that second

@@ -575,7 +575,8 @@ static void s_round(world_t *w, swarm_engine_t *e)
             swarm_engine_message(e, w->now, &a.from, a.m);
         net_msg_destroy(&a.m);
     }
-    memmove(w->q + kept, w->q + n, (size_t) (w->nq - n) * sizeof *w->q);
+    if (w->nq > n) // (the replies sent in this round, behind those kept)
+        memmove(w->q + kept, w->q + n, (size_t) (w->nq - n) * sizeof *w->q);
     w->nq -= n - kept;
     swarm_engine_tick(e, w->now);
     ck_assert_int_eq(engine_mb_recount(e), 0); // what a request asks of the micro-batches

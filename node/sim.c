@@ -562,11 +562,14 @@ int cmd_sim(int argc, char **argv)
     } else if (rc == 0) {
         if (router_tty())
             fprintf(stderr, "\n");
-        char lies[160] = "";
+        char lies[256] = "";
         if (res.catch_steps >= 0 || res.lies_applied > 0 || res.liars_loose > 0)
             snprintf(lies, sizeof lies, "; lying gradient sums: caught at most %ld steps after "
                      "the first, %d unaudited applied, %d liars never caught",
                      res.catch_steps, res.lies_applied, res.liars_loose);
+        if (res.drift_applied > 0) // (nothing compares a stage's only replica with another)
+            snprintf(lies + strlen(lies), sizeof lies - strlen(lies), "; %d updates carried "
+                     "the work of a stage's only replica, drifted", res.drift_applied);
         printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined; "
                "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,

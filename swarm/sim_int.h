@@ -103,6 +103,11 @@ typedef struct {
     long lied[SWARM_MAX_STAGES][2];
     long applied_at[SWARM_MAX_STAGES]; // 1 + the last step such a lie was counted applied at
     int lies_applied;        // stage updates a lying sum reached (it was not audited)
+    // 1 + a step a stage's only ready replica worked in with diverged
+    // parameters, at that step's parity: nothing compares its checksum
+    long drift_alone[2];
+    long drift_at[SWARM_MAX_STAGES]; // 1 + the last step such work was counted applied at
+    int drift_applied;       // stage updates such work reached
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int peers_held;          // the most peers the engine may hold at once so far (sim_memory)
     size_t memory, memory_bound; // the engine's bytes at its fullest, and its formula's then

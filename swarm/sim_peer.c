@@ -46,6 +46,16 @@ static const float *s_step_sum(sim_t *s, int st)
 // disagrees with it.
 #define SIM_TAINT (1.0f + 1.0f / 1024.0f)
 
+// Whether pe is the only replica the engine holds ready on its stage: its
+// checksum has nothing to be compared with.
+static int s_alone(const sim_t *s, const sim_peer_t *pe)
+{
+    for (int q = 0; q < s->npeers; q++)
+        if (&s->peers[q] != pe && s->peers[q].alive && sim_ready_on(s, q) == pe->stage)
+            return 0;
+    return 1;
+}
+
 // Whether req (a FWD or BWD) carries work of diverged parameters: an
 // activation or input gradient of SIM_TAINT. Only read when a drift liar
 // may be among the peers (decoding every tensor costs).
@@ -341,6 +351,8 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         return s_error(req, "an audit before this node sent its own gradient sum");
     int tainted = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD)
                   && (pe->diverged || s_tainted(s, req));
+    if (tainted && pe->diverged && s_alone(s, pe))
+        s->drift_alone[(pe->step + 1) & 1] = pe->step + 1;
     if (h->type == NET_MSG_FWD) {
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         if (last) {
@@ -431,6 +443,12 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
                     // a liar's sum that no audit drew (counted once a stage and step)
                     s->lies_applied += s->applied_at[pe->stage] != pe->step + 1;
                     s->applied_at[pe->stage] = pe->step + 1;
+                    break;
+                }
+                if (sum[j] != want[j] && s->drift_alone[(pe->step + 1) & 1] == pe->step + 1) {
+                    // work of a stage's only replica, diverged: unchecked
+                    s->drift_applied += s->drift_at[pe->stage] != pe->step + 1;
+                    s->drift_at[pe->stage] = pe->step + 1;
                     break;
                 }
                 if (sum[j] != want[j]) {

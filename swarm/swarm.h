@@ -474,6 +474,7 @@ typedef struct {
     int kills, stalls, joins; // faults and joins the sim made
     int liars_caught;        // liars the engine banned or expelled
     int lies_applied;        // UPDATEs a lying gradient sum reached (not audited)
+    int drift_applied;       // UPDATEs work of a stage's only replica, diverged, reached
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
     int copies;              // --churn: copies of the trace tiled over the peers

@@ -165,6 +165,18 @@ sim_ok "an audit no two replicas settle, its target out of bound: it fails, the 
 sim_ok "a lie applied late by a slow replica is the lie it is" --peers 12 --stages 3 --layers 3 \
     --heads 4 --embd 32 --block 16 --micro-batch 2 --warmup 2 --eval-every 0 --batch 16 \
     --iters 80 --liars 4 --lies drift,nan,grad --latency 1-300 --seed 17
+# seed 78 of 12 peers on 4 stages, every kind of liar: a drifter ends up
+# its stage's only replica after a rollback. Nothing compares its checksum
+# then, so its work reaches updates: the faults line counts them, as it
+# counts unaudited lies, where the sim once called them a broken invariant
+sim_ok "a stage's only replica drifting: counted, not a broken invariant" --peers 12 --stages 4 \
+    --layers 4 --heads 4 --embd 32 --block 16 --micro-batch 2 --warmup 2 --eval-every 0 \
+    --batch 16 --iters 80 --liars 3 --latency 1-300 --seed 78
+if grep -q "updates carried the work of a stage's only replica, drifted" "$TMP/sim.out"; then
+    ok "the faults line says so: $(grep -o '[0-9]* updates carried the work[^;]*' "$TMP/sim.out")"
+else
+    bad "no count of a lone replica's drifted work: $(grep faults "$TMP/sim.out")"
+fi
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held

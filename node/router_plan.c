@@ -152,26 +152,26 @@ static int s_cut_for(const router_t *r, int S, int micro, const double *mem, int
     for (int i = 0; i < n; i++)
         by[i] = mem[i] > 0.0 ? mem[i] : INFINITY;
     qsort(by, (size_t) n, sizeof *by, s_desc);
+    double *bn = NULL, *bc = NULL; // s_by_blocks's, made once when first needed
     for (int k = 2; k >= 1; k--) {
         if ((long) k * S > n)
             continue;
         if (swarm_policy_cut_fits(need, S, k, mem, n, to))
             break; // the balanced cut
-        double cap[NODE_MAX_LAYERS], rev[NODE_MAX_LAYERS], *bn, *bc;
+        double cap[NODE_MAX_LAYERS], rev[NODE_MAX_LAYERS];
         for (int s = 0; s < S; s++) // stage s's k nodes hold what the least of them holds
             cap[s] = by[(size_t) k * s + (size_t) k - 1], rev[S - 1 - s] = cap[s];
-        if (s_by_blocks(r, micro, &bn, &bc) != 0)
-            break;
+        if (!bn && s_by_blocks(r, micro, &bn, &bc) != 0)
+            break; // (bn NULL)
         node_plan_t a, b; // the largest stages first, or last: the cheaper costliest stage
         double ca = s_cut_within(r->hp.cfg.L, S, bn, bc, cap, &a);
         double cb = s_cut_within(r->hp.cfg.L, S, bn, bc, rev, &b);
-        free(bn);
         if (ca < INFINITY || cb < INFINITY) {
             *plan = ca <= cb ? a : b;
             break;
         }
     }
-    free(by), free(to);
+    free(bn), free(by), free(to);
     return 0;
 }
 

@@ -333,21 +333,21 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
             // steps
             break;
         }
-        if (!s_checksum_agrees(r, p, e->reply.checksum)
-            && !strcmp(e->reply.checksum, r->peers[p].sent_sum)) {
-            // what it was sent, from a replica the vote on the update it
-            // held (pipelined) has found diverged since: not its fault
-            engine_warn(r, "swarm router: peer %d (%s) loaded a state its stage's vote found "
-                        "diverged since; it fetches another\n", r->peers[p].id, r->peers[p].name);
-            break;
-        }
         if (!s_checksum_agrees(r, p, e->reply.checksum)) {
-            engine_peer_fail(r, p, "loaded its stage's state but reports checksum %.16s, not its "
-                             "replicas'", e->reply.checksum);
+            if (!strcmp(e->reply.checksum, r->peers[p].sent_sum))
+                // what it was sent, from a replica the vote on the update
+                // it held (pipelined) has found diverged since: not its fault
+                engine_warn(r, "swarm router: peer %d (%s) loaded a state its stage's vote found "
+                            "diverged since; it fetches another\n", r->peers[p].id,
+                            r->peers[p].name);
+            else
+                engine_peer_fail(r, p, "loaded its stage's state but reports checksum %.16s, not "
+                                 "its replicas'", e->reply.checksum);
             break;
         }
         engine_peer_state(r, p, P_READY);
         r->peers[p].moving = r->peers[p].agreed = 0;
+        r->peers[p].sent_sum[0] = '\0';
         r->peers[p].updated = 0; // its checksum is of this state now, not of an update's
         memcpy(r->peers[p].checksum, e->reply.checksum, sizeof r->peers[p].checksum); // checked
         engine_say(r, "swarm router: peer %d (%s) ready on stage %d, checksum %.16s\n", r->peers[p].id,

@@ -285,6 +285,13 @@ static int s_majority(swarm_engine_t *r, int s, const peer_t **by, int *votes, i
     return best;
 }
 
+// Whether the step under way, after the one voted on (`step`: updates
+// pipelined), used replica p's work: its outputs, or its gradient sum.
+static int s_used_since(const swarm_engine_t *r, int p, long step)
+{
+    return step < r->step && (r->peers[p].got_grad || engine_outputs_used(r, p));
+}
+
 // Replica p of stage s diverged in the vote on `step`: a replica that
 // loaded its state since (pipelined, a join is served before the vote on
 // the update its state is of) and has applied no update yet holds the
@@ -298,7 +305,7 @@ static int s_copies_refetch(swarm_engine_t *r, int p, int s, long step)
         if (q == p || pe->state != P_READY || pe->stage != s || pe->updated || pe->agreed > 0
             || strcmp(pe->checksum, r->peers[p].checksum) != 0)
             continue;
-        tainted |= step < r->step && (pe->got_grad || engine_outputs_used(r, q));
+        tainted |= s_used_since(r, q, step);
         char why[160];
         snprintf(why, sizeof why, "loaded the state of peer %d (%s), which diverged from its "
                  "replicas after step %ld: it fetches another", r->peers[p].id, r->peers[p].name,
@@ -326,7 +333,7 @@ void engine_consensus(swarm_engine_t *r, long step)
                 continue;
             r->checksum_mismatches++;
             pe->updated = 0;
-            tainted |= step < r->step && (pe->got_grad || engine_outputs_used(r, p));
+            tainted |= s_used_since(r, p, step);
             tainted |= s_copies_refetch(r, p, s, step);
             if (++pe->divergences >= 2) {
                 engine_peer_expel(r, p, "diverged from its replicas a second time");

@@ -177,6 +177,18 @@ static void s_checksum(const sim_peer_t *pe, char hex[65])
     sim_state_checksum(pe->state, hex);
 }
 
+// An UPDATE of step t1 - 1 is off its exact sum: whether by a lie nothing
+// could check, marked for t1 (`mark`); counted in *n once a stage and step
+// (*at: the last t1 it was counted at).
+static int s_unchecked(long mark, long t1, long *at, int *n)
+{
+    if (mark != t1)
+        return 0;
+    *n += *at != t1;
+    *at = t1;
+    return 1;
+}
+
 // An update applied: the state moves by a hash of what was applied. A
 // drift liar's then drifts by its own amount (liars that do not collude
 // do not agree with each other either: one more than its index).
@@ -438,25 +450,21 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             if (!sum || net_tensor_get(req, 0, sum, n) != 0)
                 abort();
             const float *want = s_step_sum(s, pe->stage);
+            long t1 = pe->step + 1;
             for (size_t j = 0; j < n; j++) {
-                if (sum[j] != want[j] && s->lied[pe->stage][(pe->step + 1) & 1] == pe->step + 1) {
-                    // a liar's sum that no audit drew (counted once a stage and step)
-                    s->lies_applied += s->applied_at[pe->stage] != pe->step + 1;
-                    s->applied_at[pe->stage] = pe->step + 1;
+                if (sum[j] == want[j])
+                    continue;
+                // a liar's sum that no audit drew, or the work of a stage's
+                // only replica, diverged: lies nothing could check
+                if (s_unchecked(s->lied[pe->stage][t1 & 1], t1, &s->applied_at[pe->stage],
+                                &s->lies_applied)
+                    || s_unchecked(s->drift_alone[t1 & 1], t1, &s->drift_at[pe->stage],
+                                   &s->drift_applied))
                     break;
-                }
-                if (sum[j] != want[j] && s->drift_alone[(pe->step + 1) & 1] == pe->step + 1) {
-                    // work of a stage's only replica, diverged: unchecked
-                    s->drift_applied += s->drift_at[pe->stage] != pe->step + 1;
-                    s->drift_at[pe->stage] = pe->step + 1;
-                    break;
-                }
-                if (sum[j] != want[j]) {
-                    sim_violate(s, "step %ld, stage %d: %s's UPDATE element %zu is %g, the sum of "
-                                "the step's %d micro-batches is %g", pe->step, pe->stage, pe->name,
-                                j, sum[j], s->G, want[j]);
-                    break;
-                }
+                sim_violate(s, "step %ld, stage %d: %s's UPDATE element %zu is %g, the sum of "
+                            "the step's %d micro-batches is %g", pe->step, pe->stage, pe->name, j,
+                            sum[j], s->G, want[j]);
+                break;
             }
             s_apply(s, pe, sum, n, t, scale);
             free(sum);

@@ -54,6 +54,8 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
     r->self_peer = -1;
+    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+        r->route[s].fastest_peer = r->route[s].held_left = -1;
     r->want_eval = r->o.eval_every > 0 && r->step == 0;
     r->grad_sum = calloc(r->nparams, sizeof(float));
     r->G = r->hp.batch / r->hp.micro;
@@ -78,6 +80,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     swarm_engine_t *r = *self_p;
     if (!r)
         return;
+    engine_mbs_clear(r); // (what the micro-batches owe is in the peers' rows)
     for (int p = 0; p < r->npeers; p++) {
         free(r->peers[p].grad);
         free(r->peers[p].audit_sums);
@@ -92,9 +95,10 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->by_peer);
     for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         free(r->ready[s].peer);
+        free(r->route[s].view);
+        free(r->route[s].unmeasured.peer);
         free(r->audited[s].peer);
     }
-    engine_mbs_clear(r);
     free(r->mbs);
     free(r->owed);
     free(r->params);

@@ -418,6 +418,7 @@ static void s_probe(swarm_engine_t *r, int64_t now)
         if (m && engine_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
             engine_warn(r, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
             pe->failed = r->failed_any = 1;
+            engine_route_touch(r, p);
         }
     }
 }

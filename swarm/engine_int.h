@@ -181,6 +181,23 @@ typedef struct {
     int cap;                 // allocated
 } engine_ready_t;
 
+// What a routing pick of one stage reads (engine_route_views): a row, the
+// peer's view, for each of its ready peers, view[k] of ready[s].peer[k],
+// rewritten whenever something of the peer the view shows changes
+// (engine_route_touch), so that a pick reads rows and builds nothing.
+// A row shows the peer's own tok_s; one not measured yet is shown as fast
+// as the fastest measured one when a pick reads the rows. Checked against
+// views built afresh by engine_route_check.
+typedef struct {
+    swarm_peer_view_t *view; // [ready[s].cap]
+    engine_ready_t unmeasured; // its ready peers with no speed sample yet
+    double fastest;          // the fastest measured ready peer's tok_s, when fastest_peer >= 0
+    int fastest_peer;        // which; -1: to be found again, -2: none is measured
+    uint64_t gen;            // changes with every row and with the ready peers
+    uint64_t held_gen;       // gen when a training forward was last held back
+    int held_left;           // the forwards left then (-1 none): held again until either changes
+} engine_route_t;
+
 typedef struct {
     uint64_t id;             // request id, 0 = free slot
     int kind;                // R_*
@@ -338,7 +355,8 @@ struct swarm_engine_s {
     int key_cap;             // its slots, a power of two, at most half used
     int key_used;            // of them holding a peer or a removed entry
     engine_ready_t ready[SWARM_MAX_STAGES]; // each stage's ready peers
-    swarm_peer_view_t *views; // [peers_cap] scratch of engine_views_as and engine_views_stage
+    engine_route_t route[SWARM_MAX_STAGES]; // and their rows for routing
+    swarm_peer_view_t *views; // [peers_cap] scratch of engine_views_as
     double *by_peer;         // [peers_cap] scratch, by peer index (a median of speeds)
     int next_peer_id;        // ids for logs, in join order (entries may be reused)
     req_t **req_blocks;      // the request table: blocks of REQ_BLOCK, slot k at
@@ -527,7 +545,14 @@ void engine_list_add(engine_ready_t *l, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
 double engine_bound_speed(const peer_t *pe);
-int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v);
+// Peer p changed in what its view shows (engine_route_t): its row follows.
+// O(log replicas); nothing for a peer that is not ready.
+void engine_route_touch(swarm_engine_t *r, int p);
+// Stage s's rows, n of them, as engine_views (optimistic) would show its
+// ready peers; the policy's index k is ready[s].peer[k]. O(unmeasured).
+swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n);
+// Every row against a view built afresh: 0, or -EPROTO (a change missed).
+int engine_route_check(swarm_engine_t *r);
 int engine_ready_count(const swarm_engine_t *r, int stage);
 int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
 // Give peer p a stage (as the answer to req, or unasked): a newcomer, a

@@ -93,8 +93,10 @@ static void s_owes(swarm_engine_t *r, mb_t *b, int sign)
 {
     if (sign > 0)
         b->owes = s_owing(r, b);
-    for (int k = 0; k < b->owes; k++)
+    for (int k = 0; k < b->owes; k++) {
         r->owed[b->fwd_peer[k]] += 2 * sign;
+        engine_route_touch(r, b->fwd_peer[k]);
+    }
     if (sign < 0)
         b->owes = 0;
 }
@@ -259,19 +261,27 @@ net_msg_t *engine_bwd_msg(swarm_engine_t *r, int i, int s)
 // micro-batch's training work: 1/3 a forward alone; a forward and the
 // backward it brings, or a backward recomputed away from its activations,
 // 1); prefer: who holds the activations, or -1. -EAGAIN when none can.
-// The policy sees the stage's ready peers only (engine_views_stage), in
-// index order as in the whole table, so it picks the same peer.
+// The policy sees the stage's ready peers only (their rows,
+// engine_route_views), in index order as in the whole table, so it picks
+// the same peer.
 int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int *not, int nnot)
 {
-    swarm_peer_view_t *views = r->views;
-    int n = engine_views_stage(r, s, views);
-    for (int k = 0; k < nnot; k++) {
+    int n, was[4];
+    swarm_peer_view_t *views = engine_route_views(r, s, &n);
+    assert(nnot <= (int) (sizeof was / sizeof was[0]));
+    for (int k = 0; k < nnot; k++) { // out of this pick only
         int at = engine_ready_at(r, s, not[k]);
+        was[k] = at >= 0 ? views[at].ready : 0;
         if (at >= 0)
             views[at].ready = 0;
     }
     int k = swarm_policy_pick(views, n, s, engine_ready_at(r, s, prefer),
                               work * r->hp.micro * r->hp.cfg.T);
+    for (int j = nnot - 1; j >= 0; j--) {
+        int at = engine_ready_at(r, s, not[j]);
+        if (at >= 0)
+            views[at].ready = was[j];
+    }
     return k < 0 ? -EAGAIN : r->ready[s].peer[k];
 }
 
@@ -289,11 +299,20 @@ static int s_forwards_left(const swarm_engine_t *r, int s)
 
 // The replica of stage s for a training forward, `left` forwards of the
 // step still to go there (swarm_policy_pick_fit). -EAGAIN when none can.
+// A forward held back is held again, without a look at the rows, until one
+// of them changes or the forwards left do: the policy would answer the same.
 static int s_pick_fit(swarm_engine_t *r, int s, int left)
 {
-    swarm_peer_view_t *views = r->views;
-    int n = engine_views_stage(r, s, views);
+    engine_route_t *rt = &r->route[s];
+    if (rt->held_gen == rt->gen && rt->held_left == left)
+        return -EAGAIN;
+    int n;
+    const swarm_peer_view_t *views = engine_route_views(r, s, &n);
     int k = swarm_policy_pick_fit(views, n, s, r->hp.micro * r->hp.cfg.T, left);
+    if (k == SWARM_HOLD) {
+        rt->held_gen = rt->gen;
+        rt->held_left = left;
+    }
     return k < 0 ? -EAGAIN : r->ready[s].peer[k];
 }
 
@@ -494,6 +513,7 @@ void engine_work_done(swarm_engine_t *r, const req_t *q)
     pe->samples++;
     pe->rate_busy = busy;
     pe->rate_work = pe->work;
+    engine_route_touch(r, q->peer);
 }
 
 // A RESULT of FWD or BWD for micro-batch q->mb. -EPROTO for a bad reply.
@@ -504,6 +524,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     engine_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, &e->reply,
                   (double) (r->now_ms - q->sent) / 1000.0);
+    engine_route_touch(r, q->peer);
     if (q->mb < 0)
         return 0; // of a step its stage finished itself (s_step_apply_ask): counted
     mb_t *b = &r->mbs[q->mb];

@@ -61,7 +61,9 @@ size_t engine_memory(const swarm_engine_t *r)
                                  + sizeof *r->owed);
     n += (size_t) r->key_cap * sizeof *r->key_index;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
-        n += (size_t) (r->ready[s].cap + r->audited[s].cap) * sizeof *r->ready[s].peer;
+        n += (size_t) (r->ready[s].cap + r->audited[s].cap + r->route[s].unmeasured.cap)
+                 * sizeof *r->ready[s].peer
+             + (r->route[s].view ? (size_t) r->ready[s].cap * sizeof *r->route[s].view : 0);
     // the request table: its blocks, the pointers to them, the free list (as
     // long as the blocks); a request holds no payload (its message is sent)
     size_t blocks = ((size_t) r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK;
@@ -137,9 +139,10 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     size_t entries = P + PEERS_KEEP_DEAD;
     n += s_doubled(16, entries) * (sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double) + sizeof(int));
     n += s_doubled(64, 4 * (entries + 1)) * sizeof(int);
-    // each stage's ready peers (none of them dead), and those whose audit
-    // was wanted (ready when it was)
-    n += 2 * S * s_doubled(8, P) * sizeof(int);
+    // each stage's ready peers (none of them dead) with their routing rows
+    // and those not measured yet, and those whose audit was wanted (ready
+    // when it was)
+    n += S * s_doubled(8, P) * (3 * sizeof(int) + sizeof(swarm_peer_view_t));
     // gradient sums: a peer's buffer (the largest stage's size) lives while
     // it does, and a dead one's only to the end of the step its sum is in;
     // as an audit's target in a dispute, a live one's copies of its

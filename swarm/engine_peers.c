@@ -125,17 +125,35 @@ static void s_ready_del(engine_ready_t *l, int p)
     l->n--;
 }
 
+static void s_route_forget(engine_route_t *rt, int p);
+
 void engine_peer_state(swarm_engine_t *r, int p, int state)
 {
     peer_t *pe = &r->peers[p];
     assert(pe->state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
     assert(state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
-    if (pe->state == P_READY)
-        s_ready_del(&r->ready[pe->stage], p);
+    if (pe->state == P_READY) {
+        engine_ready_t *l = &r->ready[pe->stage];
+        engine_route_t *rt = &r->route[pe->stage];
+        int k = s_ready_slot(l, p);
+        memmove(&rt->view[k], &rt->view[k + 1], (size_t) (l->n - k - 1) * sizeof rt->view[0]);
+        s_ready_del(l, p);
+        s_route_forget(rt, p);
+        rt->gen++;
+    }
     pe->state = state;
     if (state == P_READY) {
         assert(engine_ready_at(r, pe->stage, p) < 0);
-        engine_list_add(&r->ready[pe->stage], p);
+        engine_ready_t *l = &r->ready[pe->stage];
+        engine_route_t *rt = &r->route[pe->stage];
+        engine_list_add(l, p);
+        swarm_peer_view_t *view = realloc(rt->view, (size_t) l->cap * sizeof *view);
+        if (!view)
+            abort(); // bookkeeping (STYLE.md: small allocations may abort)
+        rt->view = view;
+        int k = s_ready_slot(l, p);
+        memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
+        engine_route_touch(r, p);
     }
 }
 
@@ -219,26 +237,105 @@ double engine_bound_speed(const peer_t *pe)
     return !pe->claim_doubted && pe->node_tok_s > 0.0 ? pe->node_tok_s : pe->tok_s;
 }
 
-// What a routing pick sees: stage's ready peers only, v[k] being peer
-// ready[stage].peer[k], as engine_views (optimistic) would show them; their
-// number. O(replicas).
-int engine_views_stage(const swarm_engine_t *r, int stage, swarm_peer_view_t *v)
+// ---- the rows a routing pick reads (engine_route_t) ----
+
+static void s_list_del(engine_ready_t *l, int p)
 {
-    if (stage < 0 || stage >= r->stages)
-        return 0;
-    const engine_ready_t *l = &r->ready[stage];
-    double fastest = 0.0;
-    for (int k = 0; k < l->n; k++) {
-        const peer_t *p = &r->peers[l->peer[k]];
-        if (p->samples > 0 && p->tok_s > fastest)
-            fastest = p->tok_s;
+    int k = s_ready_slot(l, p);
+    if (k < l->n && l->peer[k] == p)
+        s_ready_del(l, p);
+}
+
+// p is no longer one of the stage's ready peers.
+static void s_route_forget(engine_route_t *rt, int p)
+{
+    s_list_del(&rt->unmeasured, p);
+    if (rt->fastest_peer == p)
+        rt->fastest_peer = -1;
+}
+
+void engine_route_touch(swarm_engine_t *r, int p)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->state != P_READY)
+        return;
+    engine_route_t *rt = &r->route[pe->stage];
+    int k = engine_ready_at(r, pe->stage, p);
+    assert(k >= 0);
+    rt->view[k] = s_view(pe, pe->tok_s, s_backlog(r, p));
+    rt->gen++;
+    if (pe->samples == 0) {
+        engine_list_add(&rt->unmeasured, p);
+        if (rt->fastest_peer == p)
+            rt->fastest_peer = -1;
+        return;
     }
-    for (int k = 0; k < l->n; k++) {
-        const peer_t *p = &r->peers[l->peer[k]];
-        double tok_s = p->samples == 0 && fastest > p->tok_s ? fastest : p->tok_s;
-        v[k] = s_view(p, tok_s, s_backlog(r, l->peer[k]));
+    s_list_del(&rt->unmeasured, p);
+    if (rt->fastest_peer != -1 && pe->tok_s >= rt->fastest) {
+        rt->fastest = pe->tok_s;
+        rt->fastest_peer = p;
+    } else if (rt->fastest_peer == p) {
+        rt->fastest_peer = -1; // slower now: another may be the fastest
     }
-    return l->n;
+}
+
+swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
+{
+    *n = 0;
+    if (s < 0 || s >= r->stages)
+        return NULL;
+    const engine_ready_t *l = &r->ready[s];
+    engine_route_t *rt = &r->route[s];
+    *n = l->n;
+    if (rt->unmeasured.n == 0)
+        return rt->view;
+    if (rt->fastest_peer < 0) { // found again: O(replicas), once each time the fastest slows or goes
+        rt->fastest = 0.0;
+        rt->fastest_peer = -2; // none measured
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            if (pe->samples > 0 && pe->tok_s > rt->fastest) {
+                rt->fastest = pe->tok_s;
+                rt->fastest_peer = l->peer[k];
+            }
+        }
+    }
+    for (int j = 0; j < rt->unmeasured.n; j++) {
+        int p = rt->unmeasured.peer[j];
+        double own = r->peers[p].tok_s;
+        rt->view[engine_ready_at(r, s, p)].tok_s = rt->fastest > own ? rt->fastest : own;
+    }
+    return rt->view;
+}
+
+int engine_route_check(swarm_engine_t *r)
+{
+    int bad = 0;
+    for (int s = 0; s < r->stages; s++) {
+        int n;
+        const swarm_peer_view_t *v = engine_route_views(r, s, &n);
+        const engine_ready_t *l = &r->ready[s];
+        double fastest = 0.0;
+        int unmeasured = 0;
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            unmeasured += pe->samples == 0;
+            if (pe->samples > 0 && pe->tok_s > fastest)
+                fastest = pe->tok_s;
+        }
+        bad |= unmeasured != r->route[s].unmeasured.n;
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            double tok_s = pe->samples == 0 && fastest > pe->tok_s ? fastest : pe->tok_s;
+            swarm_peer_view_t w = s_view(pe, tok_s, s_backlog(r, l->peer[k]));
+            const swarm_peer_view_t *h = &v[k];
+            bad |= w.stage != h->stage || w.ready != h->ready || w.joining != h->joining
+                   || w.inflight != h->inflight || w.queue != h->queue || w.backlog != h->backlog
+                   || w.ahead != h->ahead || w.rtt != h->rtt || w.tok_s != h->tok_s
+                   || w.moved_at != h->moved_at || w.memory != h->memory;
+        }
+    }
+    return bad ? -EPROTO : 0;
 }
 
 // Send a stage's state (params, m, v of the stage) to peer p.
@@ -276,8 +373,10 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
                          stage, r->hp.micro, pe->id, net_dtype_name(r->wire),
                          net_dtype_name(r->grad_wire), r->cut[0] ? "cut=" : "", r->cut,
                          r->cut[0] ? "\n" : "");
-    if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0)
+    if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0) {
         pe->failed = r->failed_any = 1; // not connected: engine_reap finds it dead
+        engine_route_touch(r, p);
+    }
     net_msg_destroy(&a);
     if (rc != 0)
         return rc;
@@ -489,6 +588,7 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
     pe->hello_tok_s = hello->has_tok_s ? hello->tok_s : 1000.0;
     pe->memory = hello->memory;
     pe->last_seen = r->now_ms;
+    engine_route_touch(r, p);
     if (pe->state == P_READY || pe->state == P_JOINING)
         return; // a repeated HELLO: the ASSIGN is on its way
     if (pe->state == P_DEAD)

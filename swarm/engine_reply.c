@@ -455,8 +455,10 @@ static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const ms
 static void s_on_heartbeat(swarm_engine_t *r, int p, const msg_in_t *e)
 {
     const msg_heartbeat_t *hb = &e->heartbeat;
-    if (hb->has_queue)
+    if (hb->has_queue) {
         r->peers[p].queue = hb->queue;
+        engine_route_touch(r, p);
+    }
     if (hb->has_tok_s) {
         r->peers[p].node_tok_s = hb->tok_s;
         s_doubt_claim(r, p);

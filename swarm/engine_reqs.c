@@ -142,6 +142,7 @@ static req_t *s_req_new(swarm_engine_t *r, int kind, int peer, int mb, int stage
     }
     if (kind == R_STEP && stage >= 0 && stage < SWARM_MAX_STAGES)
         r->steps_open[stage]++;
+    engine_route_touch(r, peer);
     return q;
 }
 
@@ -173,6 +174,7 @@ void engine_req_done(swarm_engine_t *r, req_t *q)
         r->steps_open[q->stage]--;
     r->req_free[r->req_nfree++] = (int) (q->id & ((1u << REQ_SLOT_BITS) - 1));
     q->id = 0;
+    engine_route_touch(r, q->peer);
 }
 
 // Seconds peer p has had FWD/BWD work in flight, in all.
@@ -246,7 +248,7 @@ int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int s
             engine_warn(r, "swarm router: peer %d (%s): send failed: %s\n", r->peers[p].id,
                         r->peers[p].name, strerror(-rc));
         r->peers[p].failed = r->failed_any = 1;
-        engine_req_done(r, q);
+        engine_req_done(r, q); // (its row shows it failed)
     } else if ((kind == R_BWD || (kind == R_FWD && stage == r->stages - 1 && !r->evaluating))
                && stage >= 0 && stage < r->stages && r->stepped[stage]) {
         // gradient work for a stage already asked for its gradients (a dead

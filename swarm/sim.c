@@ -252,6 +252,17 @@ static double s_cpu_s(void)
     return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
 }
 
+// With SWARM_SIM_CHECK in the environment (the tests), what the engine
+// keeps counted as it goes (its micro-batches' places, the rows a pick
+// reads) is checked against its tables after each call: O(peers + G) a call.
+static void s_engine_check(sim_t *s)
+{
+    if (s->check && !s->violation[0]
+        && (engine_mb_recount(s->e) != 0 || engine_route_check(s->e) != 0))
+        sim_violate(s, "the engine's counts (of micro-batches, or of its routing rows) "
+                    "disagree with its tables at %.3f s", (double) s->now / 1000.0);
+}
+
 // A call into the engine at now, its CPU time counted.
 static void s_engine_message(sim_t *s, const net_peer_t *who, net_msg_t *m)
 {
@@ -259,6 +270,7 @@ static void s_engine_message(sim_t *s, const net_peer_t *who, net_msg_t *m)
     swarm_engine_message(s->e, s->now, who, m);
     swarm_engine_tick(s->e, s->now);
     s->engine_s += s_cpu_s() - t0;
+    s_engine_check(s);
 }
 
 // ---- the run ------------------------------------------------------------------
@@ -313,6 +325,7 @@ static void s_event(sim_t *s, event_t ev)
         double t0 = s_cpu_s();
         swarm_engine_tick(s->e, s->now);
         s->engine_s += s_cpu_s() - t0;
+        s_engine_check(s);
         sim_push(s, s->now + SIM_TICK_MS, EV_TICK, -1, NULL);
         break;
     }
@@ -456,6 +469,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     s->rng = o->seed;
     s->catch_steps = -1;
     s->train_from = -1;
+    s->check = getenv("SWARM_SIM_CHECK") != NULL;
     s->G = c->batch / c->micro;
     for (int st = 0; st < c->stages; st++)
         s->mean_cost += c->stage_cost[st] / c->stages;

@@ -114,6 +114,7 @@ typedef struct {
     int rollbacks;           // the engine's, from its log
     char violation[512];     // the first invariant broken, "" none
     long requests;           // messages the engine sent
+    int check;               // SWARM_SIM_CHECK set: the engine's own counts checked after each call
     double engine_s;         // CPU seconds inside the engine (the one measurement)
     int64_t train_from;      // ms: the first step began
     long train_from_step;

@@ -480,7 +480,7 @@ static int s_views_equal(const swarm_peer_view_t *a, const swarm_peer_view_t *b)
            && a->moved_at == b->moved_at;
 }
 
-// A pick over stage s's ready peers (engine_pick_but, and the views
+// A pick over stage s's ready peers (engine_pick_but, and the rows
 // s_pick_fit gives swarm_policy_pick_fit) chooses the peer a pick over the
 // whole table would: the same views, and the same peer on every tie.
 static void s_check_picks(swarm_engine_t *r, int s, int prefer, const int *not, int nnot)
@@ -489,13 +489,14 @@ static void s_check_picks(swarm_engine_t *r, int s, int prefer, const int *not, 
     swarm_peer_view_t *all = malloc((size_t) r->npeers * sizeof *all);
     ck_assert_ptr_nonnull(all);
     engine_views(r, all);
-    int n = engine_views_stage(r, s, r->views);
+    int n;
+    const swarm_peer_view_t *rows = engine_route_views(r, s, &n);
     for (int k = 0; k < n; k++)
-        ck_assert_msg(s_views_equal(&r->views[k], &all[r->ready[s].peer[k]]),
+        ck_assert_msg(s_views_equal(&rows[k], &all[r->ready[s].peer[k]]),
                       "stage %d: peer %d's view differs", s, r->ready[s].peer[k]);
     for (int left = 1; left <= 3; left++) {
         int whole = swarm_policy_pick_fit(all, r->npeers, s, work, left);
-        int k = swarm_policy_pick_fit(r->views, n, s, work, left);
+        int k = swarm_policy_pick_fit(rows, n, s, work, left);
         ck_assert_int_eq(k < 0 ? k : r->ready[s].peer[k], whole);
     }
     for (int k = 0; k < nnot; k++)
@@ -540,12 +541,14 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
         pe->busy[0] = 0.01 * (double) (swarm_splitmix64(&rng) % 3);
         pe->rtt = 0.005 * (double) (swarm_splitmix64(&rng) % 3);
         pe->failed = swarm_splitmix64(&rng) % 16 == 0;
+        engine_route_touch(e, p); // (as the engine does where it changes them)
         // a micro-batch p ran a forward of, now anywhere
         int i = (int) (swarm_splitmix64(&rng) % (uint64_t) e->G);
         engine_mb_at(e, i, (int) (swarm_splitmix64(&rng) % 3), 0, p);
         int at = (int) (swarm_splitmix64(&rng) % 5) - 1;
         engine_mb_at(e, i, at, at >= 0 && at < 2 && swarm_splitmix64(&rng) % 2, -1);
         ck_assert_int_eq(engine_mb_recount(e), 0);
+        ck_assert_int_eq(engine_route_check(e), 0);
         s_check_ready_lists(e);
         int not[2] = { (int) (swarm_splitmix64(&rng) % (uint64_t) e->npeers), -1 };
         int prefer = (int) (swarm_splitmix64(&rng) % (uint64_t) (e->npeers + 1)) - 1;
@@ -580,6 +583,15 @@ static void s_round(world_t *w, swarm_engine_t *e)
     w->nq -= n - kept;
     swarm_engine_tick(e, w->now);
     ck_assert_int_eq(engine_mb_recount(e), 0); // what a request asks of the micro-batches
+    ck_assert_int_eq(engine_route_check(e), 0); // what a pick reads
+    for (int s = 0; s < e->stages; s++) { // a forward held back is held for a reason still
+        const engine_route_t *rt = &e->route[s];
+        int n;
+        const swarm_peer_view_t *rows = engine_route_views(e, s, &n);
+        if (rt->held_gen == rt->gen && rt->held_left >= 0)
+            ck_assert_int_eq(swarm_policy_pick_fit(rows, n, s, (double) e->hp.micro * e->hp.cfg.T,
+                                                   rt->held_left), SWARM_HOLD);
+    }
 }
 
 // An engine of 3 stages of ANSWER_STAGE_N parameters, 4 micro-batches a

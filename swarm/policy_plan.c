@@ -470,14 +470,18 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
         to[i] = peers[i].stage;
     if (s_ctx(&c, peers, n, plan, 1) != 0)
         return 0;
-    double low = s_low(&c, NULL), best = low;
+    double low = s_low(&c, NULL), best = low, weight = 0.0, costs = 0.0;
     int empty = 0, movable = 0;
     for (int s = 0; s < c.S; s++)
-        empty += c.count[s] == 0;
+        empty += c.count[s] == 0, costs += plan->cost[s];
     for (int i = 0; i < n; i++)
-        movable += c.movable[i];
-    int *trail = movable > PLAN_EXACT_PEERS ? malloc(4 * PLAN_SEARCH_STEPS * sizeof *trail) : NULL;
-    if (empty) // an empty stage is refill's (swarm_policy_refill)
+        movable += c.movable[i], weight += c.w[i];
+    // no split beats every stage its exact share (weight / costs): when that
+    // is within the margin of the bound now, no plan can be worth making
+    int hopeless = weight / costs * (1.0 + 1e-9) <= low * (1.0 + plan->margin);
+    int *trail = movable > PLAN_EXACT_PEERS && !hopeless
+               ? malloc(4 * PLAN_SEARCH_STEPS * sizeof *trail) : NULL;
+    if (empty || hopeless) // an empty stage is refill's (swarm_policy_refill)
         ;
     else if (movable <= PLAN_EXACT_PEERS)
         best = s_solve(&c);

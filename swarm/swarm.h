@@ -173,7 +173,9 @@ double swarm_policy_best_of(const double *mem, const double *w, const int *from,
 // every stage keeps two of its ready replicas when it has three or more,
 // else one (the state a newcomer fetches, and a spare if one fails
 // meanwhile); a stage with none is refill's, and no plan is made.
-// *now_bound and *new_bound get the bound before and after.
+// *now_bound and *new_bound get the bound before and after (no search is
+// made, and the two are equal, when the bound is within the margin of the
+// fractional one, every stage its exact share, which no split beats).
 int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to,
                       double *now_bound, double *new_bound);
 

@@ -99,6 +99,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
         free(r->route[s].unmeasured.peer);
         free(r->audited[s].peer);
     }
+    free(r->joining.peer);
     free(r->mbs);
     free(r->owed);
     free(r->params);

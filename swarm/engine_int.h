@@ -356,6 +356,7 @@ struct swarm_engine_s {
     int key_used;            // of them holding a peer or a removed entry
     engine_ready_t ready[SWARM_MAX_STAGES]; // each stage's ready peers
     engine_route_t route[SWARM_MAX_STAGES]; // and their rows for routing
+    engine_ready_t joining;  // the peers in P_JOINING, as their state changes
     swarm_peer_view_t *views; // [peers_cap] scratch of engine_views_as
     double *by_peer;         // [peers_cap] scratch, by peer index (a median of speeds)
     int next_peer_id;        // ids for logs, in join order (entries may be reused)

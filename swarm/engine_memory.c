@@ -60,6 +60,7 @@ size_t engine_memory(const swarm_engine_t *r)
     n += (size_t) r->peers_cap * (sizeof *r->peers + sizeof *r->views + sizeof *r->by_peer
                                  + sizeof *r->owed);
     n += (size_t) r->key_cap * sizeof *r->key_index;
+    n += (size_t) r->joining.cap * sizeof *r->joining.peer;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
         n += (size_t) (r->ready[s].cap + r->audited[s].cap + r->route[s].unmeasured.cap)
                  * sizeof *r->ready[s].peer
@@ -143,6 +144,7 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     // and those not measured yet, and those whose audit was wanted (ready
     // when it was)
     n += S * s_doubled(8, P) * (3 * sizeof(int) + sizeof(swarm_peer_view_t));
+    n += s_doubled(8, entries) * sizeof(int); // the joining peers
     // gradient sums: a peer's buffer (the largest stage's size) lives while
     // it does, and a dead one's only to the end of the step its sum is in;
     // as an audit's target in a dispute, a live one's copies of its

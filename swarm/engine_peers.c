@@ -126,6 +126,7 @@ static void s_ready_del(engine_ready_t *l, int p)
 }
 
 static void s_route_forget(engine_route_t *rt, int p);
+static void s_list_del(engine_ready_t *l, int p);
 
 void engine_peer_state(swarm_engine_t *r, int p, int state)
 {
@@ -141,6 +142,10 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         s_route_forget(rt, p);
         rt->gen++;
     }
+    if (pe->state == P_JOINING)
+        s_list_del(&r->joining, p);
+    if (state == P_JOINING)
+        engine_list_add(&r->joining, p);
     pe->state = state;
     if (state == P_READY) {
         assert(engine_ready_at(r, pe->stage, p) < 0);
@@ -601,9 +606,10 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
 // own copy before training starts, else from a ready replica (STATE_GET).
 void engine_joins(swarm_engine_t *r)
 {
-    for (int p = 0; p < r->npeers; p++) {
+    for (int k = 0; k < r->joining.n; k++) { // (what it sends changes no peer's state)
+        int p = r->joining.peer[k];
         peer_t *pe = &r->peers[p];
-        if (pe->state != P_JOINING || pe->inflight > 0)
+        if (pe->inflight > 0)
             continue;
         if (!r->started) {
             s_ignore(s_send_state(r, p, r->params, r->m, r->v));

@@ -452,7 +452,8 @@ START_TEST(test_engine_status_is_json_for_every_peer_state)
 END_TEST
 
 // Each stage's ready peers are exactly the table's P_READY peers of that
-// stage, in ascending index, and engine_ready_count agrees.
+// stage, in ascending index, and engine_ready_count agrees; the joining
+// peers are the table's P_JOINING ones, in ascending index.
 static void s_check_ready_lists(const swarm_engine_t *r)
 {
     int all = 0;
@@ -470,6 +471,12 @@ static void s_check_ready_lists(const swarm_engine_t *r)
         all += k;
     }
     ck_assert_int_eq(engine_ready_count(r, -1), all);
+    int k = 0; // and the joining peers
+    for (int p = 0; p < r->npeers; p++)
+        if (r->peers[p].state == P_JOINING)
+            ck_assert_msg(k < r->joining.n && r->joining.peer[k++] == p,
+                          "joining peer %d is not its %dth of %d", p, k, r->joining.n);
+    ck_assert_int_eq(k, r->joining.n);
 }
 
 static int s_views_equal(const swarm_peer_view_t *a, const swarm_peer_view_t *b)

@@ -3,7 +3,8 @@
 # a volunteer swarm (a tail of slow CPUs, speeds 1, 2 and 4; one peer in
 # ten a GPU 20-40x the middle CPU; links of 20-100 ms and 10-100 Mbit/s)
 # over 8 stages of a small model, for STEPS steps (default 1000) of
-# synthetic work, each step about one micro-batch a peer. Prints, for each swarm size of PEERS (default
+# synthetic work, each step a micro-batch a peer (peers / 8 micro-batches,
+# each through the 8 stages). Prints, for each swarm size of PEERS (default
 # "100 1000 10000 30000"), what docs/scale.md tabulates: the engine's CPU
 # per request, its memory at most, the sim's wall time, and the engine's
 # assignment against the best split's bound (bound/best); then the 10,000
@@ -35,8 +36,8 @@ run() {
     name=$1 peers=${2%%:*} steps=$STEPS
     case $2 in *:*) steps=${2#*:} ;; esac
     shift 2
-    # a micro-batch a peer each step, at least 64
-    g=$((peers > 64 ? peers : 64))
+    # a micro-batch a peer each step (each passes all 8 stages), at least 8
+    g=$(((peers + 7) / 8 > 8 ? (peers + 7) / 8 : 8))
     echo "sim-scale.sh: $name: $peers peers, $steps steps ..." >&2
     # shellcheck disable=SC2086
     SWARM_PLAIN=1 /usr/bin/env time -f "%M" -o "$OUT/rss" "$SWARM" sim --peers "$peers" $MODEL \

@@ -16,6 +16,9 @@
 set -u
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
+# and what the engine keeps counted as it goes (its micro-batches' places,
+# its routing rows) must agree with its tables after every call
+export SWARM_SIM_CHECK=1
 numeric=0
 for a in "$@"; do [ "$a" = --numeric ] && numeric=1; done
 if [ "${2:-}" = --seconds ]; then

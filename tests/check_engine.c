@@ -563,6 +563,12 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
             s_check_picks(e, s, prefer, not, 2);
     }
     ck_assert_int_gt(engine_ready_count(e, -1), 24); // lists that outgrew their first 8
+    // a change its row was not told of is found
+    int p = e->ready[1].peer[0];
+    e->peers[p].rtt += 1.0;
+    ck_assert_int_eq(engine_route_check(e), -EPROTO);
+    engine_route_touch(e, p);
+    ck_assert_int_eq(engine_route_check(e), 0);
     s_close(&w, &e);
 }
 END_TEST

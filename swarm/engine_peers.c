@@ -445,6 +445,16 @@ static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
     snprintf(pe->why, sizeof pe->why, "%s", why);
 }
 
+// A speed on a stage of the stages' mean cost, as a factor of the same
+// on stage s (1 when the costs are unknown).
+static double s_mean_stage(const swarm_engine_t *r, int s)
+{
+    double mean = 0.0;
+    for (int k = 0; k < r->stages; k++)
+        mean += r->stage_cost[k] / r->stages;
+    return mean > 0.0 && r->stage_cost[s] > 0.0 ? mean / r->stage_cost[s] : 1.0;
+}
+
 void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
 {
     peer_t *pe = &r->peers[p];
@@ -456,11 +466,17 @@ void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
         return;
     }
     swarm_peer_view_t *views = r->views;
-    engine_views(r, views);
-    // the stages weighed as the bound and rebalancing weigh them
-    for (int q = 0; q < r->npeers; q++)
-        if (q != p && r->peers[q].state == P_READY)
-            views[q].tok_s = engine_bound_speed(&r->peers[q]);
+    engine_views_as(r, views, 0);
+    // the stages weighed as the bound and rebalancing weigh them: a ready
+    // peer at what it sustains on its stage, a newcomer still joining at
+    // its first guess (s_hello_speed: of a stage of mean cost) on its stage
+    for (int q = 0; q < r->npeers; q++) {
+        const peer_t *pq = &r->peers[q];
+        if (q != p && pq->state == P_READY)
+            views[q].tok_s = engine_bound_speed(pq);
+        else if (q != p && pq->state == P_JOINING && pq->samples == 0 && !pq->moving)
+            views[q].tok_s = pq->tok_s * s_mean_stage(r, pq->stage);
+    }
     swarm_peer_view_t me = views[p];
     stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)
                            : swarm_policy_assign(views, r->npeers, r->stages, r->stage_need, &me);

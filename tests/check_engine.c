@@ -338,6 +338,15 @@ static void s_hello(swarm_engine_t *e, int64_t now, int i)
     net_msg_destroy(&m);
 }
 
+// Peer i's entry (by its key).
+static peer_t *s_peer_of(swarm_engine_t *e, int i)
+{
+    net_peer_t who = s_who(i);
+    int p = engine_peer_find(e, &who);
+    ck_assert_int_ge(p, 0);
+    return &e->peers[p];
+}
+
 // The STATUS document, parsed; its peers array in *peers.
 static json_t *s_status(swarm_engine_t *e, world_t *w, int64_t now, json_t **peers)
 {
@@ -514,6 +523,47 @@ static void s_check_picks(swarm_engine_t *r, int s, int prefer, const int *not, 
     free(all);
 }
 
+// Peers that say the same HELLO speed, joining stages of costs 1, 1.5 and
+// 2: a stage's joiners count at the speed they will have there (the HELLO
+// is of a stage of mean cost), so the dearer stages get more of them, 2, 3
+// and 4 of 9 (once they were counted at the HELLO's figure on any stage: 3
+// each, and the dearest stage bounded the swarm until it was rebalanced).
+// And a joiner counts at its own speed, not as the fastest measured peer of
+// its stage, as a routing pick counts it: with a measured 3,000 tok/s on
+// stage 0 of two alike, the seventh of 1,000 goes to stage 0 (4,000 each).
+START_TEST(test_engine_joins_weigh_what_a_joiner_adds_to_its_stage)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_of(&w, 100000, 3, 16); // never starts: nobody gets ready
+    for (int i = 1; i <= 9; i++)
+        s_hello(e, 1000 + i, i);
+    int count[3] = { 0 };
+    for (int p = 0; p < e->npeers; p++)
+        count[e->peers[p].stage]++;
+    ck_assert_msg(count[0] == 2 && count[1] == 3 && count[2] == 4, "joined %d, %d, %d",
+                  count[0], count[1], count[2]);
+    s_close(&w, &e);
+
+    e = s_engine_of(&w, 100000, 2, 16);
+    e->stage_cost[0] = e->stage_cost[1] = 1.0;
+    s_hello(e, 1000, 1);
+    int gpu = (int) (s_peer_of(e, 1) - e->peers);
+    ck_assert_int_eq(e->peers[gpu].stage, 0);
+    engine_peer_state(e, gpu, P_READY);
+    e->peers[gpu].samples = 1;
+    e->peers[gpu].tok_s = e->peers[gpu].hello_tok_s = 3000.0; // (as it said: a newcomer's guess
+    engine_route_touch(e, gpu);                               // is its own HELLO's)
+    for (int i = 2; i <= 7; i++)
+        s_hello(e, 1000 + i, i);
+    ck_assert_int_eq(s_peer_of(e, 7)->stage, 0);
+    int on0 = 0;
+    for (int p = 0; p < e->npeers; p++)
+        on0 += e->peers[p].stage == 0;
+    ck_assert_int_eq(on0, 3); // the fast one and two joiners; four on stage 1
+    s_close(&w, &e);
+}
+END_TEST
+
 START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
 {
     world_t w = { 0 };
@@ -613,6 +663,8 @@ static void s_round(world_t *w, swarm_engine_t *e)
 static swarm_engine_t *s_engine_answered(world_t *w, int live)
 {
     swarm_engine_config_t c = s_config_of(w, 3, 3, 8, ANSWER_STAGE_N);
+    for (int s = 0; s < 3; s++) // peers alike on stages alike: the joins spread them evenly
+        c.stage_cost[s] = 1.0;
     c.iters = 1000000;
     c.save = 1;
     c.save_every = 25;
@@ -836,15 +888,6 @@ START_TEST(test_engine_status_floods_are_answered_within_a_budget)
     s_close(&w, &e);
 }
 END_TEST
-
-// Peer i's entry (by its key).
-static peer_t *s_peer_of(swarm_engine_t *e, int i)
-{
-    net_peer_t who = s_who(i);
-    int p = engine_peer_find(e, &who);
-    ck_assert_int_ge(p, 0);
-    return &e->peers[p];
-}
 
 // One message of type from peer i, with meta and n floats of tensor (n 0:
 // none), a reply when reply.
@@ -1341,6 +1384,7 @@ static Suite *s_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");
     tcase_add_test(tc, test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table);
+    tcase_add_test(tc, test_engine_joins_weigh_what_a_joiner_adds_to_its_stage);
     suite_add_tcase(s, tc);
     tc = tcase_create("memory");
     tcase_set_timeout(tc, 60);

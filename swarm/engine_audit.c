@@ -415,8 +415,11 @@ static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
             engine_peer_fail(r, t, "sent a tensor outside its stage's bound, and no replica "
                              "reproduces its gradient sum");
         engine_step_restart(r, "a gradient sum in it is disputed");
-        if (asked == 1)
-            engine_referee(r, s); // (the next attempt has a third)
+        // the next attempt has one more replica: with two, a third; with
+        // three of which no two agree, at most one is honest, and one more
+        // that is can agree with it (seed 13 of test_sim's liars once
+        // started a step over for ever: an honest replica and two liars)
+        engine_referee(r, s);
         return;
     }
     for (int k = 0; k < n; k++) {

@@ -106,10 +106,11 @@ static int s_refill(swarm_engine_t *r, int s)
     return -1;
 }
 
-// Stage s's two replicas disagree on a gradient and nothing can decide
-// (one of them lies, or both): a third replica from a stage that keeps two
-// or more without it (the move that leaves the highest bottleneck) joins
-// s, and the step, started over, waits for its state (engine_turn: the
+// Stage s's replicas disagree on a gradient and none left can decide (two
+// that disagree: one of them lies, or both; three of which no two agree:
+// at most one is honest): one more replica from a stage that keeps two or
+// more without it (the move that leaves the highest bottleneck) joins s,
+// and the step, started over, waits for its state (engine_turn: the
 // discard goes by PH_WAIT), so that the next dispute has a referee. The
 // peer moved, or -1 when no stage can spare one.
 int engine_referee(swarm_engine_t *r, int s)

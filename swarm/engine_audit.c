@@ -261,6 +261,33 @@ static int s_stage_in(const swarm_engine_t *r, int s)
     return 1;
 }
 
+// The audits of l that wait for a verifier, as keys into key[] in the
+// order they get one: the largest share first (each takes the fastest free
+// replica, so a fast replica's share of a hundred micro-batches is not
+// recomputed by a slow one while the fast ones recompute shares of one:
+// swarm sim's first step at 3,000 peers waited 150 s for that), then the
+// lowest index. A key is -(share * (peers_cap + 1) + peers_cap - t), a
+// whole number a double holds exactly; their number.
+static int s_waiting_by_share(const swarm_engine_t *r, const engine_ready_t *l, double *key)
+{
+    double base = (double) r->peers_cap + 1.0;
+    int n = 0;
+    for (int k = 0; k < l->n; k++) {
+        int t = l->peer[k];
+        const audit_t *a = &r->peers[t].audit;
+        if (a->want && !a->open && !a->done)
+            key[n++] = -((double) a->share * base + (double) (r->peers_cap - t));
+    }
+    qsort(key, (size_t) n, sizeof *key, engine_cmp_double);
+    return n;
+}
+
+// The target a key of s_waiting_by_share names.
+static int s_target_of(const swarm_engine_t *r, double key)
+{
+    return r->peers_cap - (int) fmod(-key, (double) r->peers_cap + 1.0);
+}
+
 // Start what can start: the draws of each stage whose sums are all in
 // (once per attempt at the step), and each drawn sum's audit as soon as a
 // replica is free for it.
@@ -277,10 +304,12 @@ void engine_audits_turn(swarm_engine_t *r)
             for (int k = 0; k < r->ready[s].n; k++) {
                 peer_t *pe = &r->peers[r->ready[s].peer[k]];
                 int forced = pe->audit.forced; // (engine_audit_force)
+                int share = pe->grad ? engine_share(r, r->ready[s].peer[k], s) : 0;
                 pe->audit = (audit_t) {
                     .want = (forced || engine_draw(r, DRAW_AUDIT, s, pe->id) < r->audit_rate)
-                            && pe->grad && engine_share(r, r->ready[s].peer[k], s) > 0,
+                            && share > 0,
                     .forced = forced,
+                    .share = share,
                 };
                 if (pe->audit.want)
                     s_audit_mark(r, s, r->ready[s].peer[k]);
@@ -293,11 +322,11 @@ void engine_audits_turn(swarm_engine_t *r)
             if (s_ready_in(r, s, l->peer[k]) && !r->peers[l->peer[k]].audit.done)
                 l->peer[kept++] = l->peer[k];
         l->n = kept;
-        for (int k = 0; k < l->n; k++) {
-            int t = l->peer[k];
+        double *order = r->by_peer; // scratch
+        int waiting = s_waiting_by_share(r, l, order);
+        for (int k = 0; k < waiting; k++) {
+            int t = s_target_of(r, order[k]);
             audit_t *a = &r->peers[t].audit;
-            if (!a->want || a->open || a->done)
-                continue;
             int v = s_verifier(r, s, t, a->by, a->n); // a second (or third) one
             if (v < 0 && s_candidates(r, s, t, a->by, a->n) == 0) {
                 // the replicas that could are gone (dead or failed)

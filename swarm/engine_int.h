@@ -65,6 +65,7 @@ typedef struct {
     int asked_sum;           // its STEP audit=1 is sent
     int dx_bad;              // an input gradient (or the last stage's loss) differed
     int abandoned;           // its target died: nothing more is sent, nothing judged
+    int share;               // micro-batches of its share, when it was drawn
 } audit_t;
 
 typedef struct engine_history engine_history_t;

@@ -277,7 +277,8 @@ fi
 # peer-hour (a GPU that leaves takes a third of its stage); rebalancing
 # keeps the assignment within 15% of the best bound (the fractional one:
 # every stage exactly its share) over the run, which the joins alone do
-# not come near
+# not (0.80 here; 0.56 while a joiner counted at its HELLO figure on any
+# stage, whatever the stage's cost)
 VOLUNTEER="--peers 40 --stages 4 --layers 8 --heads 2 --embd 16 --block 64 --micro-batch 16
     --batch 2560 --iters 30 --eval-every 0 --speeds 500x4,1000x3,2000,20000,40000
     --latency 20-100 --bandwidth 10-100 --leave-rate 1 --save-every 5 --seed 3"
@@ -287,10 +288,25 @@ split=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/sim.out")
 # shellcheck disable=SC2086
 SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --rebalance-every 0 >"$TMP/joins.out" 2>&1
 joins=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/joins.out")
-if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN { exit !(a >= 0.85 && a >= b + 0.2) }'; then
+if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN { exit !(a >= 0.85 && a >= b + 0.05) }'; then
     ok "rebalancing reached $split of the best split's bound (the joins alone: $joins)"
 else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
+fi
+# audits on those uneven peers (the default rate, 0.3): the largest shares,
+# the GPUs', wait for verifiers first and get the fastest free replicas;
+# taken in table order, a GPU's share of tens of micro-batches went to a
+# CPU while the GPUs recomputed shares of one, and the swarm kept 0.11 of
+# its throughput without audits
+audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --audit 0 >"$TMP/unaudited.out" 2>&1
+unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
+if [ -n "$audited" ] && [ -n "$unaudited" ] \
+    && awk -v a="$audited" -v b="$unaudited" 'BEGIN { exit !(a >= 0.3 * b) }'; then
+    ok "audits at 0.3 kept $audited tok/s of the $unaudited without them"
+else
+    bad "audits cost too much on uneven peers: '$audited' tok/s against '$unaudited' without"
 fi
 
 # churn from each real trace, tiled over 200 peers (../shared/data/traces)

@@ -192,7 +192,7 @@ typedef struct {
 typedef struct {
     swarm_peer_view_t *view; // [ready[s].cap]
     engine_ready_t unmeasured; // its ready peers with no speed sample yet
-    double fastest;          // the fastest measured ready peer's tok_s, when fastest_peer >= 0
+    double fastest;          // the fastest measured ready peer's tok_s (0 none), unless fastest_peer is -1
     int fastest_peer;        // which; -1: to be found again, -2: none is measured
     uint64_t gen;            // changes with every row and with the ready peers
     uint64_t held_gen;       // gen when a training forward was last held back

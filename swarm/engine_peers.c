@@ -294,7 +294,7 @@ swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
     *n = l->n;
     if (rt->unmeasured.n == 0)
         return rt->view;
-    if (rt->fastest_peer < 0) { // found again: O(replicas), once each time the fastest slows or goes
+    if (rt->fastest_peer == -1) { // found again: O(replicas), once each time the fastest slows or goes
         rt->fastest = 0.0;
         rt->fastest_peer = -2; // none measured
         for (int k = 0; k < l->n; k++) {

@@ -466,11 +466,15 @@ void engine_reap(swarm_engine_t *r)
         int64_t from = q->sent;
         if (engine_req_computes(q->kind) && r->peers[q->peer].worked_at > from)
             from = r->peers[q->peer].worked_at;
-        // a state queues behind the compute its peer held when it was sent
-        // (a verifier's audit of a target that died, a spot check's
-        // forward) and the compute the router forgot (a rollback, a
-        // restart): its clock runs from when that should be through
-        if (state && r->peers[q->peer].drained_at > from)
+        // what is no compute (a state, a STEP, an UPDATE, a DISCARD) queues
+        // behind the compute the router forgot (a rollback, a restart), and
+        // a state behind what its peer held when it was sent too (a
+        // verifier's audit of a target that died, a spot check's forward):
+        // its clock runs from when that should be through (a restart's
+        // DISCARD, queued behind the step's forgotten work at a slow
+        // replica, once missed its deadline: swarm sim, churn 20 times the
+        // traces' speed, an honest replica banned)
+        if (!engine_req_computes(q->kind) && r->peers[q->peer].drained_at > from)
             from = r->peers[q->peer].drained_at;
         if (state ? now - from > s_state_deadline_ms(r, q->stage)
                                      + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds)
@@ -479,6 +483,7 @@ void engine_reap(swarm_engine_t *r)
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
                         : q->kind == R_AUDIT ? "audit" : q->kind == R_AUDIT_SUM ? "audit STEP"
                         : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
+                        : q->kind == R_DISCARD ? "DISCARD" : q->kind == R_ASSIGN ? "ASSIGN"
                         : q->kind == R_STATE ? "STATE" : "STATE_GET");
     }
     s_reap_failed(r); // (the probes' finds)

@@ -338,6 +338,16 @@ if [ -d "$TRACES" ]; then
         --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1 \
         --churn "$TRACES/oobleck-g4dn.csv" --churn-scale 20
     grep -q "| rollbacks [1-9]" "$TMP/sim.out" || bad "no rollback: $(grep "^sim |" "$TMP/sim.out")"
+    # and over 1,000 peers with eight micro-batches each a step: a step
+    # started over by a death sends each replica a DISCARD, which its node
+    # serves after the step's work the router forgot; a slow CPU's came
+    # after its deadline (counted from when it was sent), and the honest
+    # replica was banned at step 3
+    sim_ok "churn 20x faster over 1,000 peers: a DISCARD behind the forgotten work" \
+        --peers 1000 --stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 16 \
+        --batch 16000 --iters 5 --eval-every 0 --save-every 50 --speeds 25x6,50x6,100x6,1000,2000 \
+        --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1 \
+        --churn "$TRACES/bamboo-g4dn-us-east-1c.csv" --churn-scale 20
 fi
 
 # numeric: the node's real code through kills, checked against swarm train

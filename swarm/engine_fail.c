@@ -85,9 +85,8 @@ static int s_move(swarm_engine_t *r, int p, int to, const double *cost, const ch
 // the move costs nothing a new node would not.
 static int s_refill(swarm_engine_t *r, int s)
 {
-    for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
-            return -1; // a newcomer is already on its way
+    if (engine_joining_to(r, s))
+        return -1; // a newcomer is already on its way
     swarm_peer_view_t *views = r->views; // s_move picks nothing
     double cost[SWARM_MAX_STAGES];
     for (int k = 0; k < r->stages; k++)
@@ -115,9 +114,8 @@ static int s_refill(swarm_engine_t *r, int s)
 // peer moved, or -1 when no stage can spare one.
 int engine_referee(swarm_engine_t *r, int s)
 {
-    for (int p = 0; p < r->npeers; p++)
-        if (r->peers[p].state == P_JOINING && r->peers[p].stage == s)
-            return -1; // one is on its way
+    if (engine_joining_to(r, s))
+        return -1; // one is on its way
     swarm_peer_view_t *views = r->views;
     double cost[SWARM_MAX_STAGES];
     for (int k = 0; k < r->stages; k++)
@@ -361,8 +359,8 @@ int engine_join_held(swarm_engine_t *r)
 {
     int64_t now = r->now_ms;
     int held = 0;
-    for (int p = 0; p < r->npeers && !held; p++)
-        held = s_joiner_holds(r, p);
+    for (int k = 0; k < r->joining.n && !held; k++)
+        held = s_joiner_holds(r, r->joining.peer[k]);
     if (held && !r->join_hold_from)
         r->join_hold_from = now;
     int64_t total = r->join_held_ms + (r->join_hold_from ? now - r->join_hold_from : 0);

@@ -542,6 +542,8 @@ int engine_cmp_double(const void *a, const void *b); // qsort, ascending
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.
 void engine_peer_state(swarm_engine_t *r, int p, int state);
 int engine_ready_at(const swarm_engine_t *r, int stage, int p);
+// Whether a peer is joining `stage` (loading its state): O(joiners).
+int engine_joining_to(const swarm_engine_t *r, int stage);
 // p into the sorted list l, unless it is there.
 void engine_list_add(engine_ready_t *l, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);

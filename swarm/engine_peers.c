@@ -162,6 +162,14 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
     }
 }
 
+int engine_joining_to(const swarm_engine_t *r, int stage)
+{
+    for (int k = 0; k < r->joining.n; k++)
+        if (r->peers[r->joining.peer[k]].stage == stage)
+            return 1;
+    return 0;
+}
+
 // Peer p's place among the ready peers of `stage`, or -1 when it is not one.
 int engine_ready_at(const swarm_engine_t *r, int stage, int p)
 {
@@ -445,15 +453,6 @@ static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
     snprintf(pe->why, sizeof pe->why, "%s", why);
 }
 
-// A speed on a stage of the stages' mean cost, as a factor of the same
-// on stage s (1 when the costs are unknown).
-static double s_mean_stage(const swarm_engine_t *r, int s)
-{
-    double mean = 0.0;
-    for (int k = 0; k < r->stages; k++)
-        mean += r->stage_cost[k] / r->stages;
-    return mean > 0.0 && r->stage_cost[s] > 0.0 ? mean / r->stage_cost[s] : 1.0;
-}
 
 void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
 {
@@ -469,13 +468,19 @@ void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
     engine_views_as(r, views, 0);
     // the stages weighed as the bound and rebalancing weigh them: a ready
     // peer at what it sustains on its stage, a newcomer still joining at
-    // its first guess (s_hello_speed: of a stage of mean cost) on its stage
+    // its first guess (s_hello_speed: of a stage of the stages' mean cost)
+    // on its stage (unscaled when the costs are unknown)
+    double mean = 0.0;
+    for (int k = 0; k < r->stages; k++)
+        mean += r->stage_cost[k] / r->stages;
     for (int q = 0; q < r->npeers; q++) {
         const peer_t *pq = &r->peers[q];
+        double cost = pq->stage >= 0 ? r->stage_cost[pq->stage] : 0.0;
         if (q != p && pq->state == P_READY)
             views[q].tok_s = engine_bound_speed(pq);
-        else if (q != p && pq->state == P_JOINING && pq->samples == 0 && !pq->moving)
-            views[q].tok_s = pq->tok_s * s_mean_stage(r, pq->stage);
+        else if (q != p && pq->state == P_JOINING && pq->samples == 0 && !pq->moving
+                 && mean > 0.0 && cost > 0.0)
+            views[q].tok_s = pq->tok_s * mean / cost;
     }
     swarm_peer_view_t me = views[p];
     stage = r->assign_even ? swarm_policy_assign_even(views, r->npeers, r->stages, r->stage_need, &me)

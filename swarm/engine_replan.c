@@ -28,10 +28,7 @@ static int s_empty_stage(const swarm_engine_t *r)
     for (int s = 0; s < r->stages; s++) {
         if (engine_ready_count(r, s) > 0)
             continue;
-        int joining = 0;
-        for (int p = 0; p < r->npeers && !joining; p++)
-            joining = r->peers[p].state == P_JOINING && r->peers[p].stage == s;
-        if (!joining)
+        if (!engine_joining_to(r, s))
             return s;
     }
     return -1;

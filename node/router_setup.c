@@ -101,7 +101,8 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
                  || !strcmp(a, "--verify") || !strcmp(a, "--audit") || !strcmp(a, "--assign")
-                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace");
+                 || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace")
+                 || !strcmp(a, "--router-bandwidth");
         if (takes && !v) {
             snprintf(err, n, "%s needs a value; see 'swarm router --help'", a);
             return -EINVAL;
@@ -130,6 +131,15 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return -EINVAL;
             }
             *(!strcmp(a, "--tensor-bound") ? &r->c.tensor_bound : &r->c.rebalance_every) = x;
+        } else if (!strcmp(a, "--router-bandwidth")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (*v == '\0' || *end || !(x >= 0.1 && x <= 1e6)) {
+                snprintf(err, n, "--router-bandwidth %s: expected the Mbit/s this machine's link "
+                         "carries each way, 0.1..1000000 (for example 20 for a home uplink)", v);
+                return -EINVAL;
+            }
+            r->c.router_mbit = x;
         } else if (!strcmp(a, "--verify") || !strcmp(a, "--audit")) {
             char *end;
             int audit = !strcmp(a, "--audit");

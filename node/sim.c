@@ -72,7 +72,8 @@ static void s_help(FILE *out)
         "  --bandwidth MBIT   each peer's link, each way, Mbit/s (default 0: unlimited);\n"
         "                     LO-HI: each peer draws its own (10-100)\n"
         "  --router-bandwidth MBIT  the router's own link, each way, shared by every\n"
-        "                     message (default 0: unlimited)\n"
+        "                     message; the router is told it, as swarm router's flag of\n"
+        "                     the name (default 0: unlimited, the router told nothing)\n"
         "  --direct           project activations sent node to node: the tensors of a\n"
         "                     FWD, a BWD and their RESULT take the peers' links, not\n"
         "                     the router's\n"
@@ -504,6 +505,8 @@ int cmd_sim(int argc, char **argv)
         s_help(stdout);
         printf("and every flag of swarm router but its socket's (swarm router --help)\n");
     }
+    if (rc == 0 && f.o.router_mbit > 0)
+        r->c.router_mbit = f.o.router_mbit; // as swarm router --router-bandwidth is told it
     if (rc == 0 && f.as_params > 0)
         r->need_scale = f.as_params / (double) node_config_params(&r->hp.cfg);
     if (rc == 0 && r->auto_stages)

@@ -53,6 +53,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->tensor_bound = c->tensor_bound;
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
+    r->link_rate = (c->router_mbit > 0.0 ? c->router_mbit : SWARM_ROUTER_MBIT) * 1e3 / 8.0;
     r->self_peer = -1;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
         r->route[s].fastest_peer = r->route[s].held_left = -1;
@@ -118,7 +119,9 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
 void swarm_engine_message(swarm_engine_t *r, int64_t now_ms, const net_peer_t *who, net_msg_t *m)
 {
     r->now_ms = now_ms;
-    r->bytes_in += engine_payload(m);
+    uint64_t bytes = engine_payload(m);
+    r->bytes_in += bytes;
+    r->link_recv += bytes + LINK_HEAD;
     engine_wire_count(m, r->wire_in);
     engine_on_message(r, who, m);
 }

@@ -444,6 +444,7 @@ void engine_reap(swarm_engine_t *r)
         return;
     r->reaped_at = now;
     s_probe(r, now);
+    double most = engine_link_most(r);
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
         r->speed_floor = s_speed_floor(r);
         r->speed_floor_at = now;
@@ -461,7 +462,7 @@ void engine_reap(swarm_engine_t *r)
         // sent before a FWD (the node's order), and one fast enough to be
         // sent a stream of them would miss a FWD's deadline while working
         // the whole time (a spot check's did, at 300 peers under churn)
-        int64_t from = q->sent;
+        int64_t from = q->out > q->sent ? q->out : q->sent; // (out of the router's link)
         if (engine_req_computes(q->kind) && r->peers[q->peer].worked_at > from)
             from = r->peers[q->peer].worked_at;
         // what is no compute (a state, a STEP, an UPDATE, a DISCARD) queues
@@ -474,9 +475,10 @@ void engine_reap(swarm_engine_t *r)
         // traces' speed, an honest replica banned)
         if (!engine_req_computes(q->kind) && r->peers[q->peer].drained_at > from)
             from = r->peers[q->peer].drained_at;
+        int64_t wait = q->wire_ms + engine_link_wait_ms(r, q, most); // (on the links)
         if (state ? now - from > s_state_deadline_ms(r, q->stage)
-                                     + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds)
-                  : now - from > s_deadline_ms(r, q))
+                                     + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds) + wait
+                  : now - from > s_deadline_ms(r, q) + wait)
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
                         : q->kind == R_AUDIT ? "audit" : q->kind == R_AUDIT_SUM ? "audit STEP"
@@ -517,11 +519,11 @@ static void s_views_checked(swarm_engine_t *r, swarm_peer_view_t *views)
 
 // Seconds a moved peer's new state takes: fetched from a replica and sent
 // on (12 bytes a parameter: the weights and both Adam moments), twice
-// over the router's link, taken to carry 100 Mbit/s, and a tenth of a
-// second of round trips. The next step waits for it (engine_join_held).
+// over the router's link (--router-bandwidth), and a tenth of a second of
+// round trips. The next step waits for it (engine_join_held).
 static double s_move_s(const swarm_engine_t *r, int s)
 {
-    return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / 12.5e6;
+    return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / (r->link_rate * 1e3);
 }
 
 // Between steps, every --rebalance-every seconds: the moves that take the

@@ -209,6 +209,14 @@ typedef struct {
     int redo;                // re-run of work a dead peer had accumulated
     int thirds;              // training work in thirds of a micro-batch (s_req_thirds)
     int ahead_thirds;        // the work its peer held when it was sent (queued before it)
+    int64_t out;             // ms: when its bytes are through the router's link, as the
+                             // router reckons it (engine_link_send); its clock runs from then
+    uint64_t link_at;        // the router's link_sent once it was sent
+    uint64_t recv_at;        // the router's link_recv then
+    uint64_t reply_bytes;    // what its reply carries, about (in the router's reply_due)
+    int64_t wire_ms;         // its bytes and its reply's over its peer's link, at the least
+                             // rate deadlines allow a link (LINK_FLOOR; a state's deadline
+                             // counts them itself: 0)
 } req_t;
 
 // A spot check of one micro-batch's FWD at one stage (s_spot_*): the
@@ -421,6 +429,13 @@ struct swarm_engine_s {
     int rollbacks;           // times every replica of a stage was lost
     uint64_t bytes_in;       // tensor bytes received
     uint64_t bytes_out;      // tensor bytes sent (requests)
+    double link_rate;        // bytes a ms the router's own link carries each way: what it
+                             // was told (--router-bandwidth)
+    double link_free;        // ms: its link is through what the router sent by then, as
+                             // reckoned at link_rate and corrected by replies (engine_link_*)
+    uint64_t link_sent;      // bytes the router has sent in all (tensors and a header each)
+    uint64_t link_recv;      // bytes it has received in all (the same)
+    uint64_t reply_due;      // bytes the replies to the requests in flight carry, about
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
     engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of each stage's outputs (0) and input
                              // gradients (1)
@@ -524,6 +539,18 @@ size_t engine_acts_count(const swarm_engine_t *r);
 int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
                     char *meta, size_t cap);
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
+#define LINK_HEAD 64         // bytes of a message's header and meta, about
+// A reply to q came: q's bytes, and everything the router sent before
+// them, are through its link (engine_send reckons when they would be).
+void engine_link_heard(swarm_engine_t *r, const req_t *q);
+// Bytes a step's end may ask to come in at once: every ready replica's
+// gradient sum and a stage's state (a link faster than link_rate, that
+// carries more, holds deadlines off no longer than these take).
+double engine_link_most(const swarm_engine_t *r);
+// Ms q's reply may have waited in the router's link behind others: what
+// came in since q was sent, up to `most` (engine_link_most), and what is
+// still due, at link_rate.
+int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most);
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // a is b within relative L2 tol (|a - b| <= tol |b|, b taken as at least
 // 1e-15 in norm): two replicas' outputs, input gradients, gradient sums

@@ -288,6 +288,7 @@ static void s_on_reply(swarm_engine_t *r, int p, const msg_in_t *e)
     req_t *q = engine_req_find(r, h->id);
     if (!q || q->peer != p)
         return; // stale or not ours: dropped
+    engine_link_heard(r, q);
     char why[160];
     if (s_check_reply(r, q, e, why, sizeof why) != 0) {
         int lied = h->type != NET_MSG_ERROR && !r->evaluating && engine_outputs_used(r, p);

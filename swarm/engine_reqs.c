@@ -1,7 +1,8 @@
 /* engine_reqs.c - the router's requests: the table of those in flight (a
  * request is found by the slot in its id), sending one, its trace line,
- * and what its tensors carry on the wire. Time and every send come from
- * here (s_loop sets the time; engine_emit is the one way out).
+ * what its tensors carry on the wire, and when the router's own link is
+ * through with it. Time and every send come from here (s_loop sets the
+ * time; engine_emit is the one way out).
  */
 #include "engine_int.h"
 
@@ -130,8 +131,9 @@ static req_t *s_req_new(swarm_engine_t *r, int kind, int peer, int mb, int stage
         return NULL;
     uint64_t id = r->last_id = (++r->next_id << REQ_SLOT_BITS) | (uint64_t) slot;
     peer_t *pe = &r->peers[peer];
-    *q = (req_t) { id, kind, peer, mb, stage, r->now_ms, 0, s_req_thirds(r, kind, stage),
-                   pe->held_thirds };
+    *q = (req_t) { .id = id, .kind = kind, .peer = peer, .mb = mb, .stage = stage,
+                   .sent = r->now_ms, .thirds = s_req_thirds(r, kind, stage),
+                   .ahead_thirds = pe->held_thirds, .out = r->now_ms };
     engine_trace(r, "send", kind, mb, stage, peer);
     pe->inflight++;
     pe->held_thirds += q->thirds;
@@ -172,6 +174,7 @@ void engine_req_done(swarm_engine_t *r, req_t *q)
     }
     if (q->kind == R_STEP && q->stage >= 0 && q->stage < SWARM_MAX_STAGES)
         r->steps_open[q->stage]--;
+    r->reply_due -= q->reply_bytes;
     r->req_free[r->req_nfree++] = (int) (q->id & ((1u << REQ_SLOT_BITS) - 1));
     q->id = 0;
     engine_route_touch(r, q->peer);
@@ -227,6 +230,71 @@ int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, in
     return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, engine_acts_count(r)));
 }
 
+// ---- the router's own link ---------------------------------------------------
+
+// The router's link carries what it sends in the order it was sent, one
+// queue for all its peers (as a saturated uplink does): a request's bytes
+// are through once everything sent before them is, at link_rate, and its
+// deadline's clock runs from then. So a router whose link is slower than
+// what it sends at once (the updates of a big model, a joiner's state)
+// does not ban the peers whose requests wait in it. The rate is what the
+// router was told (--router-bandwidth, SWARM_ROUTER_MBIT unless); a reply
+// shows its request, and all sent before it, through: the reckoning never
+// runs ahead of what the replies show, so a link faster than the rate
+// costs deadlines nothing. The other way, a reply may wait behind every
+// reply that came in since its request was sent and every one still due
+// (each replica's gradient sum at a step's end comes at once): its
+// deadline allows them at link_rate (what came in, up to the most a step
+// can ask to come in at once). On its peer's own link a request and its
+// reply take their bytes at LINK_FLOOR at the most (as a state's deadline
+// allows it a second a megabyte).
+#define LINK_FLOOR 1000.0  // bytes a ms (8 Mbit/s)
+
+// Bytes the reply to q carries, about: a gradient sum for a STEP, an
+// activation or its gradient for a compute request, a state for a read.
+static uint64_t s_reply_bytes(const swarm_engine_t *r, const req_t *q)
+{
+    size_t n = q->stage >= 0 && q->stage < r->stages ? r->stage_n[q->stage] : 0;
+    if (q->kind == R_STEP || q->kind == R_AUDIT_SUM)
+        return net_codec_bytes(r->grad_wire, n);
+    if (q->kind == R_STATE_GET)
+        return 12 * (uint64_t) n;
+    return engine_req_computes(q->kind) ? net_codec_bytes(r->wire, engine_acts_count(r)) : 0;
+}
+
+static void s_link_send(swarm_engine_t *r, req_t *q, uint64_t bytes)
+{
+    double from = r->link_free > (double) r->now_ms ? r->link_free : (double) r->now_ms;
+    r->link_free = from + (double) (bytes + LINK_HEAD) / r->link_rate;
+    r->link_sent += bytes + LINK_HEAD;
+    q->link_at = r->link_sent;
+    q->out = (int64_t) ceil(r->link_free);
+    q->recv_at = r->link_recv;
+    q->reply_bytes = s_reply_bytes(r, q);
+    r->reply_due += q->reply_bytes;
+    int state = q->kind == R_STATE || q->kind == R_STATE_GET;
+    q->wire_ms = state ? 0 : (int64_t) ((double) (bytes + q->reply_bytes) / LINK_FLOOR);
+}
+
+double engine_link_most(const swarm_engine_t *r)
+{
+    return (double) engine_ready_count(r, -1) * (double) net_codec_bytes(r->grad_wire, r->max_stage_n)
+         + 12.0 * (double) r->max_stage_n;
+}
+
+int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most)
+{
+    double came = (double) (r->link_recv - q->recv_at);
+    return (int64_t) (((came < most ? came : most) + (double) r->reply_due) / r->link_rate);
+}
+
+void engine_link_heard(swarm_engine_t *r, const req_t *q)
+{
+    double left = (double) r->now_ms + (double) (r->link_sent - q->link_at) / r->link_rate;
+    if (left < r->link_free)
+        r->link_free = left;
+}
+
 // Send m to peer p as request kind; 0 or -errno (logged).
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage)
 {
@@ -238,8 +306,10 @@ int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int s
         return -ENOSPC;
     }
     net_msg_head(*m)->id = q->id;
-    r->bytes_out += engine_payload(*m);
+    uint64_t bytes = engine_payload(*m);
+    r->bytes_out += bytes;
     engine_wire_count(*m, r->wire_out);
+    s_link_send(r, q, bytes);
     int rc = engine_emit(r, &r->peers[p].who, m);
     if (rc != 0) {
         // not connected (or its queue is full): dead for this run; the next

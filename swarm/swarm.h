@@ -299,7 +299,12 @@ typedef struct {
                              // random and tells no peer (the sim: from its seed)
     double tensor_bound;     // a reply's RMS above this times the running RMS fails
     int wire, grad_wire;     // NET_DTYPE_* of activations; of gradient sums
+    double router_mbit;      // what the router's own link carries each way, Mbit/s: deadlines
+                             // count what it has queued ahead of a request, and a move the
+                             // time of its state (0: SWARM_ROUTER_MBIT)
 } swarm_engine_config_t;
+
+#define SWARM_ROUTER_MBIT 100.0 // the router's link as the engine takes it, unless told
 
 // A step ended: what the caller logs and plots.
 typedef struct {

@@ -272,6 +272,26 @@ else
     bad "slow links did not slow the swarm: '$slow' against '$fast' tok/s"
 fi
 
+# the router's own link slower than what it sends and gets at once: each
+# joiner's state (5 MB here), each replica's gradient sum at a step's end
+# (1.7 MB, 16 at once). A request's deadline runs from when the router's
+# link is through with what it sent before it and allows the replies that
+# may come in ahead of its own; before, every one of these runs banned an
+# honest peer for a missed deadline (a STATE at 5 Mbit/s, a BWD queued
+# behind the gradient sums at 20)
+RLINK="--peers 16 --stages 2 --layers 4 --heads 4 --embd 128 --block 64 --micro-batch 4 --batch 32
+    --iters 6 --eval-every 0"
+# shellcheck disable=SC2086
+seeds=$(failing_seeds 4 "" $RLINK --router-bandwidth 5)
+# shellcheck disable=SC2086
+seeds2=$(failing_seeds 4 "" $RLINK --router-bandwidth 20 --kill-every 20)
+kills=$(sed -n 's/.*faults: \([0-9]*\) killed.*/\1/p' "$TMP/sim.out")
+if [ -z "$seeds$seeds2" ] && [ "${kills:-0}" -gt 0 ]; then
+    ok "a router's link of 5 Mbit/s, and of 20 with kills ($kills in the last), 4 seeds each: no honest peer banned"
+else
+    bad "a slow router link, seeds$seeds (5 Mbit/s),$seeds2 (20, kills): $(cat "$TMP/held.out")"
+fi
+
 # the best split: uneven peers (CPUs of 500-2000 tok/s, GPUs 20-40x) over
 # links of 20-100 ms and 10-100 Mbit/s, and a Poisson departure a
 # peer-hour (a GPU that leaves takes a third of its stage); rebalancing

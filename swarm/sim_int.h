@@ -88,6 +88,11 @@ typedef struct {
     double router_bytes[2];  // bytes each way on the router's link (--direct: without activations)
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
+    struct {                 // the hash the last exact update of each stage moved states by
+        long t;              // of step t (0 none yet)
+        double scale;        // at this clip factor
+        uint64_t h;
+    } applied[SWARM_MAX_STAGES];
     float *ones;             // (micro, T, C) ones: every activation a peer sends
     float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
     float *in;               // the same shape: an input decoded, to read (sim_peer.c)

@@ -210,7 +210,7 @@ typedef struct {
     int thirds;              // training work in thirds of a micro-batch (s_req_thirds)
     int ahead_thirds;        // the work its peer held when it was sent (queued before it)
     int64_t out;             // ms: when its bytes are through the router's link, as the
-                             // router reckons it (engine_link_send); its clock runs from then
+                             // router reckons it (engine_send); its clock runs from then
     uint64_t link_at;        // the router's link_sent once it was sent
     uint64_t recv_at;        // the router's link_recv then
     uint64_t reply_bytes;    // what its reply carries, about (in the router's reply_due)

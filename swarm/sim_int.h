@@ -89,7 +89,8 @@ typedef struct {
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     struct {                 // the hash the last exact update of each stage moved states by
-        long t;              // of step t (0 none yet)
+        int made;            // 0 none yet
+        long t;              // of step t
         double scale;        // at this clip factor
         uint64_t h;
     } applied[SWARM_MAX_STAGES];

@@ -197,7 +197,7 @@ static uint64_t s_sum_hash(sim_t *s, int st, const float *sum, size_t n, long t,
 {
     int exact = st >= 0 && st < s->c->stages && n == s->c->stage_n[st]
              && memcmp(sum, s_step_sum(s, st), n * sizeof(float)) == 0;
-    if (exact && s->applied[st].t == t && s->applied[st].scale == scale)
+    if (exact && s->applied[st].made && s->applied[st].t == t && s->applied[st].scale == scale)
         return s->applied[st].h;
     uint64_t h = (uint64_t) t * 0x9E3779B97F4A7C15ull ^ (uint64_t) (scale * 1e6);
     for (size_t j = 0; j < n; j++) {
@@ -205,6 +205,7 @@ static uint64_t s_sum_hash(sim_t *s, int st, const float *sum, size_t n, long t,
         h = swarm_splitmix64(&x);
     }
     if (exact) {
+        s->applied[st].made = 1;
         s->applied[st].t = t;
         s->applied[st].scale = scale;
         s->applied[st].h = h;

@@ -79,6 +79,21 @@ void sim_violate(sim_t *s, const char *fmt, ...)
     va_end(ap);
 }
 
+// The checksum of a replica's synthetic state, as its node's would be of
+// its parameters (64 hex digits).
+void sim_state_checksum(const float *state, char hex[65])
+{
+    uint64_t h = 0x5157u;
+    for (int k = 0; k < SIM_STATE_FLOATS; k++) {
+        uint32_t bits;
+        memcpy(&bits, &state[k], sizeof bits);
+        uint64_t x = h ^ bits;
+        h = swarm_splitmix64(&x);
+    }
+    for (int k = 0; k < 4; k++)
+        snprintf(hex + 16 * k, 17, "%016llx", (unsigned long long) (h ^ (uint64_t) k));
+}
+
 // ---- links ------------------------------------------------------------------
 
 // A link is one TCP stream each way: a message waits for the wire to be free

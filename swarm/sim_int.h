@@ -32,6 +32,14 @@ typedef struct {
 
 enum { LINK_DOWN, LINK_UP }; // router -> peer, peer -> router
 
+// The hash the last exact update of a stage moved its replicas' states by.
+typedef struct {
+    int made;                // 0 none yet
+    long t;                  // of step t
+    double scale;            // at this clip factor
+    uint64_t h;
+} sim_applied_t;
+
 typedef struct {
     net_peer_t who;          // its key and connection
     char name[32];           // crowdN
@@ -88,12 +96,7 @@ typedef struct {
     double router_bytes[2];  // bytes each way on the router's link (--direct: without activations)
     int G;                   // micro-batches a step
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
-    struct {                 // the hash the last exact update of each stage moved states by
-        int made;            // 0 none yet
-        long t;              // of step t
-        double scale;        // at this clip factor
-        uint64_t h;
-    } applied[SWARM_MAX_STAGES];
+    sim_applied_t applied[SWARM_MAX_STAGES]; // each stage's last exact update's hash
     float *ones;             // (micro, T, C) ones: every activation a peer sends
     float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
     float *in;               // the same shape: an input decoded, to read (sim_peer.c)
@@ -131,11 +134,11 @@ void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m);
 int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent);
 double sim_uniform(sim_t *s);
 void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-// a simulated peer (sim_peer.c)
-void sim_serve(sim_t *s, int p);
 // The checksum a simulated peer reports for its state (the first
 // SIM_STATE_FLOATS floats of what its STATE_GET sends)
 void sim_state_checksum(const float *state, char hex[65]);
+// a simulated peer (sim_peer.c)
+void sim_serve(sim_t *s, int p);
 void sim_heartbeat(sim_t *s, int p);
 int sim_peer_new(sim_t *s, int copy);
 void sim_peer_free(sim_t *s, sim_peer_t *pe);

@@ -462,7 +462,7 @@ void engine_reap(swarm_engine_t *r)
         // sent before a FWD (the node's order), and one fast enough to be
         // sent a stream of them would miss a FWD's deadline while working
         // the whole time (a spot check's did, at 300 peers under churn)
-        int64_t from = q->out > q->sent ? q->out : q->sent; // (out of the router's link)
+        int64_t from = q->out; // (out of the router's link: never before it was sent)
         if (engine_req_computes(q->kind) && r->peers[q->peer].worked_at > from)
             from = r->peers[q->peer].worked_at;
         // what is no compute (a state, a STEP, an UPDATE, a DISCARD) queues

@@ -497,7 +497,8 @@ static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, void **dst, 
 // work, its backward two thirds; the last stage does both at once, and an
 // audit, which recomputes the forward for its backward, both too). It is
 // sampled every half second of busy time into an average, so a peer that
-// queues requests is not mistaken for a slow one.
+// queues requests is not mistaken for a slow one. Its routing row is
+// written afresh (with what the caller measured of the reply before).
 void engine_work_done(swarm_engine_t *r, const req_t *q)
 {
     peer_t *pe = &r->peers[q->peer];
@@ -506,13 +507,13 @@ void engine_work_done(swarm_engine_t *r, const req_t *q)
     pe->work += q->kind == R_AUDIT ? tokens : q->kind == R_BWD ? tokens * 2.0 / 3.0
               : last && !r->evaluating ? tokens : tokens / 3.0;
     double busy = engine_busy_s(pe, r->now_ms);
-    if (busy - pe->rate_busy < 0.2)
-        return;
-    double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
-    pe->tok_s = pe->samples > 0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
-    pe->samples++;
-    pe->rate_busy = busy;
-    pe->rate_work = pe->work;
+    if (busy - pe->rate_busy >= 0.2) {
+        double rate = (pe->work - pe->rate_work) / (busy - pe->rate_busy);
+        pe->tok_s = pe->samples > 0 ? 0.5 * pe->tok_s + 0.5 * rate : rate;
+        pe->samples++;
+        pe->rate_busy = busy;
+        pe->rate_work = pe->work;
+    }
     engine_route_touch(r, q->peer);
 }
 
@@ -521,10 +522,9 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     const net_msg_t *m = e->msg;
     int S = r->stages, s = q->stage;
-    engine_work_done(r, q);
     s_peer_timing(&r->peers[q->peer], q->kind == R_BWD, &e->reply,
                   (double) (r->now_ms - q->sent) / 1000.0);
-    engine_route_touch(r, q->peer);
+    engine_work_done(r, q); // (one touch of its row for both)
     if (q->mb < 0)
         return 0; // of a step its stage finished itself (s_step_apply_ask): counted
     mb_t *b = &r->mbs[q->mb];

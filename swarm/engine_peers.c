@@ -453,7 +453,6 @@ static void s_no_stage_fits(swarm_engine_t *r, int p, const net_msg_t *req)
     snprintf(pe->why, sizeof pe->why, "%s", why);
 }
 
-
 void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
 {
     peer_t *pe = &r->peers[p];

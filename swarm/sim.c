@@ -154,7 +154,12 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
         net_msg_destroy(m);
         return -EHOSTUNREACH; // its connection is gone
     }
-    sim_push(s, sim_arrival(s, p, LINK_DOWN, *m, s->now), EV_TO_PEER, p, *m);
+    int64_t at = sim_arrival(s, p, LINK_DOWN, *m, s->now);
+    if (net_msg_head_const(*m)->type == NET_MSG_HEARTBEAT) {
+        net_msg_destroy(m); // the router's probe of the link: a node drops it unread
+        return 0;
+    }
+    sim_push(s, at, EV_TO_PEER, p, *m);
     *m = NULL;
     return 0;
 }
@@ -314,9 +319,8 @@ static void s_event(sim_t *s, event_t ev)
         net_msg_destroy(&ev.m);
         break;
     case EV_TO_PEER: {
-        const net_head_t *h = net_msg_head_const(ev.m);
-        if (!pe->alive || h->type == NET_MSG_HEARTBEAT) {
-            net_msg_destroy(&ev.m); // the router's probe of the link: nothing to serve
+        if (!pe->alive) {
+            net_msg_destroy(&ev.m);
         } else {
             queue_t *q = &pe->queue;
             if (q->n == q->cap) {
@@ -334,6 +338,11 @@ static void s_event(sim_t *s, event_t ev)
     }
     case EV_PEER_FREE:
         pe->busy = 0;
+        if (pe->alive && pe->beat_due) { // its loop's timers, between two requests
+            pe->beat_due = 0;
+            sim_heartbeat(s, ev.peer);
+            sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
+        }
         sim_serve(s, ev.peer);
         break;
     case EV_TICK: {
@@ -345,7 +354,10 @@ static void s_event(sim_t *s, event_t ev)
         break;
     }
     case EV_HEARTBEAT:
-        if (pe->alive) {
+        // a node is one thread: one computing says nothing until it is done
+        if (pe->alive && pe->busy) {
+            pe->beat_due = 1;
+        } else if (pe->alive) {
             sim_heartbeat(s, ev.peer);
             sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
         }

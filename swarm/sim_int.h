@@ -67,6 +67,7 @@ typedef struct {
     double speed;            // training tokens a second on a stage of mean cost
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
+    int beat_due;            // its HEARTBEAT fell due while it computed: sent when done
     queue_t queue;           // requests waiting
     float *grad;             // [max_stage_n] its gradient sum since the last update
     int *count;              // [G] times each micro-batch of the step went into grad

@@ -474,7 +474,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         s_add_checksum(pe, r, NULL);
         return r;
     }
-    return NULL; // a probe, an unasked ASSIGN
+    return NULL; // an unasked ASSIGN
 }
 
 // Compute time of req at peer pe, ms.

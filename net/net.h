@@ -323,6 +323,8 @@ int net_server_send(net_server_t *self, const net_peer_t *peer, net_msg_t **msg)
 // are written to dead[], forgotten, and counted in *n.
 void net_server_reap(net_server_t *self, int64_t now_ms, net_peer_t *dead, size_t cap,
                      size_t *n);
+// A new timing.dead_ms (> 0) from now on: a big swarm's nodes beat less often.
+void net_server_set_dead_ms(net_server_t *self, int dead_ms);
 void net_server_stats(const net_server_t *self, net_stats_t *out);
 
 typedef struct net_client_s net_client_t;

@@ -124,15 +124,40 @@ struct net_server_s {
     net_timing_t timing;             // heartbeats and dead_ms, defaults filled in
     char endpoint[256];              // the endpoint bound, with its port
     s_peer_t *peers;                 // (slots) open-addressing table of live peers
-    size_t slots;                    // table size, a power of two >= 2 x max_peers
+    size_t slots;                    // table size, a power of two, at most half used
     size_t npeers;                   // peers in the table
     size_t max_peers;                // peers tracked at most
     net_stats_t stats;               // counters (auth_denied: see zap_denied)
     atomic_uint_fast64_t zap_denied; // handshakes refused, written by zap_thread
 };
 
+// Twice the slots, the peers placed again: a table kept at most half full
+// grows with the swarm (16 slots to start with, not max_peers' worth).
+static int s_peers_grow(net_server_t *self)
+{
+    size_t slots = 2 * self->slots, mask = slots - 1;
+    s_peer_t *peers = calloc(slots, sizeof *peers);
+    if (!peers)
+        return -ENOMEM;
+    for (size_t i = 0; i < self->slots; i++) {
+        if (!self->peers[i].key[0])
+            continue;
+        size_t k = s_hash(self->peers[i].key) & mask;
+        while (peers[k].key[0])
+            k = (k + 1) & mask;
+        peers[k] = self->peers[i];
+    }
+    free(self->peers);
+    self->peers = peers;
+    self->slots = slots;
+    return 0;
+}
+
 static s_peer_t *s_peer_find(net_server_t *self, const char *key, int add)
 {
+    if (add && 2 * (self->npeers + 1) > self->slots && self->npeers < self->max_peers
+        && s_peers_grow(self) != 0)
+        return NULL; // out of memory: untracked, as one over max_peers
     size_t mask = self->slots - 1;
     for (size_t i = s_hash(key) & mask;; i = (i + 1) & mask) {
         s_peer_t *p = &self->peers[i];
@@ -164,6 +189,12 @@ static void s_peer_remove(net_server_t *self, s_peer_t *p)
             hole = i;
         }
     }
+}
+
+void net_server_set_dead_ms(net_server_t *self, int dead_ms)
+{
+    if (dead_ms > 0)
+        self->timing.dead_ms = dead_ms;
 }
 
 void net_server_reap(net_server_t *self, int64_t now_ms, net_peer_t *dead, size_t cap,
@@ -324,8 +355,7 @@ int net_server_new(const net_server_config_t *config, net_server_t **out, char *
     self->limits = config->limits;
     self->timing = s_timing(&config->timing);
     self->max_peers = config->max_peers > 0 ? (size_t) config->max_peers : 4096;
-    for (self->slots = 16; self->slots < 2 * self->max_peers;)
-        self->slots *= 2;
+    self->slots = 16;
     self->peers = calloc(self->slots, sizeof *self->peers);
     self->ctx = zmq_ctx_new();
     if (!self->peers || !self->ctx) {

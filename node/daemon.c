@@ -11,6 +11,7 @@
  * ERROR reply and the node keeps running.
  */
 #include "daemon_int.h"
+#include "swarm.h"
 #include "worker.h"
 
 #include <errno.h>
@@ -26,7 +27,7 @@
 #include <unistd.h>
 
 #define DAEMON_HELLO_MS 2000        // HELLO resend interval until ASSIGN, ms
-#define DAEMON_HEARTBEAT_MS 1000    // HEARTBEAT interval, ms
+#define DAEMON_HEARTBEAT_MS 1000    // HEARTBEAT interval until the router tells one, ms
 #define DAEMON_SILENCE_MS 10000     // router silent this long: say HELLO again, ms
 #define DAEMON_RECONNECT_MS 5000    // no ASSIGN this long: a fresh link (and handshake), ms
 #define DAEMON_BYE_MS 300           // time BYE gets to leave (the socket lingers 0), ms
@@ -48,6 +49,8 @@ typedef struct {
     size_t queued;                         // messages in the FIFO
     int64_t hello_at;                      // next HELLO due, net_clock_ms
     int64_t heartbeat_at;                  // next HEARTBEAT due, net_clock_ms
+    int beat_ms;                           // HEARTBEAT interval, ms (the router's beat_ms)
+    int beat_refused;                      // a beat_ms that was no interval was logged
     int silent;                            // 1 while the router's silence is logged
     int finished;                          // 1 after the router said its run is over
     int stalled;                           // --misbehave slowclaim, ckptstall: said so
@@ -414,8 +417,32 @@ static void s_reply_error(daemon_t *d, const net_msg_t *req, const char *reason)
 
 // ---- ASSIGN ----------------------------------------------------------------
 
+// The HEARTBEAT interval the router's ASSIGN or HEARTBEAT tells (a big
+// swarm's nodes beat less often: docs/wire.md), checked; a next HEARTBEAT
+// due later than the new interval comes sooner.
+static void s_beat_told(daemon_t *d, const net_msg_t *msg)
+{
+    int ms = swarm_beat_ms(msg);
+    if (ms < 0 && !d->beat_refused++) {
+        char text[64] = "";
+        if (net_msg_meta_get(msg, "beat_ms", text, sizeof text) != 0)
+            snprintf(text, sizeof text, "(too long)");
+        for (char *c = text; *c; c++) // the router's text: no control codes reach a terminal
+            *c = (unsigned char) *c < 0x20 || *c == 0x7f ? '?' : *c;
+        s_warn("ignoring the router's heartbeat interval beat_ms=%s (not 1000-60000 ms); "
+               "heartbeats stay every %d ms", text, d->beat_ms);
+    }
+    if (ms <= 0)
+        return;
+    d->beat_ms = ms;
+    int64_t next = net_clock_ms() + ms;
+    if (d->heartbeat_at > next)
+        d->heartbeat_at = next;
+}
+
 static void s_on_assign(daemon_t *d, const net_msg_t *msg)
 {
+    s_beat_told(d, msg);
     char err[512] = "";
     int rc = node_worker_assign(d->w, msg, err, sizeof err);
     if (rc >= 0)
@@ -601,7 +628,8 @@ static void s_drain(daemon_t *d, int64_t deadline_ms)
         net_msg_t *msg = NULL;
         int rc = net_client_recv(d->client, deadline_ms, &msg, err, sizeof err);
         if (rc == 0 && net_msg_head_const(msg)->type == NET_MSG_HEARTBEAT) {
-            net_msg_destroy(&msg); // the router's probe of the link: nothing to serve
+            s_beat_told(d, msg); // the router's probe of the link, or a new interval
+            net_msg_destroy(&msg);
         } else if (rc == 0) {
             d->queue_at[d->queued] = net_clock_ms();
             d->queue[d->queued++] = msg;
@@ -653,7 +681,7 @@ static void s_timers(daemon_t *d, int64_t now)
     }
     if (s_assigned(d) && now >= d->heartbeat_at) {
         s_heartbeat_send(d);
-        d->heartbeat_at = now + DAEMON_HEARTBEAT_MS;
+        d->heartbeat_at = now + d->beat_ms;
     }
 }
 
@@ -752,6 +780,7 @@ int cmd_node(int argc, char **argv)
     if (!d)
         abort();
     d->id.lock_fd = -1;
+    d->beat_ms = DAEMON_HEARTBEAT_MS;
     int rc = daemon_parse(argc, argv, &d->o, err, sizeof err);
     if (rc == 1) {
         daemon_usage(stdout);

@@ -24,6 +24,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+// Peers the transport times for silence (a key each; the table grows as
+// they come, 56 bytes a slot, at most half full: 7 MB when full), and how
+// often it is looked through for the silent ones.
+#define ROUTER_TRACKED 65536
+#define REAP_MS 100
+
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_hup;     // SIGHUP: re-read the --allow file
 
@@ -161,11 +167,17 @@ static int s_loop(router_t *r)
         }
         if (s_hup)
             s_allow_reload(r);
-        net_peer_t dead[16];
-        size_t n = 0;
-        net_server_reap(r->srv, now, dead, 16, &n);
-        for (size_t k = 0; k < n; k++)
-            swarm_engine_gone(r->engine, now, &dead[k]);
+        // the silent peers, every REAP_MS (a pass over the table, which
+        // holds every peer; silence is judged in seconds)
+        if (now - r->reaped_at >= REAP_MS || now < r->reaped_at) {
+            net_peer_t dead[16];
+            size_t n = 0;
+            r->reaped_at = now;
+            net_server_set_dead_ms(r->srv, swarm_engine_silence_ms(r->engine));
+            net_server_reap(r->srv, now, dead, 16, &n);
+            for (size_t k = 0; k < n; k++)
+                swarm_engine_gone(r->engine, now, &dead[k]);
+        }
         swarm_engine_tick(r->engine, now);
     }
     return s_stop ? -EINTR : 0;
@@ -306,6 +318,7 @@ static int s_listen(router_t *r, char *err, size_t n)
             .max_payload = s_frame_cap(r), .max_meta = 4096,
         },
         .timing = { .dead_ms = 10000 },
+        .max_peers = ROUTER_TRACKED,
     };
     rc = net_server_new(&cfg, &r->srv, err, n);
     if (rc != 0)

@@ -28,6 +28,7 @@ typedef struct {
     net_key_t *key;          // router key
     net_allow_t *allow;      // allow-list
     net_server_t *srv;       // ROUTER
+    int64_t reaped_at;       // ms: the last look for silent peers (router.c)
     const char *trace_path;  // --trace FILE
     FILE *trace;             // a line per request sent and done, per step ended
     node_curve_t logs;       // --loss-log and DIR/loss.csv

@@ -53,6 +53,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->tensor_bound = c->tensor_bound;
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
+    r->beat_ms = BEAT_MS;
     r->link_rate = (c->router_mbit > 0.0 ? c->router_mbit : SWARM_ROUTER_MBIT) * 1e3 / 8.0;
     r->self_peer = -1;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
@@ -166,6 +167,11 @@ void swarm_engine_tick(swarm_engine_t *r, int64_t now_ms)
         before = r->phase;
         engine_turn(r);
     } while (r->phase != before && !swarm_engine_finished(r));
+}
+
+int swarm_engine_silence_ms(const swarm_engine_t *r)
+{
+    return r->beat_ms * BEAT_SILENT > SILENT_MS ? r->beat_ms * BEAT_SILENT : SILENT_MS;
 }
 
 int swarm_engine_finished(const swarm_engine_t *r)

@@ -422,6 +422,40 @@ static void s_probe(swarm_engine_t *r, int64_t now)
     }
 }
 
+// The HEARTBEAT interval for the live peers (BEAT_RATE, engine_int.h): it
+// rises when they outgrow it, and falls a second only once they are a
+// tenth below what the shorter one takes, so that a swarm about a bound
+// does not retell every peer with each join and death. A peer told
+// another interval (by its ASSIGN, or before a change) is told this one
+// in an empty HEARTBEAT carrying beat_ms: at most one a peer a change.
+static void s_beat(swarm_engine_t *r)
+{
+    int live = 0;
+    for (int p = 0; p < r->npeers; p++)
+        live += r->peers[p].state != P_DEAD;
+    int want = (live + BEAT_RATE - 1) / BEAT_RATE * BEAT_MS;
+    want = want < BEAT_MS ? BEAT_MS : want > BEAT_MAX_MS ? BEAT_MAX_MS : want;
+    if (want > r->beat_ms || (want < r->beat_ms
+                              && live * 10 <= (r->beat_ms - BEAT_MS) / BEAT_MS * BEAT_RATE * 9))
+        r->beat_ms = want;
+    for (int p = 0; p < r->npeers; p++) {
+        peer_t *pe = &r->peers[p];
+        if (pe->state == P_DEAD || pe->failed || !pe->beat_ms || pe->beat_ms == r->beat_ms)
+            continue;
+        net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
+        if (!m || engine_meta(m, "beat_ms=%d", r->beat_ms) != 0) {
+            net_msg_destroy(&m);
+            return; // out of memory: the next pass tells them
+        }
+        if (engine_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
+            pe->failed = r->failed_any = 1;
+            engine_route_touch(r, p);
+        }
+        net_msg_destroy(&m);
+        pe->beat_ms = r->beat_ms;
+    }
+}
+
 // The peers found unreachable since the last look are dead now, before
 // anything else of the step is decided (their work is redone).
 static void s_reap_failed(swarm_engine_t *r)
@@ -444,6 +478,7 @@ void engine_reap(swarm_engine_t *r)
         return;
     r->reaped_at = now;
     s_probe(r, now);
+    s_beat(r);
     double most = engine_link_most(r);
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
         r->speed_floor = s_speed_floor(r);

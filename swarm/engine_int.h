@@ -70,10 +70,23 @@ typedef struct {
 
 typedef struct engine_history engine_history_t;
 
-// A node sends a HEARTBEAT a second and a HELLO every two while it waits:
-// a peer that sends more than ROUTER_BURST unasked messages in a second
-// floods the router, and fails.
+// A node sends a HEARTBEAT every beat_ms the router tells it (1 s until
+// told) and a HELLO every two seconds while it waits: a peer that sends
+// more than ROUTER_BURST unasked messages in a second floods the router,
+// and fails.
 #define ROUTER_BURST 100
+
+// The HEARTBEAT interval: a second up to BEAT_RATE live peers, a second
+// more for each BEAT_RATE beyond, at most BEAT_MAX_MS, so that the router
+// reads about BEAT_RATE heartbeats a second from the whole swarm (at
+// 10,000 peers a second each would be half the messages it handles). A
+// peer is dead after the longer of SILENT_MS and BEAT_SILENT beats of
+// silence (engine_fail.c, s_beat; swarm_engine_silence_ms).
+#define BEAT_MS 1000
+#define BEAT_RATE 2000
+#define BEAT_MAX_MS 5000
+#define BEAT_SILENT 3
+#define SILENT_MS 10000
 
 // STATUS answered at most STATUS_RATE a second in all (a burst of
 // STATUS_BURST) and STATUS_KEY_RATE a second to one key (a burst of
@@ -114,6 +127,7 @@ typedef struct {
     int queue;               // queue depth from its last heartbeat
     int64_t last_seen;       // ms (net_clock_ms)
     int64_t probed;          // ms: when s_probe last sent it a HEARTBEAT
+    int beat_ms;             // the HEARTBEAT interval it was told (ASSIGN, s_beat), 0 none
     char checksum[65];       // after the last update
     int updated;             // acked the current UPDATE
     int update_stage;        // the stage of the UPDATE it acked last (its checksum is of)
@@ -355,6 +369,7 @@ struct swarm_engine_s {
     int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
+    int beat_ms;             // the HEARTBEAT interval peers are told now (s_beat)
     int64_t now_ms;          // the time of what the engine handles now (ms, the caller's
                              // clock): an argument of each call in, read by everything
     peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)

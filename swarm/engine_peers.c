@@ -382,8 +382,8 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     net_msg_head(a)->step = (uint64_t) r->step;
     const swarm_shape_t *c = &r->hp.cfg;
     int rc = engine_meta(a, "V=%d\nT=%d\nC=%d\nL=%d\nH=%d\nS=%d\nstage=%d\nmicro=%d\npeer=%d\n"
-                         "wire=%s\ngrad_wire=%s\n%s%s%s", c->V, c->T, c->C, c->L, c->H, r->stages,
-                         stage, r->hp.micro, pe->id, net_dtype_name(r->wire),
+                         "beat_ms=%d\nwire=%s\ngrad_wire=%s\n%s%s%s", c->V, c->T, c->C, c->L, c->H,
+                         r->stages, stage, r->hp.micro, pe->id, r->beat_ms, net_dtype_name(r->wire),
                          net_dtype_name(r->grad_wire), r->cut[0] ? "cut=" : "", r->cut,
                          r->cut[0] ? "\n" : "");
     if (rc == 0 && (rc = engine_emit(r, &pe->who, &a)) != 0) {
@@ -395,9 +395,20 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
         return rc;
     engine_peer_state(r, p, P_JOINING); // out of its old stage's ready peers, if it was one
     pe->stage = stage;
+    pe->beat_ms = r->beat_ms;
     pe->no_fit = 0;
     engine_say(r, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
     return 0;
+}
+
+int swarm_beat_ms(const net_msg_t *m)
+{
+    char text[16], *end;
+    int rc = net_msg_meta_get(m, "beat_ms", text, sizeof text);
+    if (rc != 0)
+        return rc == -ENOENT ? 0 : -1; // (too long to be one)
+    long ms = strtol(text, &end, 10);
+    return end != text && !*end && ms >= BEAT_MS && ms <= 60000 ? (int) ms : -1;
 }
 
 int engine_cmp_double(const void *a, const void *b)

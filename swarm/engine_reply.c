@@ -404,10 +404,14 @@ static void s_doubt_claim(swarm_engine_t *r, int p)
 // the old connection. Its HELLOs get an answer once it is clear which:
 // when the old connection has been heard from since the rival's first
 // HELLO, it is live and the rival is refused (both told, in a line each);
-// when it has been silent RIVAL_MS since (a live node says HEARTBEAT every
-// second), it is gone, and the rival takes the peer's place as a node that
-// comes back. Nothing else the rival sends is the peer's: it is dropped.
-#define RIVAL_MS 3000
+// when it has been silent three of its heartbeats since (a live node says
+// HEARTBEAT every beat_ms it was told, a second until told), it is gone,
+// and the rival takes the peer's place as a node that comes back. Nothing
+// else the rival sends is the peer's: it is dropped.
+static int64_t s_rival_ms(const peer_t *pe)
+{
+    return (int64_t) BEAT_SILENT * (pe->beat_ms > 0 ? pe->beat_ms : BEAT_MS);
+}
 
 static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const msg_in_t *e)
 {
@@ -439,7 +443,7 @@ static void s_on_rival(swarm_engine_t *r, int p, const net_peer_t *who, const ms
         s_ignore(engine_emit(r, &pe->who, &t));
         return;
     }
-    if (now - pe->rival_since < RIVAL_MS)
+    if (now - pe->rival_since < s_rival_ms(pe))
         return;
     engine_say(r, "swarm router: peer %d (%s): a new process with its key says HELLO and the old one "
                "has been silent %.1f s: it takes the peer's place\n", pe->id, pe->name,
@@ -528,7 +532,7 @@ void engine_on_message(swarm_engine_t *r, const net_peer_t *who, net_msg_t *m)
     if (p >= 0 && h->type != NET_MSG_STATUS && strcmp(r->peers[p].who.conn, who->conn) != 0) {
         // a dead peer's key on a new connection speaks for it, unless the
         // old connection (a banned node, alive) is still heard from
-        if (r->peers[p].state != P_DEAD || r->now_ms - r->peers[p].last_seen < RIVAL_MS) {
+        if (r->peers[p].state != P_DEAD || r->now_ms - r->peers[p].last_seen < s_rival_ms(&r->peers[p])) {
             s_on_rival(r, p, who, &e);
             return;
         }

@@ -155,7 +155,8 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
         return -EHOSTUNREACH; // its connection is gone
     }
     int64_t at = sim_arrival(s, p, LINK_DOWN, *m, s->now);
-    if (net_msg_head_const(*m)->type == NET_MSG_HEARTBEAT) {
+    size_t meta = 0;
+    if (net_msg_head_const(*m)->type == NET_MSG_HEARTBEAT && !net_msg_meta(*m, &meta)) {
         net_msg_destroy(m); // the router's probe of the link: a node drops it unread
         return 0;
     }
@@ -309,6 +310,23 @@ static int64_t s_kill_gap_ms(sim_t *s)
     return gap < 1.0 ? 1 : gap > 1e12 ? (int64_t) 1e12 : (int64_t) gap;
 }
 
+void sim_beat_told(sim_t *s, sim_peer_t *pe, const net_msg_t *m)
+{
+    int ms = swarm_beat_ms(m);
+    if (ms < 0)
+        sim_violate(s, "%s was told a heartbeat interval that is none", pe->name);
+    else if (ms > 0)
+        pe->beat_ms = ms;
+}
+
+// A peer's next HEARTBEAT comes this long after its last. (A node told a
+// shorter interval sends its next one sooner; here it comes when it was
+// due, which only a swarm that shrinks meets.)
+static int64_t s_beat_ms(const sim_peer_t *pe)
+{
+    return pe->beat_ms > 0 ? pe->beat_ms : SIM_HEARTBEAT_MS;
+}
+
 static void s_event(sim_t *s, event_t ev)
 {
     sim_peer_t *pe = ev.peer >= 0 ? &s->peers[ev.peer] : NULL;
@@ -319,7 +337,9 @@ static void s_event(sim_t *s, event_t ev)
         net_msg_destroy(&ev.m);
         break;
     case EV_TO_PEER: {
-        if (!pe->alive) {
+        if (!pe->alive || net_msg_head_const(ev.m)->type == NET_MSG_HEARTBEAT) {
+            if (pe->alive) // a new interval: read as it comes, not queued
+                sim_beat_told(s, pe, ev.m);
             net_msg_destroy(&ev.m);
         } else {
             queue_t *q = &pe->queue;
@@ -341,7 +361,7 @@ static void s_event(sim_t *s, event_t ev)
         if (pe->alive && pe->beat_due) { // its loop's timers, between two requests
             pe->beat_due = 0;
             sim_heartbeat(s, ev.peer);
-            sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
+            sim_push(s, s->now + s_beat_ms(pe), EV_HEARTBEAT, ev.peer, NULL);
         }
         sim_serve(s, ev.peer);
         break;
@@ -359,7 +379,7 @@ static void s_event(sim_t *s, event_t ev)
             pe->beat_due = 1;
         } else if (pe->alive) {
             sim_heartbeat(s, ev.peer);
-            sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, ev.peer, NULL);
+            sim_push(s, s->now + s_beat_ms(pe), EV_HEARTBEAT, ev.peer, NULL);
         }
         break;
     case EV_KILL: { // a random live peer; a new one joins a second later

@@ -68,6 +68,7 @@ typedef struct {
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
     int beat_due;            // its HEARTBEAT fell due while it computed: sent when done
+    int beat_ms;             // its HEARTBEAT interval (the router's beat_ms), 0 until told
     queue_t queue;           // requests waiting
     float *grad;             // [max_stage_n] its gradient sum since the last update
     int *count;              // [G] times each micro-batch of the step went into grad
@@ -138,6 +139,9 @@ void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2
 // The checksum a simulated peer reports for its state (the first
 // SIM_STATE_FLOATS floats of what its STATE_GET sends)
 void sim_state_checksum(const float *state, char hex[65]);
+// The HEARTBEAT interval the router's ASSIGN or HEARTBEAT m tells pe, as a
+// node takes it (one that is no interval is a violation: the engine's own)
+void sim_beat_told(sim_t *s, sim_peer_t *pe, const net_msg_t *m);
 // a simulated peer (sim_peer.c)
 void sim_serve(sim_t *s, int p);
 void sim_heartbeat(sim_t *s, int p);

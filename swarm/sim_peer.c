@@ -305,6 +305,8 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         && s->c->stage_need[h->stage] > pe->memory)
         sim_violate(s, "%s (--memory %.1f MiB) was given stage %u, which needs %.1f MiB", pe->name,
                     pe->memory / 1048576.0, h->stage, s->c->stage_need[h->stage] / 1048576.0);
+    if (h->type == NET_MSG_ASSIGN)
+        sim_beat_told(s, pe, req);
     if (s->o->nodes)
         return s_node_answer(s, pe, req);
     if (h->type == NET_MSG_ASSIGN) { // in its turn, as a node serves it
@@ -673,7 +675,7 @@ int sim_peer_new(sim_t *s, int copy)
     pe->diverged = 0;
     s->joins++;
     s_hello(s, p);
-    sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL);
+    sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL); // (not told yet)
     return p;
 }
 

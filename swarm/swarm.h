@@ -384,6 +384,13 @@ void swarm_engine_drop_unless(swarm_engine_t *self, int64_t now_ms,
 void swarm_engine_tick(swarm_engine_t *self, int64_t now_ms);
 // The run is over (and nothing it owes is still to come).
 int swarm_engine_finished(const swarm_engine_t *self);
+// How long a peer may be silent before it is dead, ms: 10 s, longer when
+// a big swarm's peers are told to beat less often (the transport's dead_ms).
+int swarm_engine_silence_ms(const swarm_engine_t *self);
+// The HEARTBEAT interval a router's ASSIGN or HEARTBEAT tells a node, ms:
+// 0 when m says none, -1 when what it says is no interval (a node ignores
+// it and says so), else 1,000-60,000.
+int swarm_beat_ms(const net_msg_t *m);
 // Tell every live peer that the run ends (BYE: done, step, steps).
 void swarm_engine_bye(swarm_engine_t *self);
 void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *out);

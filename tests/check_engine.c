@@ -38,6 +38,8 @@ typedef struct {
 
 typedef struct {
     int sent[NET_MSG_TYPE_MAX + 1];   // messages sent, by type
+    int beat_ms;                 // the last HEARTBEAT interval an ASSIGN or HEARTBEAT told
+    int beats_told;              // HEARTBEATs that told one
     char last_to[NET_KEY_Z85_LEN + 1]; // the key of the last one's receiver
     char *status;                // the meta of the last STATUS reply
     char error[512];             // the reason of the last ERROR
@@ -220,6 +222,12 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     }
     if (h->type <= NET_MSG_TYPE_MAX)
         w->sent[h->type]++;
+    if (h->type == NET_MSG_ASSIGN || h->type == NET_MSG_HEARTBEAT) {
+        int ms = swarm_beat_ms(*m);
+        ck_assert_int_ge(ms, 0);
+        w->beat_ms = ms > 0 ? ms : w->beat_ms;
+        w->beats_told += ms > 0 && h->type == NET_MSG_HEARTBEAT;
+    }
     snprintf(w->last_to, sizeof w->last_to, "%s", to->key);
     if (h->type == NET_MSG_ERROR && net_msg_meta_get(*m, "reason", w->error, sizeof w->error) < 0)
         snprintf(w->error, sizeof w->error, "(no reason)");
@@ -402,6 +410,50 @@ START_TEST(test_engine_assigns_a_crowd_of_1000_with_no_fixed_table)
     ck_assert_int_eq((int) json_array_size(peers), 1000);
     ck_assert_int_eq((int) json_integer_value(json_object_get(doc, "peers_omitted")), 0);
     json_decref(doc);
+    s_close(&w, &e);
+}
+END_TEST
+
+// A big swarm's nodes beat less often: a second each up to 2,000 peers, a
+// second more for each 2,000 beyond (at most 5 s), every assigned peer told
+// once a change, and the silence that makes a peer dead three beats long
+// (10 s at least). Fewer peers shorten it again only a tenth below.
+START_TEST(test_engine_heartbeats_slow_down_in_a_big_swarm)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 20000); // waits: nobody trains
+    int64_t now = 1000;
+    for (int i = 1; i <= 2000; i++)
+        s_hello(e, now++, i);
+    swarm_engine_tick(e, now += 100);
+    ck_assert_int_eq(w.beat_ms, 1000); // each ASSIGN's
+    ck_assert_int_eq(w.beats_told, 0);
+    ck_assert_int_eq(swarm_engine_silence_ms(e), 10000);
+    for (int i = 2001; i <= 6001; i++)
+        s_hello(e, now++, i);
+    swarm_engine_tick(e, now += 100);
+    ck_assert_int_eq(w.beat_ms, 4000);
+    ck_assert_int_eq(swarm_engine_silence_ms(e), 12000);
+    int told = w.beats_told;
+    ck_assert_int_le(told, 3 * 6001); // once a change, at most: to 2 s, 3 s and 4 s
+    ck_assert_int_ge(told, 6001 - 2000); // the 2,000 peers first told 1 s, at least
+    swarm_engine_tick(e, now += 100);
+    ck_assert_int_eq(w.beats_told, told); // nobody twice
+    for (int i = 6002; i <= 10000; i++)
+        s_hello(e, now++, i);
+    swarm_engine_tick(e, now += 100);
+    ck_assert_int_eq(w.beat_ms, 5000); // at most
+    ck_assert_int_eq(swarm_engine_silence_ms(e), 15000);
+    told = w.beats_told;
+    // 4,500 left: 5 s still (a tenth below 8,000 is 7,200)
+    for (int i = 4501; i <= 10000; i++) {
+        net_peer_t who = s_who(i);
+        swarm_engine_gone(e, now, &who);
+    }
+    swarm_engine_tick(e, now += 100);
+    ck_assert_int_eq(w.beat_ms, 3000); // 7,200 and 5,400 are passed: 4,500 beat every 3 s
+    ck_assert_int_eq(w.beats_told - told, 4500);
+    ck_assert_int_eq(swarm_engine_silence_ms(e), 10000);
     s_close(&w, &e);
 }
 END_TEST
@@ -1361,6 +1413,7 @@ static Suite *s_suite(void)
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("peers");
     tcase_add_test(tc, test_engine_assigns_a_crowd_of_1000_with_no_fixed_table);
+    tcase_add_test(tc, test_engine_heartbeats_slow_down_in_a_big_swarm);
     tcase_add_test(tc, test_engine_reuses_the_entries_of_the_dead_and_keeps_64);
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);

@@ -1268,6 +1268,61 @@ START_TEST(test_transport_open_mode_admits_any_key)
 }
 END_TEST
 
+// The liveness table grows with the peers (16 slots to start with) and
+// holds every one it was given room for: 40 clients, each heard once, are
+// each found silent once, by a dead_ms set after the server was made.
+START_TEST(test_transport_tracks_peers_past_its_first_table)
+{
+    enum { N = 40 };
+    s_keys_t k;
+    s_keys_open(&k);
+    net_server_t *server = s_server(&k, NULL, &s_limits);
+    net_key_t *keys[N];
+    net_client_t *clients[N];
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(net_key_generate(&keys[i]), 0);
+        clients[i] = s_client(server, k.server, keys[i]);
+        s_client_say(clients[i], NET_MSG_HEARTBEAT);
+    }
+    int heard[N] = { 0 }, got = 0;
+    int64_t until = net_clock_ms() + 10000;
+    while (got < N && net_clock_ms() < until) {
+        net_peer_t peer;
+        net_msg_t *in = NULL;
+        char err[256] = "";
+        if (s_server_wait(server, 100, &peer, &in, err, sizeof err) != 0)
+            continue;
+        net_msg_destroy(&in);
+        for (int i = 0; i < N; i++)
+            if (!heard[i] && !strcmp(peer.key, net_key_public(keys[i])))
+                heard[i] = 1, got++;
+    }
+    ck_assert_int_eq(got, N);
+    int64_t last = net_clock_ms();
+    net_peer_t dead[N + 1];
+    size_t n = 0;
+    net_server_set_dead_ms(server, 60000);
+    net_server_reap(server, last + 30000, dead, N + 1, &n);
+    ck_assert_uint_eq(n, 0); // within the new dead_ms, not the first one's 400
+    net_server_reap(server, last + 70000, dead, N + 1, &n);
+    ck_assert_uint_eq(n, N);
+    for (int i = 0; i < N; i++) {
+        int found = 0;
+        for (size_t j = 0; j < n; j++)
+            found += !strcmp(dead[j].key, net_key_public(keys[i]));
+        ck_assert_msg(found == 1, "client %d found silent %d times", i, found);
+    }
+    net_server_reap(server, last + 70000, dead, N + 1, &n);
+    ck_assert_uint_eq(n, 0); // forgotten
+    for (int i = 0; i < N; i++) {
+        net_client_destroy(&clients[i]);
+        net_key_destroy(&keys[i]);
+    }
+    net_server_destroy(&server);
+    s_keys_close(&k);
+}
+END_TEST
+
 // A Curve client that claims another key as its routing id is dropped: the
 // identity is the ZAP User-Id, never the routing id.
 START_TEST(test_transport_identity_is_the_curve_key)
@@ -1754,6 +1809,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_transport_allow_reload_admits_and_revokes);
     tcase_add_test(tc, test_transport_client_without_curve_gets_nothing);
     tcase_add_test(tc, test_transport_open_mode_admits_any_key);
+    tcase_add_test(tc, test_transport_tracks_peers_past_its_first_table);
     tcase_add_test(tc, test_transport_identity_is_the_curve_key);
     tcase_add_test(tc, test_transport_limits_bound_what_arrives);
     tcase_add_test(tc, test_transport_reconnect_takes_over);

@@ -20,6 +20,9 @@
  *   rogue bigrouter KEYNAME MIB         the same, but its answer is an ERROR
  *                                       fatal=1 carrying a tensor of MIB MiB;
  *                                       prints "rogue: big answer N" each time
+ *   rogue beatrouter KEYNAME            the same, but its answer is a HEARTBEAT
+ *                                       whose beat_ms is no interval (20 ms,
+ *                                       and a terminal escape)
  */
 #include "net.h"
 
@@ -148,7 +151,9 @@ static int s_crowd(int n, const char *endpoint, const char *router_pub)
     return assigned == n ? 0 : 1;
 }
 
-static int s_badrouter(const char *keyname, int escapes, uint32_t mib)
+enum { BAD_STATUS, BAD_ESCAPES, BAD_BEAT };
+
+static int s_badrouter(const char *keyname, int kind, uint32_t mib)
 {
     char err[256];
     net_key_t *key = NULL;
@@ -174,11 +179,14 @@ static int s_badrouter(const char *keyname, int escapes, uint32_t mib)
         net_msg_t *m = NULL;
         if (net_server_recv(srv, net_clock_ms() + 1000, &who, &m, err, sizeof err) < 0)
             continue;
-        net_msg_t *reply = net_msg_reply(m, escapes || big ? NET_MSG_ERROR : NET_MSG_STATUS);
+        int type = kind == BAD_BEAT ? NET_MSG_HEARTBEAT
+                 : kind == BAD_ESCAPES || big ? NET_MSG_ERROR : NET_MSG_STATUS;
+        net_msg_t *reply = net_msg_reply(m, type);
         net_msg_destroy(&m);
         const char *meta = big ? "reason=this router is done with you\nfatal=1"
-                         : escapes ? "reason=\033[2J\033]0;owned\007you are \033[31mbanned\033[0m\nfatal=1"
-                                   : "{\"step\": \"twelve\", \"state\": \"training\"}";
+                         : kind == BAD_ESCAPES ? "reason=\033[2J\033]0;owned\007you are \033[31mbanned\033[0m\nfatal=1"
+                         : kind == BAD_BEAT ? "beat_ms=20\033[2J"
+                                            : "{\"step\": \"twelve\", \"state\": \"training\"}";
         if (reply && big && net_msg_add_tensor(reply, NET_DTYPE_F32, &floats, 1, big) != 0)
             net_msg_destroy(&reply);
         if (reply && net_msg_set_meta(reply, meta) == 0) {
@@ -194,16 +202,20 @@ static int s_badrouter(const char *keyname, int escapes, uint32_t mib)
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && (!strcmp(argv[1], "badrouter") || !strcmp(argv[1], "escrouter")))
-        return s_badrouter(argv[2], !strcmp(argv[1], "escrouter"), 0);
+    if (argc == 3 && !strcmp(argv[1], "badrouter"))
+        return s_badrouter(argv[2], BAD_STATUS, 0);
+    if (argc == 3 && !strcmp(argv[1], "escrouter"))
+        return s_badrouter(argv[2], BAD_ESCAPES, 0);
+    if (argc == 3 && !strcmp(argv[1], "beatrouter"))
+        return s_badrouter(argv[2], BAD_BEAT, 0);
     if (argc == 4 && !strcmp(argv[1], "bigrouter"))
-        return s_badrouter(argv[2], 0, (uint32_t) atoi(argv[3]));
+        return s_badrouter(argv[2], BAD_STATUS, (uint32_t) atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "crowd"))
         return s_crowd(atoi(argv[2]), argv[3], argv[4]);
     if (argc != 4) {
         fprintf(stderr, "usage: rogue garbage|oldproto ENDPOINT ROUTER_PUB_Z85\n"
                         "       rogue crowd N ENDPOINT ROUTER_PUB_Z85\n"
-                        "       rogue badrouter|escrouter KEYNAME\n"
+                        "       rogue badrouter|escrouter|beatrouter KEYNAME\n"
                         "       rogue bigrouter KEYNAME MIB\n");
         return 2;
     }

@@ -301,4 +301,28 @@ else
 fi
 kill "$big_node" "$big_rogue" 2>/dev/null
 
+# a router that tells a heartbeat interval that is none (20 ms, with a
+# terminal escape), again and again: the node says once, as text, that it
+# ignores it, and runs on
+"$ROGUE" beatrouter "$TMP/esc-router" >"$TMP/beat.out" 2>&1 &
+beat_rogue=$!
+pids="$pids $beat_rogue"
+wait_grep "$TMP/beat.out" "listening on" 10
+beat_ep=$(sed -n 's/^rogue: listening on //p' "$TMP/beat.out")
+"$SWARM" node --join "$beat_ep" --router-key "$TMP/esc-router.pub" --threads 1 --key "$TMP/beat-node" \
+    >"$TMP/beat-node.log" 2>&1 &
+beat_node=$!
+pids="$pids $beat_node"
+wait_grep "$TMP/beat-node.log" "heartbeat interval" 20
+sleep 3 # HELLOs every 2 s: answered again
+told=$(grep -c "heartbeat interval" "$TMP/beat-node.log")
+if kill -0 "$beat_node" 2>/dev/null && [ "$told" -eq 1 ] \
+    && grep -q "ignoring the router's heartbeat interval beat_ms=20?\[2J (not 1000-60000 ms)" "$TMP/beat-node.log" \
+    && ! LC_ALL=C grep -q "$(printf '\033')" "$TMP/beat-node.log"; then
+    ok "a heartbeat interval that is none is ignored, said once: $(grep "heartbeat interval" "$TMP/beat-node.log" | sed 's/.*swarm node: //')"
+else
+    bad "the node told beat_ms=20 with an escape (said $told times):"; cat -v "$TMP/beat-node.log" | tail -5
+fi
+kill "$beat_node" "$beat_rogue" 2>/dev/null
+
 lib_done

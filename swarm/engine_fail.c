@@ -52,8 +52,8 @@ static void s_redo_lost(swarm_engine_t *r, int p)
     }
     if (redone > 0 || r->peers[p].in_step) // the sums must include the re-runs
         engine_step_unask(r);
-    engine_warn(r, "swarm router: step %ld: %d micro-batch parts it held are run again on "
-                "other replicas\n", r->step, redone);
+    engine_member_line(r, p, 1, "swarm router: step %ld: %d micro-batch parts it held are run "
+                       "again on other replicas\n", r->step, redone);
 }
 
 // Move ready peer p to stage `to` (cost[]: the stages' work per token, to
@@ -198,7 +198,8 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
 {
     if (r->peers[p].state == P_DEAD)
         return;
-    engine_warn(r, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name, why);
+    engine_member_line(r, p, 1, "swarm router: peer %d (%s) %s\n", r->peers[p].id, r->peers[p].name,
+                       why);
     snprintf(r->peers[p].why, sizeof r->peers[p].why, "%s", why);
     r->peers[p].moving = 0;
     int was_ready = r->peers[p].state == P_READY;
@@ -415,7 +416,8 @@ static void s_probe(swarm_engine_t *r, int64_t now)
         pe->probed = now;
         net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
         if (m && engine_emit(r, &pe->who, &m) == -EHOSTUNREACH) {
-            engine_warn(r, "swarm router: peer %d (%s): its connection is gone\n", pe->id, pe->name);
+            engine_member_line(r, p, 1, "swarm router: peer %d (%s): its connection is gone\n", pe->id,
+                               pe->name);
             pe->failed = r->failed_any = 1;
             engine_route_touch(r, p);
         }

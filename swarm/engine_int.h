@@ -369,6 +369,8 @@ struct swarm_engine_s {
     int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
+    swarm_loglimit_t members; // lines of peers joining, leaving, dying (engine_member_line)
+    uint64_t members_held;   // of them held back since the last one shown
     int beat_ms;             // the HEARTBEAT interval peers are told now (s_beat)
     int64_t now_ms;          // the time of what the engine handles now (ms, the caller's
                              // clock): an argument of each call in, read by everything
@@ -567,6 +569,8 @@ double engine_link_most(const swarm_engine_t *r);
 // still due, at link_rate.
 int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most);
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void engine_member_line(swarm_engine_t *r, int p, int to_stderr, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 // a is b within relative L2 tol (|a - b| <= tol |b|, b taken as at least
 // 1e-15 in norm): two replicas' outputs, input gradients, gradient sums
 int engine_close(const float *a, const float *b, size_t n, double tol);

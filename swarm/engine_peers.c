@@ -397,7 +397,8 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     pe->stage = stage;
     pe->beat_ms = r->beat_ms;
     pe->no_fit = 0;
-    engine_say(r, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name, pe->device, stage);
+    engine_member_line(r, p, 0, "swarm router: peer %d (%s, %s) joins stage %d\n", pe->id, pe->name,
+                       pe->device, stage);
     return 0;
 }
 
@@ -511,8 +512,8 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
     double now = engine_secs(r);
     if (now >= pe->banned_until) {
         if (!pe->no_fit) // (one that fits no stage asks again quietly)
-            engine_say(r, "swarm router: peer %d (%s) is back after it %s; it joins again\n",
-                       pe->id, pe->name, pe->why);
+            engine_member_line(r, p, 0, "swarm router: peer %d (%s) is back after it %s; it joins "
+                               "again\n", pe->id, pe->name, pe->why);
         engine_admit(r, p, -1, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *err = net_msg_new(NET_MSG_ERROR);

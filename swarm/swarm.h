@@ -317,12 +317,17 @@ typedef struct {
     int ready;               // ready peers
 } swarm_engine_step_t;
 
+#define SWARM_LOG_HELD 2
+
 // What the engine does to the world, each through its caller. Time is
 // the caller's monotonic clock in ms, given with every call in.
 typedef struct {
     void *ctx;               // passed to each
     int (*send)(void *ctx, const net_peer_t *to, net_msg_t **m); // takes *m; 0 or -errno
-    void (*log)(void *ctx, int to_stderr, const char *line);     // a line, newline included
+    // a line, newline included; to_stderr | SWARM_LOG_HELD: one the log's
+    // limit holds back (a join or death past its rate: the next one shown
+    // counts it), which a terminal drops and the simulator reads as any
+    void (*log)(void *ctx, int to_stderr, const char *line);
     void (*trace)(void *ctx, const char *line);  // a --trace line (newline included); NULL none
     double (*lr_at)(void *ctx, long step);       // the learning rate of step
     float (*clip_scale)(void *ctx, double norm); // the factor the global norm's clip gives

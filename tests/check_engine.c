@@ -45,6 +45,8 @@ typedef struct {
     char error[512];             // the reason of the last ERROR
     int lines;                   // log lines
     char log[8192];              // the last of them
+    int held;                    // of them, held back by the log's limit (SWARM_LOG_HELD)
+    char shown[1024];            // the last line not held back
     swarm_data_t *data;          // the engine's training bytes
     // a swarm that answers (the memory test): each request's reply, made as
     // a node makes it, waits in q for the next round (s_round)
@@ -249,8 +251,11 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
 static void s_log(void *ctx, int to_stderr, const char *line)
 {
     world_t *w = ctx;
-    (void) to_stderr;
     w->lines++;
+    if (to_stderr & SWARM_LOG_HELD)
+        w->held++;
+    else
+        snprintf(w->shown, sizeof w->shown, "%s", line);
     size_t n = strlen(w->log);
     if (n + strlen(line) + 1 > sizeof w->log)
         n = 0; // keep the latest lines
@@ -454,6 +459,41 @@ START_TEST(test_engine_heartbeats_slow_down_in_a_big_swarm)
     ck_assert_int_eq(w.beat_ms, 3000); // 7,200 and 5,400 are passed: 4,500 beat every 3 s
     ck_assert_int_eq(w.beats_told - told, 4500);
     ck_assert_int_eq(swarm_engine_silence_ms(e), 10000);
+    s_close(&w, &e);
+}
+END_TEST
+
+// A crowd of keys that join and leave at once fills no log: a peer's lines
+// of joining and dying at most one a second, everybody's ten (after bursts
+// of 5 and 20). The rest still reach the caller, marked held back (the
+// simulator reads them), and the next line shown says how many there were.
+START_TEST(test_engine_joins_and_deaths_are_rate_limited)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000); // waits: nobody trains
+    for (int i = 1; i <= 300; i++) {
+        s_hello(e, 1000, i);
+        net_peer_t who = s_who(i);
+        swarm_engine_gone(e, 1000, &who);
+    }
+    ck_assert_int_eq(w.lines, 600); // a join and a death each
+    ck_assert_int_eq(w.held, 580);
+    s_hello(e, 3000, 301); // 2 s on: 20 lines' worth again
+    ck_assert_int_eq(w.held, 580);
+    ck_assert_msg(strstr(w.shown, "peer 301 (crowd301, cpu) joins stage")
+                  && strstr(w.shown, " (580 more lines of joins and deaths not shown)\n"), "%s", w.shown);
+    // one peer alone: five lines at once (its join was the first), then one
+    // a second; each time it dies and comes back it is dead, back, joining
+    int before = w.lines;
+    for (int k = 0; k < 4; k++) {
+        net_peer_t who = s_who(301);
+        swarm_engine_gone(e, 3000, &who);
+        s_hello(e, 3000, 301);
+    }
+    ck_assert_int_eq(w.lines - before, 12);
+    ck_assert_int_eq(w.held, 580 + 12 - 4);
+    s_hello(e, 4000, 302); // another peer, a second on: shown
+    ck_assert_msg(strstr(w.shown, "peer 302") && strstr(w.shown, "(8 more lines"), "%s", w.shown);
     s_close(&w, &e);
 }
 END_TEST
@@ -1414,6 +1454,7 @@ static Suite *s_suite(void)
     TCase *tc = tcase_create("peers");
     tcase_add_test(tc, test_engine_assigns_a_crowd_of_1000_with_no_fixed_table);
     tcase_add_test(tc, test_engine_heartbeats_slow_down_in_a_big_swarm);
+    tcase_add_test(tc, test_engine_joins_and_deaths_are_rate_limited);
     tcase_add_test(tc, test_engine_reuses_the_entries_of_the_dead_and_keeps_64);
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);

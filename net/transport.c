@@ -120,6 +120,9 @@ struct net_server_s {
     pthread_t zap_thread;            // answers ZAP requests until the context ends
     int zap_started;                 // 1 when zap_thread must be joined
     const net_allow_t *allow;        // borrowed; NULL = open mode
+    uint8_t own[32];                 // our own public key: admitted with any allow-list
+                                     // (whoever holds our key pair is the operator)
+    char own_z85[NET_KEY_Z85_LEN + 1]; // the same, as a peer's key reads
     net_limits_t limits;             // what peers may send
     net_timing_t timing;             // heartbeats and dead_ms, defaults filled in
     char endpoint[256];              // the endpoint bound, with its port
@@ -226,7 +229,8 @@ static void s_zap_answer(net_server_t *self, zmq_msg_t *parts, size_t n)
         zmq_msg_size(&parts[6]) == 32) {
         const uint8_t *key = zmq_msg_data(&parts[6]);
         zmq_z85_encode(user, key, 32);
-        if (!self->allow || net_allow_contains_raw(self->allow, key)) {
+        if (!self->allow || net_allow_contains_raw(self->allow, key)
+            || !memcmp(key, self->own, sizeof self->own)) {
             status = "200";
             text = "OK";
         } else {
@@ -352,6 +356,8 @@ int net_server_new(const net_server_config_t *config, net_server_t **out, char *
     if (!self)
         return -ENOMEM;
     self->allow = config->allow;
+    memcpy(self->own, net_key_public_raw(config->key), sizeof self->own);
+    snprintf(self->own_z85, sizeof self->own_z85, "%s", net_key_public(config->key));
     self->limits = config->limits;
     self->timing = s_timing(&config->timing);
     self->max_peers = config->max_peers > 0 ? (size_t) config->max_peers : 4096;
@@ -454,7 +460,8 @@ int net_server_recv(net_server_t *self, int64_t deadline_ms, net_peer_t *peer,
         return rc;
     }
     // ZAP checked the key at the handshake; the list may have changed since
-    if (self->allow && !net_allow_contains(self->allow, peer->key)) {
+    if (self->allow && !net_allow_contains(self->allow, peer->key)
+        && strcmp(peer->key, self->own_z85) != 0) {
         net_frames_close(parts, kept);
         self->stats.revoked++;
         snprintf(err, errlen, "peer %.8s: key no longer on the allow-list: message dropped",

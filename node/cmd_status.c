@@ -8,6 +8,7 @@
 #include "net.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <sodium.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define STATUS_TIMEOUT_MS 2000  // per try
 #define STATUS_TRIES 2          // tries in all
@@ -132,8 +134,33 @@ static int s_parse_args(int argc, char **argv, status_opts_t *o)
     return 0;
 }
 
+// Without --key: the router's own key pair where this machine holds it
+// (the .key beside --router-key's .pub, or the router's default pair) and
+// it is the router's asked, so that the operator sees every peer's name in
+// an open swarm, and is admitted to a private one; else -ENOENT.
+static int s_operator_key(const char *router_key, const net_key_t *server, net_key_t **ours)
+{
+    char names[2][PATH_MAX], dir[PATH_MAX];
+    int n = 0;
+    size_t len = strlen(router_key);
+    if (len > 4 && !strcmp(router_key + len - 4, ".pub") && len - 4 < PATH_MAX)
+        snprintf(names[n++], PATH_MAX, "%.*s", (int) (len - 4), router_key);
+    if (node_config_dir(dir, sizeof dir) == 0 && strlen(dir) + 8 < PATH_MAX)
+        snprintf(names[n++], PATH_MAX, "%s/router", dir);
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX + 8], err[512];
+        snprintf(path, sizeof path, "%s.key", names[i]);
+        if (access(path, R_OK) != 0 || net_key_load(names[i], ours, err, sizeof err) != 0)
+            continue; // none here, or not one to use (its mode): a fresh pair then
+        if (!strcmp(net_key_public(*ours), net_key_public(server)))
+            return 0;
+        net_key_destroy(ours);
+    }
+    return -ENOENT;
+}
+
 // The router's public key from Z85 text or a .pub file; our pair from
-// NAME.key/.pub or fresh. 0 or -errno with one line printed.
+// NAME.key/.pub, the router's own (s_operator_key) or fresh. 0 or -errno with one line printed.
 static int s_keys(const status_opts_t *o, net_key_t **server, net_key_t **ours)
 {
     char err[512] = "";
@@ -154,6 +181,8 @@ static int s_keys(const status_opts_t *o, net_key_t **server, net_key_t **ours)
     }
     if (o->key)
         rc = net_key_load(o->key, ours, err, sizeof err);
+    else if (s_operator_key(o->router_key, *server, ours) == 0)
+        rc = 0;
     else if ((rc = net_key_generate(ours)) < 0)
         snprintf(err, sizeof err, "cannot generate a key pair (%s)", strerror(-rc));
     if (rc < 0)

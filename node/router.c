@@ -244,8 +244,8 @@ static int s_load_key(router_t *r, char *err, size_t n)
     char path[PATH_MAX];
     if (r->key_name)
         return net_key_load(r->key_name, &r->key, err, n);
-    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
-    snprintf(path, sizeof path, "%s%s/swarm", xdg ? xdg : home ? home : ".", xdg ? "" : "/.config");
+    if (node_config_dir(path, sizeof path) != 0)
+        snprintf(path, sizeof path, "./.config/swarm"); // neither XDG_CONFIG_HOME nor HOME
     char parent[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", path);
     *strrchr(parent, '/') = '\0';
@@ -386,6 +386,10 @@ static int s_engine(router_t *r, char *err, size_t n)
         return -EIO;
     }
     randombytes_buf(&r->c.secret, sizeof r->c.secret);
+    // who sees peers' names in STATUS: in an open swarm its members and
+    // whoever holds the router's own key pair (swarm status finds it)
+    r->c.open_swarm = r->allow_path == NULL;
+    snprintf(r->c.operator_key, sizeof r->c.operator_key, "%s", net_key_public(r->key));
     int rc = swarm_engine_new(&r->c, &io, net_clock_ms(), &r->engine, err, n);
     if (rc == 0)
         r->c.params = r->c.m = r->c.v = NULL; // the engine's now

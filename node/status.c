@@ -68,6 +68,7 @@ typedef struct {
     status_peer_t peers[STATUS_PEERS_MAX];    // npeers used
     size_t npeers;                  // peers kept
     size_t peers_dropped;           // peers beyond STATUS_PEERS_MAX, and peers_omitted
+    int names_hidden;               // an open swarm's router hid names and keys from us
 } status_t;
 
 // ---- reading the document (jansson) -------------------------------------------
@@ -250,6 +251,7 @@ static int s_status_read(const json_t *doc, status_t *st, char *err, size_t errl
     double omitted = 0;
     if (s_str(doc, "", "state", st->state, sizeof st->state, err, errlen) < 0 ||
         s_num(doc, "", "peers_omitted", &omitted, err, errlen) < 0 ||
+        s_bool(doc, "", "names_hidden", &st->names_hidden, err, errlen) < 0 ||
         s_table_read(doc, 0, st, err, errlen) < 0 || s_table_read(doc, 1, st, err, errlen) < 0)
         return -EPROTO;
     if (omitted > 0 && omitted < 1e15) // the router left them off: counted as dropped
@@ -475,6 +477,10 @@ static void s_print_peers(FILE *out, const status_t *st)
     }
     if (st->peers_dropped)
         fprintf(out, "... and %zu more peers\n", st->peers_dropped);
+    if (st->names_hidden)
+        fprintf(out, "(an open swarm shows peers' names and keys only to its members and to the "
+                     "router's own key pair: ask with --key NAME of a node's pair, or where the "
+                     "router's key is)\n");
 }
 
 int node_status_show(const char *text, size_t len, const char *addr, FILE *out, char *err,

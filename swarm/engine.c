@@ -54,6 +54,8 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
     r->beat_ms = BEAT_MS;
+    r->open_swarm = c->open_swarm;
+    snprintf(r->operator_key, sizeof r->operator_key, "%s", c->operator_key);
     r->link_rate = (c->router_mbit > 0.0 ? c->router_mbit : SWARM_ROUTER_MBIT) * 1e3 / 8.0;
     r->self_peer = -1;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)

@@ -372,6 +372,8 @@ struct swarm_engine_s {
     swarm_loglimit_t members; // lines of peers joining, leaving, dying (engine_member_line)
     uint64_t members_held;   // of them held back since the last one shown
     int beat_ms;             // the HEARTBEAT interval peers are told now (s_beat)
+    int open_swarm;          // STATUS hides names from strangers (engine_status_reply)
+    char operator_key[NET_KEY_Z85_LEN + 1]; // the router's own key: STATUS shows it all
     int64_t now_ms;          // the time of what the engine handles now (ms, the caller's
                              // clock): an argument of each call in, read by everything
     peer_t *peers;           // every node seen (dead ones while they are banned, and a few more)

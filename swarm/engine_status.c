@@ -50,8 +50,9 @@ static json_t *s_status_stage(const swarm_engine_t *r, int s)
 }
 
 // A peer's entry of "peers"; NULL out of memory. An expelled peer's ban
-// never ends: "banned_s" null and "expelled" true.
-static json_t *s_status_peer(const peer_t *pe, int64_t now)
+// never ends: "banned_s" null and "expelled" true. Not `full`: its name
+// (a hostname unless the node was told another) and key are null.
+static json_t *s_status_peer(const peer_t *pe, int64_t now, int full)
 {
     int dead = pe->state == P_DEAD, expelled = dead && isinf(pe->banned_until);
     double ban = dead ? pe->banned_until - (double) now / 1000.0 : 0.0;
@@ -63,8 +64,9 @@ static json_t *s_status_peer(const peer_t *pe, int64_t now)
                              pe->device_used};
     for (int k = 0; k < 6; k++) // a node that never said: null
         known[k] = bytes[k] > 0 ? engine_json_num(bytes[k], 0) : json_null();
-    return json_pack("{s:i, s:o, s:s, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
-                     "id", pe->id, "name", s_json_text(pe->name), "key", pe->who.key,
+    return json_pack("{s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:i, s:o, s:s, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+                     "id", pe->id, "name", full ? s_json_text(pe->name) : json_null(),
+                     "key", full ? json_string(pe->who.key) : json_null(),
                      "device", s_json_text(pe->device), "stage", pe->stage,
                      "tok_s", engine_json_num(pe->tok_s, 1), "node_tok_s", engine_json_num(pe->node_tok_s, 1),
                      "inflight", pe->inflight,
@@ -97,7 +99,9 @@ static json_t *s_status_counters(const swarm_engine_t *r)
 }
 
 // The whole document, its history from cursor `since`; NULL out of memory.
-static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since)
+// Not `full` (an open swarm's stranger): no peer's name or key, and no
+// events of the log (they name peers); "names_hidden" says so.
+static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since, int full)
 {
     long steps = r->step - r->first;
     double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
@@ -111,9 +115,13 @@ static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since)
                             "eta_s", engine_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
                             "state", r->done ? "done" : r->started ? "training" : "waiting",
                             "stages", "peers", "peers_omitted", 0);
+    json_t *history = doc ? engine_history_json(r, since) : NULL;
+    if (history && !full)
+        json_array_clear(json_object_get(history, "events"));
     if (doc && (json_object_set_new(doc, "now_s", engine_json_num(engine_secs(r), 1)) < 0 ||
                 json_object_set_new(doc, "counters", s_status_counters(r)) < 0 ||
-                json_object_set_new(doc, "history", engine_history_json(r, since)) < 0)) {
+                json_object_set_new(doc, "history", history) < 0 ||
+                json_object_set_new(doc, "names_hidden", json_boolean(!full)) < 0)) {
         json_decref(doc);
         return NULL;
     }
@@ -123,7 +131,7 @@ static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since)
         rc = json_array_append_new(stages, s_status_stage(r, s));
     int64_t now = r->now_ms;
     for (int p = 0; rc == 0 && p < r->npeers; p++)
-        rc = json_array_append_new(peers, s_status_peer(&r->peers[p], now));
+        rc = json_array_append_new(peers, s_status_peer(&r->peers[p], now, full));
     if (rc != 0)
         json_decref(doc);
     return rc == 0 ? doc : NULL;
@@ -216,7 +224,12 @@ void engine_status_reply(swarm_engine_t *r, const net_peer_t *who, const net_msg
         net_msg_destroy(&m);
         return;
     }
-    json_t *doc = s_status_doc(r, s_since(req));
+    // an open swarm's peer table is no stranger's business: names are
+    // hostnames by default, and keys and events say who is in it
+    int p = engine_peer_find(r, who);
+    int full = !r->open_swarm || (p >= 0 && r->peers[p].state != P_DEAD)
+            || (r->operator_key[0] && !strcmp(who->key, r->operator_key));
+    json_t *doc = s_status_doc(r, s_since(req), full);
     size_t len = 0;
     char *text = doc ? s_status_text(doc, &len) : NULL;
     net_msg_t *m = net_msg_reply(req, text ? NET_MSG_STATUS : NET_MSG_ERROR);

@@ -302,6 +302,9 @@ typedef struct {
     double router_mbit;      // what the router's own link carries each way, Mbit/s: deadlines
                              // count what it has queued ahead of a request, and a move the
                              // time of its state (0: SWARM_ROUTER_MBIT)
+    int open_swarm;          // any key may join: STATUS shows peers' names and keys, and
+                             // the log's events, only to a member or to operator_key
+    char operator_key[NET_KEY_Z85_LEN + 1]; // the router's own public key, "" none
 } swarm_engine_config_t;
 
 #define SWARM_ROUTER_MBIT 100.0 // the router's link as the engine takes it, unless told

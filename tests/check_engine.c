@@ -530,6 +530,55 @@ START_TEST(test_engine_reuses_the_entries_of_the_dead_and_keeps_64)
 }
 END_TEST
 
+// STATUS asked by key i: 1 when it shows every peer's name and key and the
+// log's events, 0 when none (names_hidden); anything else fails.
+static int s_status_full(swarm_engine_t *e, world_t *w, int64_t now, int i)
+{
+    net_msg_t *m = net_msg_new(NET_MSG_STATUS);
+    net_peer_t who = s_who(i);
+    swarm_engine_message(e, now, &who, m);
+    net_msg_destroy(&m);
+    json_error_t jerr;
+    json_t *doc = json_loads(w->status, 0, &jerr), *peers = json_object_get(doc, "peers"), *pe;
+    ck_assert(json_array_size(peers) >= 2);
+    int hidden = json_is_true(json_object_get(doc, "names_hidden")), named = 0;
+    size_t k;
+    json_array_foreach(peers, k, pe)
+        named += json_is_string(json_object_get(pe, "name")) && json_is_string(json_object_get(pe, "key"));
+    ck_assert_msg(named == 0 || named == (int) json_array_size(peers), "%d named", named);
+    size_t events = json_array_size(json_object_get(json_object_get(doc, "history"), "events"));
+    ck_assert_msg(hidden == !named && hidden == !events, "hidden %d, %d named, %zu events", hidden,
+                  named, events);
+    json_decref(doc);
+    return named > 0;
+}
+
+// An open swarm's peer table is shown whole to its members and to the
+// router's own key only: a stranger gets no peer's name (a hostname by
+// default) or key, nor the log's events, which name them. A private
+// swarm's askers are all on its allow-list.
+START_TEST(test_engine_status_hides_names_from_an_open_swarms_strangers)
+{
+    for (int open = 0; open <= 1; open++) {
+        world_t w = { 0 };
+        swarm_engine_config_t c = s_config_of(&w, 20, 2, 4, 100);
+        c.open_swarm = open;
+        net_peer_t router = s_who(88888);
+        snprintf(c.operator_key, sizeof c.operator_key, "%s", router.key);
+        swarm_engine_t *e = s_engine_from(&w, &c);
+        for (int i = 1; i <= 3; i++)
+            s_hello(e, 1000 + i, i);
+        net_peer_t gone = s_who(3);
+        swarm_engine_gone(e, 1010, &gone);
+        ck_assert_int_eq(s_status_full(e, &w, 1100, 99999), !open); // a stranger
+        ck_assert_int_eq(s_status_full(e, &w, 1200, 1), 1);         // a member
+        ck_assert_int_eq(s_status_full(e, &w, 1300, 3), !open);     // one no more
+        ck_assert_int_eq(s_status_full(e, &w, 1400, 88888), 1);     // the operator
+        s_close(&w, &e);
+    }
+}
+END_TEST
+
 START_TEST(test_engine_status_is_json_for_every_peer_state)
 {
     world_t w = { 0 };
@@ -1457,6 +1506,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_joins_and_deaths_are_rate_limited);
     tcase_add_test(tc, test_engine_reuses_the_entries_of_the_dead_and_keeps_64);
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
+    tcase_add_test(tc, test_engine_status_hides_names_from_an_open_swarms_strangers);
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);
     tcase_add_test(tc, test_engine_history_thins_and_rolls_back);
     tcase_add_test(tc, test_engine_status_floods_are_answered_within_a_budget);

@@ -2,7 +2,8 @@
 # test_allow.sh BUILD - a private swarm's allow-list, edited while it trains
 # (SIGHUP): a node whose key is not on the list is refused; once its key is
 # added and the router gets SIGHUP, its next attempt is admitted and it
-# serves a stage; an unreadable list on SIGHUP keeps the one in use; a key
+# serves a stage; `swarm status` with the router's own key pair reads the
+# table, a key on no list does not; an unreadable list on SIGHUP keeps the one in use; a key
 # removed + SIGHUP gets that node dropped (it exits, saying why) while the
 # others train on. The schedule is longer than the test: the router is
 # stopped 20 steps after the removal, and every step's loss must equal
@@ -55,6 +56,18 @@ if wait_grep "$TMP/router.log" "^step 3/$STEPS " 60; then
     ok "node1 and node2 train"
 else
     bad "no training:"; tail -20 "$TMP/router.log"
+fi
+
+# the operator asks on the router's machine: swarm status finds the router's
+# own key pair beside its .pub and the router admits it, though it is on no
+# list; a key that is on none and not the router's gets no answer
+if "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status.json" 2>&1 \
+    && [ "$(jq '[.peers[] | select(.name == "node1" or .name == "node2")] | length' "$TMP/status.json")" = 2 ] \
+    && ! "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/node3" \
+        >"$TMP/status3.out" 2>&1; then
+    ok "the router's own key pair reads the private swarm's table; node3's is not answered: $(head -1 "$TMP/status3.out")"
+else
+    bad "status of the private swarm:"; head -5 "$TMP/status.json"; cat "$TMP/status3.out"
 fi
 
 # a list the router cannot read: the one in use stays

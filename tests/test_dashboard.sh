@@ -159,6 +159,28 @@ else
     bad "/metrics:"; cat "$TMP/promtool.txt"; head -40 "$TMP/metrics.txt"
 fi
 
+# an open swarm's table asked with a stranger's key: no peer's name or key,
+# none of the log's events (they name peers), and a line saying how to see
+# them; the dashboard, which found the router's own key pair beside its
+# .pub, sees them all
+"$SWARM" keygen "$TMP/stranger" >/dev/null
+"$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/stranger" >"$TMP/stranger.txt" 2>&1
+"$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/stranger" --json \
+    >"$TMP/stranger.json" 2>&1
+named=$(jq '[.peers[] | select(.name != null or .key != null)] | length' "$TMP/stranger.json")
+events=$(jq '.history.events | length' "$TMP/stranger.json")
+rows_seen=$(jq '.peers | length' "$TMP/stranger.json")
+if [ "$named" = 0 ] && [ "$events" = 0 ] && [ "$rows_seen" -ge 4 ] \
+    && [ "$(jq .names_hidden "$TMP/stranger.json")" = true ] \
+    && grep -q "shows peers' names and keys only to its members" "$TMP/stranger.txt" \
+    && ! grep -qE " (h0|h1|h3|liar) " "$TMP/stranger.txt" \
+    && [ "$(api | jq '[.peers[] | select(.name == "h0" and (.key | length) == 40)] | length')" = 1 ] \
+    && [ "$(api | jq '.history.events | length')" -gt 0 ]; then
+    ok "a stranger's status shows $rows_seen peers with no name, key or event, and says why; the operator's all"
+else
+    bad "a stranger's status (named $named, events $events):"; head -20 "$TMP/stranger.txt"
+fi
+
 # every node gone: the stage rolls back to its checkpoint and the router holds still
 for n in h0 h1 h3; do pkill -9 -f -- "--name $n " ; done
 wait_grep "$log" "lost every replica at step .*: rolling back" 20 || bad "no rollback"

@@ -54,6 +54,9 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->wire = c->wire;
     r->grad_wire = c->grad_wire;
     r->beat_ms = BEAT_MS;
+    r->members = (swarm_loglimit_t) { .sender_burst = MEMBER_LINES_PEER_BURST,
+                                      .sender_rate = MEMBER_LINES_PEER_RATE,
+                                      .all_burst = MEMBER_LINES_BURST, .all_rate = MEMBER_LINES_RATE };
     r->open_swarm = c->open_swarm;
     snprintf(r->operator_key, sizeof r->operator_key, "%s", c->operator_key);
     r->link_rate = (c->router_mbit > 0.0 ? c->router_mbit : SWARM_ROUTER_MBIT) * 1e3 / 8.0;

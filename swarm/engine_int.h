@@ -76,6 +76,15 @@ typedef struct engine_history engine_history_t;
 // and fails.
 #define ROUTER_BURST 100
 
+// Lines of peers joining and dying (engine_member_line): a peer's at once
+// and a second, everybody's at once and a second. A node killed and started
+// again makes five in a second (gone, dead, its parts run again, back,
+// joining); a crowd of keys that come and go makes ten a second.
+#define MEMBER_LINES_PEER_BURST 10.0
+#define MEMBER_LINES_PEER_RATE 1.0
+#define MEMBER_LINES_BURST 40.0
+#define MEMBER_LINES_RATE 10.0
+
 // The HEARTBEAT interval: a second up to BEAT_RATE live peers, a second
 // more for each BEAT_RATE beyond, at most BEAT_MAX_MS, so that the router
 // reads about BEAT_RATE heartbeats a second from the whole swarm (at

@@ -52,7 +52,7 @@ void engine_warn(const swarm_engine_t *r, const char *fmt, ...)
 }
 
 // A line of peer p joining, leaving or dying: a peer's at most one a second
-// and all of them ten (after bursts of 5 and 20: swarm_loglimit_pass), so
+// and all of them ten (after bursts of 10 and 40: MEMBER_LINES_*), so
 // that a crowd of keys that join and leave, or a big swarm's churn (73,000
 // joins in 1,000 steps of 10,000 spot machines), fills no disk and no
 // screen. A line held back still reaches the caller, as SWARM_LOG_HELD (the

@@ -10,10 +10,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#define SENDER_BURST 5.0     // lines a new sender may write at once
+#define SENDER_BURST 5.0     // lines a new sender may write at once (unless set)
 #define SENDER_RATE 1.0      // lines a second per sender after that
 #define ALL_BURST 20.0       // lines at once, every sender together
 #define ALL_RATE 10.0        // lines a second, every sender together
+
+// A rate the limiter was given, else its default.
+static double s_or(double set, double fallback)
+{
+    return set > 0.0 ? set : fallback;
+}
 
 // Bring a bucket up to now_ms: rate tokens a second, at most burst.
 static double s_refill(double tokens, int64_t last_ms, int64_t now_ms, double rate, double burst)
@@ -37,7 +43,8 @@ static swarm_loglimit_sender_t *s_sender(swarm_loglimit_t *self, const char *key
             pick = e;
     }
     self->held += pick->held;
-    *pick = (swarm_loglimit_sender_t) {.tokens = SENDER_BURST, .last_ms = now_ms};
+    *pick = (swarm_loglimit_sender_t) {.tokens = s_or(self->sender_burst, SENDER_BURST),
+                                        .last_ms = now_ms};
     memcpy(pick->key, name, sizeof name);
     if (!pick->key[0])
         pick->key[0] = '?'; // an empty key is still a sender
@@ -48,14 +55,16 @@ int swarm_loglimit_pass(swarm_loglimit_t *self, const char *key, int64_t now_ms,
                         size_t cap)
 {
     if (!self->started) {
-        self->tokens = ALL_BURST;
+        self->tokens = s_or(self->all_burst, ALL_BURST);
         self->last_ms = now_ms;
         self->started = 1;
     }
     swarm_loglimit_sender_t *e = s_sender(self, key, now_ms);
-    e->tokens = s_refill(e->tokens, e->last_ms, now_ms, SENDER_RATE, SENDER_BURST);
+    e->tokens = s_refill(e->tokens, e->last_ms, now_ms, s_or(self->sender_rate, SENDER_RATE),
+                         s_or(self->sender_burst, SENDER_BURST));
     e->last_ms = now_ms > e->last_ms ? now_ms : e->last_ms;
-    self->tokens = s_refill(self->tokens, self->last_ms, now_ms, ALL_RATE, ALL_BURST);
+    self->tokens = s_refill(self->tokens, self->last_ms, now_ms, s_or(self->all_rate, ALL_RATE),
+                            s_or(self->all_burst, ALL_BURST));
     self->last_ms = now_ms > self->last_ms ? now_ms : self->last_ms;
     if (e->tokens < 1.0 || self->tokens < 1.0) {
         e->held++;

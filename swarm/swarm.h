@@ -199,8 +199,11 @@ typedef struct {
 
 // What the router logs about what peers send: a burst of 5 lines, then one
 // line a second per sender, and at most 10 a second (burst 20) in all, so a
-// flood cannot fill a disk. Zeroed = ready.
+// flood cannot fill a disk. Zeroed = ready, with those rates; a limiter of
+// other rates sets them first.
 typedef struct {
+    double sender_burst, sender_rate; // lines at once, and a second, per sender (0: 5, 1)
+    double all_burst, all_rate;       // the same for every sender together (0: 20, 10)
     swarm_loglimit_sender_t senders[SWARM_LOGLIMIT_SENDERS]; // recent senders
     double tokens;           // lines anyone may write now
     int64_t last_ms;         // when tokens was last brought up to date

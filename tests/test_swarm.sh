@@ -227,7 +227,7 @@ check_log "no --stages: no node lost, no rollback" "$TMP/auto.log" 0
 # word; two real nodes train after them. The table grows, reuses the
 # entries of the dead once it holds 64, and the run is swarm train's, with
 # no one but the crowd lost. The router's log holds most of the crowd's
-# join lines back (20 at once, then 10 a second) and counts them
+# join lines back (40 at once, then 10 a second) and counts them
 "$SWARM" keygen "$TMP/crowd-router" >/dev/null
 # shellcheck disable=SC2086
 SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127.0.0.1:0" \

@@ -425,9 +425,9 @@ static void s_probe(swarm_engine_t *r, int64_t now)
 }
 
 // The HEARTBEAT interval for the live peers (BEAT_RATE, engine_int.h): it
-// rises when they outgrow it, and falls a second only once they are a
-// tenth below what the shorter one takes, so that a swarm about a bound
-// does not retell every peer with each join and death. A peer told
+// rises when they outgrow it, and falls to what they need only once they
+// are a tenth below what an interval a second shorter serves, so that a
+// swarm about a bound does not retell every peer with each join and death. A peer told
 // another interval (by its ASSIGN, or before a change) is told this one
 // in an empty HEARTBEAT carrying beat_ms: at most one a peer a change.
 static void s_beat(swarm_engine_t *r)

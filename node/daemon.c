@@ -422,22 +422,15 @@ static void s_reply_error(daemon_t *d, const net_msg_t *req, const char *reason)
 // due later than the new interval comes sooner.
 static void s_beat_told(daemon_t *d, const net_msg_t *msg)
 {
-    int ms = swarm_beat_ms(msg);
-    if (ms < 0 && !d->beat_refused++) {
-        char text[64] = "";
-        if (net_msg_meta_get(msg, "beat_ms", text, sizeof text) != 0)
-            snprintf(text, sizeof text, "(too long)");
-        for (char *c = text; *c; c++) // the router's text: no control codes reach a terminal
-            *c = (unsigned char) *c < 0x20 || *c == 0x7f ? '?' : *c;
+    char said[32];
+    int ms = swarm_beat_ms(msg, said, sizeof said);
+    if (ms < 0 && !d->beat_refused++)
         s_warn("ignoring the router's heartbeat interval beat_ms=%s (not 1000-60000 ms); "
-               "heartbeats stay every %d ms", text, d->beat_ms);
-    }
-    if (ms <= 0)
-        return;
-    d->beat_ms = ms;
-    int64_t next = net_clock_ms() + ms;
-    if (d->heartbeat_at > next)
-        d->heartbeat_at = next;
+               "heartbeats stay every %d ms", said, d->beat_ms);
+    if (ms > 0)
+        d->beat_ms = ms;
+    if (ms > 0 && d->heartbeat_at > net_clock_ms() + ms)
+        d->heartbeat_at = net_clock_ms() + ms;
 }
 
 static void s_on_assign(daemon_t *d, const net_msg_t *msg)

@@ -402,14 +402,19 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
     return 0;
 }
 
-int swarm_beat_ms(const net_msg_t *m)
+int swarm_beat_ms(const net_msg_t *m, char *said, size_t cap)
 {
     char text[16], *end;
     int rc = net_msg_meta_get(m, "beat_ms", text, sizeof text);
-    if (rc != 0)
-        return rc == -ENOENT ? 0 : -1; // (too long to be one)
-    long ms = strtol(text, &end, 10);
-    return end != text && !*end && ms >= BEAT_MS && ms <= 60000 ? (int) ms : -1;
+    if (rc == -ENOENT)
+        return 0;
+    if (said && cap) {
+        snprintf(said, cap, "%s", rc == 0 ? text : "(too long to be one)");
+        for (char *c = said; *c; c++)
+            *c = (unsigned char) *c < 0x20 || *c == 0x7f ? '?' : *c;
+    }
+    long ms = rc == 0 ? strtol(text, &end, 10) : -1;
+    return rc == 0 && end != text && !*end && ms >= BEAT_MS && ms <= 60000 ? (int) ms : -1;
 }
 
 int engine_cmp_double(const void *a, const void *b)

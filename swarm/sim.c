@@ -312,7 +312,7 @@ static int64_t s_kill_gap_ms(sim_t *s)
 
 void sim_beat_told(sim_t *s, sim_peer_t *pe, const net_msg_t *m)
 {
-    int ms = swarm_beat_ms(m);
+    int ms = swarm_beat_ms(m, NULL, 0);
     if (ms < 0)
         sim_violate(s, "%s was told a heartbeat interval that is none", pe->name);
     else if (ms > 0)

@@ -400,8 +400,9 @@ int swarm_engine_finished(const swarm_engine_t *self);
 int swarm_engine_silence_ms(const swarm_engine_t *self);
 // The HEARTBEAT interval a router's ASSIGN or HEARTBEAT tells a node, ms:
 // 0 when m says none, -1 when what it says is no interval (a node ignores
-// it and says so), else 1,000-60,000.
-int swarm_beat_ms(const net_msg_t *m);
+// it and says so: said, when not NULL, holds it printable, control bytes
+// as '?'), else 1,000-60,000.
+int swarm_beat_ms(const net_msg_t *m, char *said, size_t cap);
 // Tell every live peer that the run ends (BYE: done, step, steps).
 void swarm_engine_bye(swarm_engine_t *self);
 void swarm_engine_summary(const swarm_engine_t *self, swarm_engine_summary_t *out);

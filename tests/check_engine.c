@@ -225,7 +225,7 @@ static int s_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     if (h->type <= NET_MSG_TYPE_MAX)
         w->sent[h->type]++;
     if (h->type == NET_MSG_ASSIGN || h->type == NET_MSG_HEARTBEAT) {
-        int ms = swarm_beat_ms(*m);
+        int ms = swarm_beat_ms(*m, NULL, 0);
         ck_assert_int_ge(ms, 0);
         w->beat_ms = ms > 0 ? ms : w->beat_ms;
         w->beats_told += ms > 0 && h->type == NET_MSG_HEARTBEAT;

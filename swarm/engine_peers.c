@@ -404,7 +404,7 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
 
 int swarm_beat_ms(const net_msg_t *m, char *said, size_t cap)
 {
-    char text[16], *end;
+    char text[16], *end = NULL;
     int rc = net_msg_meta_get(m, "beat_ms", text, sizeof text);
     if (rc == -ENOENT)
         return 0;

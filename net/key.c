@@ -214,6 +214,18 @@ int net_key_load_public(const char *path, net_key_t **out, char *err, size_t err
     return rc;
 }
 
+int net_key_dir(char *dir, size_t cap)
+{
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(dir, cap, "%s/swarm", xdg);
+    else if (home && *home)
+        snprintf(dir, cap, "%s/.config/swarm", home);
+    else
+        return -ENOENT;
+    return 0;
+}
+
 int net_key_load(const char *name, net_key_t **out, char *err, size_t errlen)
 {
     char path[4096];

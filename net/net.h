@@ -222,6 +222,10 @@ int net_key_save(const net_key_t *self, const char *name, int force, char *err, 
 // contents; other -errno. err names the file and the fix.
 __attribute__((warn_unused_result))
 int net_key_load(const char *name, net_key_t **out, char *err, size_t errlen);
+// The folder swarm keeps its key pairs in when none is named:
+// $XDG_CONFIG_HOME/swarm, else ~/.config/swarm. 0, or -ENOENT when neither
+// variable is set.
+int net_key_dir(char *dir, size_t cap);
 // Read a public key file (PATH as given, e.g. "router.pub").
 __attribute__((warn_unused_result))
 int net_key_load_public(const char *path, net_key_t **out, char *err, size_t errlen);

@@ -145,7 +145,7 @@ static int s_operator_key(const char *router_key, const net_key_t *server, net_k
     size_t len = strlen(router_key);
     if (len > 4 && !strcmp(router_key + len - 4, ".pub") && len - 4 < PATH_MAX)
         snprintf(names[n++], PATH_MAX, "%.*s", (int) (len - 4), router_key);
-    if (node_config_dir(dir, sizeof dir) == 0 && strlen(dir) + 8 < PATH_MAX)
+    if (net_key_dir(dir, sizeof dir) == 0 && strlen(dir) + 8 < PATH_MAX)
         snprintf(names[n++], PATH_MAX, "%s/router", dir);
     for (int i = 0; i < n; i++) {
         char path[PATH_MAX + 8], err[512];

@@ -130,18 +130,6 @@ static int s_open_default(const char *dir, node_identity_t *id, char *err, size_
     return -EBUSY;
 }
 
-int node_config_dir(char *dir, size_t cap)
-{
-    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg)
-        snprintf(dir, cap, "%s/swarm", xdg);
-    else if (home && *home)
-        snprintf(dir, cap, "%s/.config/swarm", home);
-    else
-        return -ENOENT;
-    return 0;
-}
-
 int node_identity_open(const char *key, node_identity_t *id, char *err, size_t n)
 {
     memset(id, 0, sizeof *id);
@@ -150,7 +138,7 @@ int node_identity_open(const char *key, node_identity_t *id, char *err, size_t n
     if (key)
         return s_open_given(key, id, err, n);
     char dir[PATH_MAX];
-    if (node_config_dir(dir, sizeof dir) != 0) {
+    if (net_key_dir(dir, sizeof dir) != 0) {
         snprintf(err, n, "neither XDG_CONFIG_HOME nor HOME is set: give a key with --key NAME");
         return -ENOENT;
     }

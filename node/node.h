@@ -468,9 +468,6 @@ typedef struct {
 __attribute__((warn_unused_result))
 int node_identity_open(const char *key, node_identity_t *id, char *err, size_t errlen);
 void node_identity_close(node_identity_t *id);
-// The folder swarm keeps its key pairs in: $XDG_CONFIG_HOME/swarm, else
-// ~/.config/swarm. 0, or -ENOENT when neither variable is set.
-int node_config_dir(char *dir, size_t cap);
 
 // ---- the join line (node/join.c) ----
 

@@ -244,7 +244,7 @@ static int s_load_key(router_t *r, char *err, size_t n)
     char path[PATH_MAX];
     if (r->key_name)
         return net_key_load(r->key_name, &r->key, err, n);
-    if (node_config_dir(path, sizeof path) != 0)
+    if (net_key_dir(path, sizeof path) != 0)
         snprintf(path, sizeof path, "./.config/swarm"); // neither XDG_CONFIG_HOME nor HOME
     char parent[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", path);

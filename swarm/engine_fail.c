@@ -424,12 +424,13 @@ static void s_probe(swarm_engine_t *r, int64_t now)
     }
 }
 
-// The HEARTBEAT interval for the live peers (BEAT_RATE, engine_int.h): it
-// rises when they outgrow it, and falls to what they need only once they
-// are a tenth below what an interval a second shorter serves, so that a
-// swarm about a bound does not retell every peer with each join and death. A peer told
-// another interval (by its ASSIGN, or before a change) is told this one
-// in an empty HEARTBEAT carrying beat_ms: at most one a peer a change.
+// The HEARTBEAT interval for the live peers (BEAT_RATE, engine_int.h),
+// looked at once a second (it is whole seconds): it rises when they
+// outgrow it, and falls to what they need only once they are a tenth below
+// what an interval a second shorter serves, so that a swarm about a bound
+// does not retell every peer with each join and death. A peer told another
+// interval (by its ASSIGN, or before a change) is told this one in an
+// empty HEARTBEAT carrying beat_ms: at most one a peer a change.
 static void s_beat(swarm_engine_t *r)
 {
     int live = 0;
@@ -480,9 +481,9 @@ void engine_reap(swarm_engine_t *r)
         return;
     r->reaped_at = now;
     s_probe(r, now);
-    s_beat(r);
     double most = engine_link_most(r);
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
+        s_beat(r);
         r->speed_floor = s_speed_floor(r);
         r->speed_floor_at = now;
     }

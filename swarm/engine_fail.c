@@ -606,19 +606,30 @@ void engine_rebalance(swarm_engine_t *r)
         return; // the next check tries again
     double low = 0.0, high = 0.0;
     int moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
-    int seen = moves > 0 && r->rebalance_seen;
+    // its first wave: a move that would leave its stage short waits for the
+    // newcomers there (which the next check sends on, the plan judged twice
+    // already)
+    int waiting = moves > 0 ? swarm_policy_wave(views, r->npeers, &plan, to) : 0;
+    int starts = waiting >= 0 ? moves - waiting : 0;
+    int seen = starts > 0 && (r->rebalance_seen || r->rebalance_rest);
     r->rebalance_seen = moves > 0;
     if (!seen) {
+        r->rebalance_rest = r->rebalance_rest && moves > 0;
         free(to);
         return;
     }
     r->rebalance_seen = 0; // the next plan is judged on speeds measured after these moves
+    r->rebalance_rest = waiting > 0;
     double before[SWARM_MAX_STAGES] = {0};
     for (int q = 0; q < r->npeers; q++)
         if (views[q].ready)
             before[views[q].stage] += views[q].tok_s;
+    char rest[96] = "";
+    if (waiting > 0)
+        snprintf(rest, sizeof rest, " (%d now; %d once the stages they leave have their "
+                 "newcomers ready)", starts, waiting);
     engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the bound from %.0f to "
-               "%.0f tok/s\n", r->step, moves, moves == 1 ? "" : "s", low, high);
+               "%.0f tok/s%s\n", r->step, moves, moves == 1 ? "" : "s", low, high, rest);
     for (int q = 0; q < r->npeers; q++) {
         peer_t *pe = &r->peers[q];
         if (to[q] == pe->stage || pe->state != P_READY)

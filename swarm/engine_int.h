@@ -376,6 +376,7 @@ struct swarm_engine_s {
     int spots_open;          // spot checks open (engine_spots_open)
     int failed_any;          // a peer was marked failed since engine_reap last looked
     int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
+    int rebalance_rest;      // the last plan made left moves waiting: the next check goes on
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
     swarm_loglimit_t members; // lines of peers joining, leaving, dying (engine_member_line)

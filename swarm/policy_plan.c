@@ -19,13 +19,20 @@
  *     once their state fetches are paid for (s_priced); the best split
  *     (swarm_policy_best) also starts it from a greedy split (each peer,
  *     heaviest first, to the stage with the least) and keeps the better.
- * Every plan keeps on each stage two of the ready replicas it has now
- * when it has three or more, else one: a newcomer fetches its state from
- * one, and a big stage serves on if the other fails meanwhile. It moves
- * no peer moved within `hold` seconds, nor one to a stage it cannot hold.
+ * While a plan's moves leave a stage, it keeps two ready replicas when it
+ * has three or more, else one (no more than the plan leaves it, never
+ * none): a newcomer fetches its state from one, and a big stage serves on
+ * if the other fails meanwhile. The moves go in waves (s_waves): a move
+ * that would leave its stage short waits until the peers coming to that
+ * stage are ready, so a stage's only replica can be moved once another
+ * has taken its place. The exact search weighs every split that waves
+ * reach; the local search keeps, more simply, the replicas each stage must
+ * keep among its own. No plan moves a peer moved within `hold` seconds,
+ * nor one to a stage it cannot hold.
  */
 #include "swarm.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,11 +57,16 @@ typedef struct {
     int *movable;      // it may change stage
     int *at;           // the assignment being worked on
     int *scratch;      // another
+    int *wave;         // the wave each peer's move starts in (s_waves)
+    int *mov, nmov;    // the movable peers
+    int waves;         // a plan's exact search: splits that waves reach
     struct wi *order, *list; // the movable peers by weight; the bottleneck's
     double T[SWARM_MAX_STAGES]; // each stage's summed speed under `at`
     int count[SWARM_MAX_STAGES]; // its peers under `at`
     int own[SWARM_MAX_STAGES];   // of them, its own ready replicas now
     int keep_own[SWARM_MAX_STAGES]; // how many of those it must keep
+    int ready[SWARM_MAX_STAGES];    // its ready peers now
+    int joining[SWARM_MAX_STAGES];  // and those joining it now
 } plan_ctx_t;
 
 static int s_holds(const plan_ctx_t *c, int i, int s)
@@ -114,6 +126,58 @@ static void s_put(plan_ctx_t *c, int i, int s)
         c->count[s]++;
         c->own[s] += s_mine(c, i, s);
     }
+}
+
+// What stage s keeps ready while moves leave it: two of the replicas
+// ready on it now when they are three or more, else one, but no more
+// than c->at leaves it (c->count) and never none.
+static int s_keep_now(const plan_ctx_t *c, int s)
+{
+    int keep = c->ready[s] > PLAN_KEEP ? PLAN_KEEP : 1;
+    keep = keep < c->count[s] ? keep : c->count[s];
+    return keep > 1 ? keep : 1;
+}
+
+// The waves of moves that take the peers from where they are to c->at
+// (its counts kept): in each, every waiting move whose stage keeps
+// s_keep_now ready replicas without it starts; once the wave is through,
+// its peers count as ready where they went (so do the peers joining now).
+// c->wave[i] gets the wave peer i's move starts in (0: now, which may be
+// none while peers are joining; -1: it stays). How many waves, or -1 when some move could never start (two stages'
+// only replicas traded).
+static int s_waves(plan_ctx_t *c)
+{
+    int ready[SWARM_MAX_STAGES], keep[SWARM_MAX_STAGES], left = 0;
+    for (int s = 0; s < c->S; s++)
+        ready[s] = c->ready[s], keep[s] = s_keep_now(c, s);
+    for (int k = 0; k < c->nmov; k++) {
+        int i = c->mov[k];
+        c->wave[i] = c->at[i] == c->from[i] ? -1 : INT_MAX;
+        left += c->wave[i] != -1;
+    }
+    int waves = 0;
+    while (left > 0) {
+        int arrive[SWARM_MAX_STAGES] = { 0 }, started = 0;
+        for (int k = 0; k < c->nmov; k++) {
+            int i = c->mov[k], f = c->from[i];
+            if (c->wave[i] != INT_MAX || ready[f] - 1 < keep[f])
+                continue;
+            ready[f]--;
+            arrive[c->at[i]]++;
+            c->wave[i] = waves;
+            started++;
+        }
+        int joins = 0; // (a first wave may wait for them alone)
+        for (int s = 0; s < c->S && waves == 0; s++)
+            joins += c->joining[s];
+        if (!started && !joins)
+            return -1;
+        for (int s = 0; s < c->S; s++)
+            ready[s] += arrive[s] + (waves == 0 ? c->joining[s] : 0);
+        left -= started;
+        waves++;
+    }
+    return waves;
 }
 
 typedef struct {
@@ -237,6 +301,7 @@ typedef struct {
     double best;
     int best_moves, moves;
     long nodes;
+    double floor;      // > 0: the fewest moves to a bound of at least this
 } exact_t;
 
 static void s_exact(exact_t *x, int k)
@@ -244,9 +309,11 @@ static void s_exact(exact_t *x, int k)
     plan_ctx_t *c = x->c;
     if (++x->nodes > PLAN_EXACT_NODES)
         return;
-    int wanted = 0; // peers still to come: one for an empty stage, the own ones to keep
+    // peers still to come: one for an empty stage, the own ones to keep
+    // (a plan's search keeps them by its waves instead)
+    int wanted = 0;
     for (int s = 0; s < c->S; s++) {
-        int short_own = c->keep_own[s] - c->own[s];
+        int short_own = c->waves ? 0 : c->keep_own[s] - c->own[s];
         wanted += short_own > 0 ? short_own : c->count[s] == 0;
     }
     if (wanted > x->m - k)
@@ -258,11 +325,17 @@ static void s_exact(exact_t *x, int k)
         hope = t < hope ? t : hope;
     }
     double tol = 1e-9 * (x->best > 0 ? x->best : 1.0);
-    if (hope < x->best - tol || (hope <= x->best + tol && x->moves >= x->best_moves))
+    if (x->floor > 0.0 ? hope < x->floor || x->moves > x->best_moves
+                       : hope < x->best - tol || (hope <= x->best + tol && x->moves >= x->best_moves))
         return;
     if (k == x->m) {
         double low = s_low(c, NULL);
-        if (low > x->best + tol || (low >= x->best - tol && x->moves < x->best_moves)) {
+        if (c->waves && s_waves(c) < 0)
+            return;
+        int better = x->floor > 0.0
+                   ? low >= x->floor && (x->moves < x->best_moves || low > x->best + tol)
+                   : low > x->best + tol || (low >= x->best - tol && x->moves < x->best_moves);
+        if (better) {
             x->best = low;
             x->best_moves = x->moves;
             memcpy(x->best_at, c->at, (size_t) c->n * sizeof *c->at);
@@ -294,6 +367,9 @@ static double s_settle(plan_ctx_t *c, const int *at)
 }
 
 // The best assignment into c->at (starting from c->at as it is); its bound.
+// A plan's (c->waves) is the one of fewest moves within its margin of the
+// best, when the best is worth a plan: a move more must gain the margin
+// too.
 static double s_solve(plan_ctx_t *c)
 {
     wi_t *order = c->order, *list = c->list;
@@ -303,7 +379,7 @@ static double s_solve(plan_ctx_t *c)
         if (c->movable[i])
             order[m++] = (wi_t) { c->w[i], i };
     qsort(order, (size_t) m, sizeof *order, s_by_weight); // lightest first
-    double low = s_improve(c, list, NULL, NULL);
+    double now = s_low(c, NULL), low = s_improve(c, list, NULL, NULL);
     memcpy(scratch, c->at, (size_t) c->n * sizeof *c->at);
     if (m <= PLAN_EXACT_PEERS) {
         exact_t x = { .c = c, .m = m, .best_at = scratch, .best = low, .best_moves = 0 };
@@ -318,6 +394,13 @@ static double s_solve(plan_ctx_t *c)
             x.rest[k] = x.rest[k + 1] + c->w[heavy[k]];
         s_unplace(c);
         s_exact(&x, 0);
+        double margin = 1.0 + c->pl->margin, worth = now * margin * (1.0 + 1e-9);
+        if (c->waves && c->pl->margin > 0.0 && x.best > worth) {
+            x.floor = x.best / margin > worth ? x.best / margin : worth;
+            x.nodes = 0;
+            s_unplace(c);
+            s_exact(&x, 0);
+        }
         return s_settle(c, scratch);
     }
     // a start from scratch, kept when it is clearly better
@@ -399,7 +482,7 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
             return -1;
     size_t k = (size_t) (n > 0 ? n : 1);
     c->w = malloc(k * sizeof *c->w);
-    c->from = malloc(4 * k * sizeof *c->from);
+    c->from = malloc(6 * k * sizeof *c->from);
     c->order = malloc(2 * k * sizeof *c->order);
     if (!c->w || !c->from || !c->order) {
         free(c->w);
@@ -408,6 +491,7 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
         return -1;
     }
     c->movable = c->from + k, c->at = c->from + 2 * k, c->scratch = c->from + 3 * k;
+    c->wave = c->from + 4 * k, c->mov = c->from + 5 * k;
     c->list = c->order + k;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &v[i];
@@ -416,6 +500,12 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
         c->w[i] = counted ? (p->tok_s > 0.0 ? p->tok_s : 0.0) * pl->cost[p->stage] : 0.0;
         c->movable[i] = counted && p->ready && !(pl->now - p->moved_at < pl->hold);
         c->at[i] = c->from[i];
+        if (c->movable[i])
+            c->mov[c->nmov++] = i;
+        if (counted) {
+            c->ready[p->stage] += p->ready;
+            c->joining[p->stage] += !p->ready;
+        }
     }
     s_totals(c);
     // two of three or more, one of one or two (a move from two is allowed)
@@ -470,6 +560,7 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
         to[i] = peers[i].stage;
     if (s_ctx(&c, peers, n, plan, 1) != 0)
         return 0;
+    c.waves = 1;
     double low = s_low(&c, NULL), best = low, weight = 0.0, costs = 0.0;
     int empty = 0, movable = 0;
     for (int s = 0; s < c.S; s++)
@@ -501,6 +592,24 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
             to[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;
     s_ctx_free(&c);
     return worth ? moves : 0;
+}
+
+int swarm_policy_wave(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to)
+{
+    plan_ctx_t c;
+    if (s_ctx(&c, peers, n, plan, 1) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        c.at[i] = c.movable[i] ? to[i] : c.from[i];
+    s_totals(&c);
+    int waves = s_waves(&c), waiting = 0;
+    for (int i = 0; i < n; i++) {
+        int moves = c.from[i] >= 0 && to[i] != peers[i].stage;
+        if (moves && (waves < 0 || !c.movable[i] || c.wave[i] != 0))
+            to[i] = peers[i].stage, waiting++;
+    }
+    s_ctx_free(&c);
+    return waves < 0 ? -1 : waiting;
 }
 
 double swarm_policy_best_of(const double *mem, const double *w, const int *from, int n,

@@ -169,15 +169,24 @@ double swarm_policy_best_of(const double *mem, const double *w, const int *from,
 // horizon be more than the whole bound for the fetches' summed seconds
 // (every stage waits for them). Past 12 movable peers, of the local
 // search's steps the plan takes the first k that are worth most. Only ready
-// peers move, none moved within `hold`, none to a stage it cannot hold;
-// every stage keeps two of its ready replicas when it has three or more,
-// else one (the state a newcomer fetches, and a spare if one fails
-// meanwhile); a stage with none is refill's, and no plan is made.
+// peers move, none moved within `hold`, none to a stage it cannot hold.
+// While moves leave a stage it keeps two ready replicas when it has three
+// or more, else one (the state a newcomer fetches, and a spare if one
+// fails meanwhile), or what the plan leaves it when that is fewer: the
+// moves go in waves (swarm_policy_wave), a stage's only replica leaving
+// once a newcomer is ready in its place. Past 12 movable peers each stage
+// keeps those among its own. A stage with none is refill's, and no plan
+// is made.
 // *now_bound and *new_bound get the bound before and after (no search is
 // made, and the two are equal, when the bound is within the margin of the
 // fractional one, every stage its exact share, which no split beats).
 int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to,
                       double *now_bound, double *new_bound);
+// The moves of plan `to` (swarm_policy_plan's, for the same peers) that
+// start now, its first wave: to[i] of each move that must wait for the
+// newcomers of the stage it leaves to be ready is set back to the peer's
+// stage. How many wait; -1 (and none start) when some never could.
+int swarm_policy_wave(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to);
 
 // Refilling: the ready peer to move into stage `empty`, which has lost every
 // replica, or -1 when no stage has two or more. Of those, the move that

@@ -792,33 +792,138 @@ START_TEST(test_plan_swaps_and_moves_several_where_one_move_cannot)
     for (int i = 0; i < 6; i++)
         on[to[i]]++;
     ck_assert(on[0] == 2 && on[1] == 2 && on[2] == 2 && to[4] == 1 && to[5] == 2);
-    // every stage keeps one of its own replicas (two of three or more):
-    // {1}, {10, 10} can only take a 10 into stage 0 beside the 1
+    // {1}, {10, 10}: a 10 into stage 0 makes 10 whether the 1 stays or
+    // goes; of equal splits the fewer moves
     swarm_peer_view_t k[3] = { s_view(0, 1, 0, 1), s_view(1, 1, 0, 10), s_view(1, 1, 0, 10) };
     plan.stages = 2;
     ck_assert_int_eq(s_plan(k, 3, &plan, to, &low, &high), 1);
     ck_assert(to[0] == 0 && high == 10.0);
-    // {9, 1, 1} and {1}: moving both 1s would make {9} and {1, 1, 1}, 3, but
-    // a stage of three keeps two: one peer moves (a 1 or the 9: either
-    // leaves 2), and the bound is 2
+    ck_assert_int_eq(swarm_policy_wave(k, 3, &plan, to), 0);
+    // {9, 1, 1} and {1}: moving both 1s makes {9} and {1, 1, 1}, 3; stage
+    // 0 keeps the one the plan leaves it
     swarm_peer_view_t t[4] = { s_view(0, 1, 0, 9), s_view(0, 1, 0, 1), s_view(0, 1, 0, 1),
                                s_view(1, 1, 0, 1) };
-    ck_assert_int_eq(s_plan(t, 4, &plan, to, &low, &high), 1);
-    ck_assert(low == 1.0 && high == 2.0 && to[0] + to[1] + to[2] == 1 && to[3] == 1);
+    ck_assert_int_eq(s_plan(t, 4, &plan, to, &low, &high), 2);
+    ck_assert(low == 1.0 && high == 3.0 && to[0] == 0 && to[1] == 1 && to[2] == 1 && to[3] == 1);
+    ck_assert_int_eq(swarm_policy_wave(t, 4, &plan, to), 0); // both at once
+    // two stages' only replicas traded: no wave can start either, so no
+    // plan (a 1 on the stage costing 4, a 4 on the one costing 1)
+    const double uneven[2] = { 4.0, 1.0 };
+    swarm_peer_view_t x[2] = { s_view(0, 1, 0, 1), s_view(1, 1, 0, 4) };
+    plan.cost = uneven;
+    ck_assert_int_eq(s_plan(x, 2, &plan, to, &low, &high), 0);
+    ck_assert(to[0] == 0 && to[1] == 1);
 }
 END_TEST
 
+// The split of scripts/bench-hetero.sh (six CPUs over three stages of
+// unequal cost), as it joined: the fastest peer alone on the cheapest
+// stage, where it does twice what the pipeline can use. The best split
+// moves it, and slower peers take its place: stage 0's only replica
+// leaves once one of them is ready there, and stage 2 keeps a replica
+// until the fast peer has come, so the moves go in three waves.
+START_TEST(test_plan_moves_a_stages_only_replica_in_waves)
+{
+    const double cost[3] = { 1.0, 2.5, 1.6 };
+    const int from[6] = { 0, 1, 2, 1, 2, 2 };
+    // speeds in tok/s on the stage each is on; weights (tok/s x cost)
+    // 26000, 26000, 13000, 6500, 6500, 3250
+    swarm_peer_view_t p[6] = {
+        s_view(0, 1, 0, 26000), s_view(1, 1, 0, 10400), s_view(2, 1, 0, 8125),
+        s_view(1, 1, 0, 2600), s_view(2, 1, 0, 4062.5), s_view(2, 1, 0, 2031.25),
+    };
+    swarm_plan_t plan = { .stages = 3, .cost = cost, .now = 100.0, .hold = 30.0, .margin = 0.05,
+                          .horizon = 300.0 };
+    int to[6];
+    double low, high;
+    int moves = s_plan(p, 6, &plan, to, &low, &high);
+    // stage 1 holds 39000 of weight (15600), stage 2 the fast one (16250),
+    // stage 0 the rest (16250): 15600, where brute force says no split
+    // beats it; the fewest moves there are four
+    ck_assert(low == 13000.0 && high == 15600.0);
+    ck_assert_int_eq(moves, 4);
+    ck_assert_int_eq(to[0], 2);
+    ck_assert(swarm_policy_bound(p, 6, &plan, to) == high);
+    ck_assert(swarm_policy_best(p, 6, &plan, NULL) == high);
+    // the waves, as the router makes them: each check sends what may go
+    // now; the peers it sent are ready where they went at the next
+    int at[6], waves = 0;
+    memcpy(at, from, sizeof at);
+    for (;;) {
+        int now[6];
+        memcpy(now, to, sizeof now);
+        for (int i = 0; i < 6; i++)
+            p[i].stage = at[i];
+        int waiting = swarm_policy_wave(p, 6, &plan, now);
+        ck_assert_int_ge(waiting, 0);
+        int started = 0, ready[3] = { 0 }, left[3] = { 0 };
+        for (int i = 0; i < 6; i++) {
+            ready[at[i]]++;
+            if (now[i] != at[i])
+                started++, left[at[i]]++, at[i] = now[i];
+        }
+        ck_assert_int_gt(started, 0);
+        for (int s = 0; s < 3; s++) // every stage keeps a ready replica
+            ck_assert_int_gt(ready[s] - left[s], 0);
+        if (waves++ == 0)
+            ck_assert_int_eq(at[0], 0); // the fast one waits for its stand-in
+        if (waiting == 0)
+            break;
+    }
+    ck_assert_int_eq(waves, 3);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(at[i], to[i]);
+    // held where it is, the fast one gives nothing to plan: the gain is in
+    // moving a stage's only replica
+    for (int i = 0; i < 6; i++)
+        p[i].stage = from[i];
+    p[0].moved_at = 95.0;
+    ck_assert_int_eq(s_plan(p, 6, &plan, to, &low, &high), 0);
+    ck_assert(high == 13000.0);
+}
+END_TEST
+
+// Whether the moves from where the peers are to `at` can be made in
+// waves (swarm.h): a move starts while its stage keeps, ready without it,
+// two of the peers ready there when they are three or more, else one, or
+// all that `at` leaves it when that is fewer; a moved peer is ready where
+// it went once its wave is through.
+static int s_waves_reach(const swarm_peer_view_t *p, int n, int S, const int *at)
+{
+    int ready[4] = { 0 }, left[4] = { 0 }, keep[4], gone[10] = { 0 }, moves = 0;
+    for (int i = 0; i < n; i++)
+        ready[p[i].stage]++, left[at[i]]++, moves += at[i] != p[i].stage;
+    for (int s = 0; s < S; s++) {
+        keep[s] = ready[s] > 2 ? 2 : 1;
+        keep[s] = left[s] < keep[s] ? left[s] : keep[s];
+    }
+    while (moves > 0) {
+        int come[4] = { 0 }, went = 0;
+        for (int i = 0; i < n; i++) {
+            int f = p[i].stage;
+            if (gone[i] || at[i] == f || ready[f] - 1 < keep[f])
+                continue;
+            ready[f]--, come[at[i]]++, gone[i] = 1, went++;
+        }
+        if (!went)
+            return 0;
+        for (int s = 0; s < S; s++)
+            ready[s] += come[s];
+        moves -= went;
+    }
+    return 1;
+}
+
 // Every assignment of n peers to S stages (each stage someone; each peer
-// one it holds; with `keep`, held peers where they are and each stage two
-// of its own replicas when it has three or more, else one): the best
-// bound, by exhaustive search. Peer i goes to each stage in turn with the
+// one it holds; with `keep`, held peers where they are and the moves
+// made in waves, s_waves_reach): the best bound, by exhaustive search. Peer i goes to each stage in turn with the
 // stage sums carried along; a branch is cut only when even every peer
 // still to place added to a stage cannot lift that stage above the best
 // bound found, so the answer is the enumeration's.
 typedef struct {
     const swarm_peer_view_t *p;
     const swarm_plan_t *plan;
-    int n, keep, had[4], count[4], own[4];
+    int n, keep, count[4], at[10];
     double T[4], left[4][11], best; // left[s][i]: what peers i.. could add to s
 } brute_t;
 
@@ -831,11 +936,12 @@ static void s_brute_at(brute_t *b, int i)
     if (i == b->n) {
         double low = INFINITY;
         for (int s = 0; s < S; s++) {
-            if (b->count[s] == 0 || (b->keep && b->own[s] < (b->had[s] > 2 ? 2 : b->had[s] > 0)))
+            if (b->count[s] == 0)
                 return;
             low = b->T[s] < low ? b->T[s] : low;
         }
-        b->best = low;
+        if (!b->keep || s_waves_reach(b->p, b->n, S, b->at))
+            b->best = low;
         return;
     }
     const swarm_peer_view_t *v = &b->p[i];
@@ -845,17 +951,15 @@ static void s_brute_at(brute_t *b, int i)
             continue;
         if (b->keep && s != v->stage && b->plan->now - v->moved_at < b->plan->hold)
             continue;
-        b->T[s] += w / b->plan->cost[s], b->count[s]++, b->own[s] += s == v->stage;
+        b->T[s] += w / b->plan->cost[s], b->count[s]++, b->at[i] = s;
         s_brute_at(b, i + 1);
-        b->T[s] -= w / b->plan->cost[s], b->count[s]--, b->own[s] -= s == v->stage;
+        b->T[s] -= w / b->plan->cost[s], b->count[s]--;
     }
 }
 
 static double s_brute(const swarm_peer_view_t *p, int n, const swarm_plan_t *plan, int keep)
 {
     brute_t b = { .p = p, .plan = plan, .n = n, .keep = keep, .best = 0.0 };
-    for (int i = 0; i < n; i++)
-        b.had[p[i].stage]++;
     for (int s = 0; s < plan->stages; s++) {
         b.left[s][n] = 0.0;
         for (int i = n - 1; i >= 0; i--)
@@ -905,6 +1009,10 @@ START_TEST(test_plan_equals_brute_force_up_to_10_peers_and_4_stages)
                       "round %d: plan %g, brute force %g", round, high, reach);
         if (moves > 0) {
             ck_assert(swarm_policy_bound(p, n, &plan, to) == high);
+            int wave[10];
+            memcpy(wave, to, sizeof wave);
+            ck_assert_int_ge(swarm_policy_wave(p, n, &plan, wave), 0);
+            ck_assert(s_waves_reach(p, n, S, to));
             for (int i = 0; i < n; i++)
                 ck_assert(to[i] == p[i].stage || (swarm_policy_holds(&p[i], need, to[i])
                                                   && !(100.0 - p[i].moved_at < 30.0)));
@@ -1358,6 +1466,7 @@ int main(void)
     tcase_add_test(tc, test_plan_moves_only_when_it_pays);
     tcase_add_test(tc, test_plan_counts_stage_cost);
     tcase_add_test(tc, test_plan_swaps_and_moves_several_where_one_move_cannot);
+    tcase_add_test(tc, test_plan_moves_a_stages_only_replica_in_waves);
     tcase_add_test(tc, test_plan_equals_brute_force_up_to_10_peers_and_4_stages);
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);

@@ -573,6 +573,9 @@ int cmd_sim(int argc, char **argv)
         if (res.drift_applied > 0) // (nothing compares a stage's only replica with another)
             snprintf(lies + strlen(lies), sizeof lies - strlen(lies), "; %d updates carried "
                      "the work of a stage's only replica, drifted", res.drift_applied);
+        if (res.copies_lost > 0) // (one against one, the vote keeps the older replica's)
+            snprintf(lies + strlen(lies), sizeof lies - strlen(lies), "; %d honest replicas "
+                     "expelled holding a copy of such a replica's state", res.copies_lost);
         printf("sim: %s peers; faults: %d killed, %d stalled, %d liars (%d caught); %d joined; "
                "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,

@@ -564,13 +564,41 @@ static double s_move_s(const swarm_engine_t *r, int s)
     return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / (r->link_rate * 1e3);
 }
 
+// The plan a check before began, its later waves still to send (peer_t
+// plan_to): into to[], and how many moves it has left; 0 (and the plan
+// dropped) when none is, or when by the speeds measured since it no
+// longer lifts the bound by the margin.
+static int s_plan_rest(swarm_engine_t *r, const swarm_peer_view_t *views, const swarm_plan_t *plan,
+                       int *to, double *low, double *high)
+{
+    int moves = 0;
+    for (int q = 0; q < r->npeers; q++) {
+        const peer_t *pe = &r->peers[q];
+        int go = r->rebalance_rest && pe->plan_to > 0 && pe->state == P_READY
+              && pe->plan_to - 1 != pe->stage;
+        to[q] = go ? pe->plan_to - 1 : views[q].stage;
+        moves += go;
+    }
+    *low = swarm_policy_bound(views, r->npeers, plan, NULL);
+    *high = swarm_policy_bound(views, r->npeers, plan, to);
+    if (moves > 0 && *high > *low * (1.0 + plan->margin))
+        return moves;
+    for (int q = 0; q < r->npeers; q++)
+        r->peers[q].plan_to = 0;
+    r->rebalance_rest = 0;
+    return 0;
+}
+
 // Between steps, every --rebalance-every seconds: the moves that take the
 // swarm to the best split it can reach (swarm_policy_plan: worth it when
 // the bound gains more than 5% and, over five minutes, more than the
 // state fetches cost), made when the check before found a plan worth
 // making too (measured speeds swing by a tenth from one check to the
 // next); each moved peer gets its new stage's state from a live replica
-// (engine_joins) before the next step.
+// (engine_joins) before the next step. A plan goes in waves
+// (swarm_policy_wave): the moves that would leave a stage short wait, and
+// the next check, which plans again from there, sends them once the
+// newcomers they wait for are ready.
 void engine_rebalance(swarm_engine_t *r)
 {
     double now = engine_secs(r);
@@ -605,31 +633,45 @@ void engine_rebalance(swarm_engine_t *r)
     if (!to)
         return; // the next check tries again
     double low = 0.0, high = 0.0;
-    int moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
-    // its first wave: a move that would leave its stage short waits for the
-    // newcomers there (which the next check sends on, the plan judged twice
-    // already)
-    int waiting = moves > 0 ? swarm_policy_wave(views, r->npeers, &plan, to) : 0;
+    int moves = s_plan_rest(r, views, &plan, to, &low, &high), rest = moves > 0;
+    if (!rest) {
+        moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
+        int seen = moves > 0 && r->rebalance_seen;
+        r->rebalance_seen = moves > 0;
+        if (!seen) {
+            free(to);
+            return;
+        }
+        r->rebalance_seen = 0; // the next plan is judged on speeds measured after these moves
+        for (int q = 0; q < r->npeers; q++)
+            r->peers[q].plan_to = to[q] != r->peers[q].stage ? 1 + to[q] : 0;
+    }
+    // its wave: a move that would leave its stage short waits (plan_to) for
+    // the newcomers there; a later check sends it
+    int waiting = swarm_policy_wave(views, r->npeers, &plan, to);
     int starts = waiting >= 0 ? moves - waiting : 0;
-    int seen = starts > 0 && (r->rebalance_seen || r->rebalance_rest);
-    r->rebalance_seen = moves > 0;
-    if (!seen) {
-        r->rebalance_rest = r->rebalance_rest && moves > 0;
+    r->rebalance_rest = waiting > 0;
+    for (int q = 0; q < r->npeers; q++)
+        if (waiting <= 0 || to[q] != r->peers[q].stage) // (sent now)
+            r->peers[q].plan_to = 0;
+    if (starts <= 0) {
         free(to);
         return;
     }
-    r->rebalance_seen = 0; // the next plan is judged on speeds measured after these moves
-    r->rebalance_rest = waiting > 0;
     double before[SWARM_MAX_STAGES] = {0};
     for (int q = 0; q < r->npeers; q++)
         if (views[q].ready)
             before[views[q].stage] += views[q].tok_s;
-    char rest[96] = "";
+    char later[96] = "";
     if (waiting > 0)
-        snprintf(rest, sizeof rest, " (%d now; %d once the stages they leave have their "
+        snprintf(later, sizeof later, " (%d now; %d once the stages they leave have their "
                  "newcomers ready)", starts, waiting);
-    engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the bound from %.0f to "
-               "%.0f tok/s%s\n", r->step, moves, moves == 1 ? "" : "s", low, high, rest);
+    if (rest)
+        engine_say(r, "swarm router: step %ld: rebalancing goes on: %d more move%s%s\n", r->step,
+                   moves, moves == 1 ? "" : "s", later);
+    else
+        engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the bound from %.0f "
+                   "to %.0f tok/s%s\n", r->step, moves, moves == 1 ? "" : "s", low, high, later);
     for (int q = 0; q < r->npeers; q++) {
         peer_t *pe = &r->peers[q];
         if (to[q] == pe->stage || pe->state != P_READY)

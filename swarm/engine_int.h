@@ -143,6 +143,7 @@ typedef struct {
     int failed;              // a send to it failed: to be declared dead
     double moved_at;         // s (engine_secs) of its last rebalancing move, -1e30 never
     int moving;              // joining its new stage after a move
+    int plan_to;             // 1 + the stage a plan's later wave sends it to (0: none)
     double banned_until;     // s: refused until then (a failure's back-off)
     double ban_s;            // length of its last ban: doubles with each failure
     int failures;            // requests it failed (deadline, refusal, bad result)
@@ -376,7 +377,7 @@ struct swarm_engine_s {
     int spots_open;          // spot checks open (engine_spots_open)
     int failed_any;          // a peer was marked failed since engine_reap last looked
     int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
-    int rebalance_rest;      // the last plan made left moves waiting: the next check goes on
+    int rebalance_rest;      // the last plan made left moves waiting (peer_t plan_to)
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
     swarm_loglimit_t members; // lines of peers joining, leaving, dying (engine_member_line)

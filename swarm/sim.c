@@ -191,13 +191,19 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
     for (size_t k = 0; pe && k < sizeof losses / sizeof losses[0]; k++) {
         if (!strstr(line, losses[k]))
             continue;
-        if (!faulty)
+        // A copy of a lone drift liar's state is contradicted by the
+        // liar's next checksum, one against one: the vote keeps the older
+        // replica's (docs/swarm.md, "Replica consensus"), so the copy
+        // fetches it again, and is expelled when that happens twice
+        int copy = pe->drift_copy && (k == 3 || (k == 2 && strstr(line, "diverged from")));
+        if (!faulty && !copy)
             sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
+        s->copies_lost += copy && k == 2;
         // a liar or a stalled peer leaves when the engine says so (the line
         // comes before the engine marks it); a kill's is counted when it dies.
         // A liar resynced leaves its stage's ready replicas too (fetching
         // the state again): the last of them leaves the stage empty
-        if ((k < 3 || (k == 3 && pe->lie)) && !pe->killed)
+        if ((k < 3 || (k == 3 && (pe->lie || pe->drift_copy))) && !pe->killed)
             sim_leaves(s, p);
         if (k < 3 && pe->lie && !pe->caught++) {
             s->liars_caught++;
@@ -619,7 +625,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .engine_core = s->now > 0 ? s->engine_s / ((double) s->now / 1000.0) : 0,
         .rollbacks = s->rollbacks, .kills = s->kills, .stalls = s->stalls, .joins = s->joins,
         .liars_caught = s->liars_caught, .lies_applied = s->lies_applied,
-        .drift_applied = s->drift_applied,
+        .drift_applied = s->drift_applied, .copies_lost = s->copies_lost,
         .catch_steps = s->catch_steps, .liars_loose = loose, .copies = s->ncopies, .memory = s->memory,
         .memory_bound = s->memory_bound, .idle = idle,
         .bound_end = s_bound(s), .best_held = held ? s_best_held(s) : 0.0,

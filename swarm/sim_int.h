@@ -64,6 +64,7 @@ typedef struct {
     long step;               // updates applied (as a node counts them)
     float state[SIM_STATE_FLOATS]; // what its stage's checksum is of
     int diverged;            // a drift liar whose state is not its replicas' (sim_peer.c)
+    int drift_copy;          // its state came from a drift liar that no replica could contradict
     double speed;            // training tokens a second on a stage of mean cost
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
@@ -119,6 +120,7 @@ typedef struct {
     long drift_alone[2];
     long drift_at[SWARM_MAX_STAGES]; // 1 + the last step such work was counted applied at
     int drift_applied;       // stage updates such work reached
+    int copies_lost;         // honest copies of such a liar's state expelled (one against one)
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int peers_held;          // the most peers the engine may hold at once so far (sim_memory)
     size_t memory, memory_bound; // the engine's bytes at its fullest, and its formula's then

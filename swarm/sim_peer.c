@@ -46,13 +46,17 @@ static const float *s_step_sum(sim_t *s, int st)
 // disagrees with it.
 #define SIM_TAINT (1.0f + 1.0f / 1024.0f)
 
-// Whether pe is the only replica the engine holds ready on its stage: its
-// checksum has nothing to be compared with.
-static int s_alone(const sim_t *s, const sim_peer_t *pe)
+// Whether pe is the only replica the engine holds ready on its stage
+// (copies of a drift liar's state aside; with `honest`, drift liars too):
+// its checksum has nothing to be compared with.
+static int s_alone(const sim_t *s, const sim_peer_t *pe, int honest)
 {
-    for (int q = 0; q < s->npeers; q++)
-        if (&s->peers[q] != pe && s->peers[q].alive && sim_ready_on(s, q) == pe->stage)
+    for (int q = 0; q < s->npeers; q++) {
+        const sim_peer_t *o = &s->peers[q];
+        if (o != pe && o->alive && sim_ready_on(s, q) == pe->stage && !o->drift_copy
+            && !(honest && o->diverged))
             return 0;
+    }
     return 1;
 }
 
@@ -325,7 +329,8 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             abort();
         memcpy(pe->state, params, sizeof pe->state); // what STATE_GET sends back
         free(params);
-        pe->diverged = 0; // its replicas' parameters (or those of the one it came from)
+        pe->diverged = 0; // its replicas' parameters (or those of the one it came from),
+        pe->drift_copy = !s_alone(s, pe, 0) && s_alone(s, pe, 1); // a lone drift liar's
         memset(pe->grad, 0, s->c->stage_n[pe->stage] * sizeof(float));
         memset(pe->count, 0, (size_t) s->G * sizeof(int));
         pe->norm_only = 0;
@@ -364,7 +369,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         return s_error(req, "an audit before this node sent its own gradient sum");
     int tainted = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD)
                   && (pe->diverged || s_tainted(s, req));
-    if (tainted && pe->diverged && s_alone(s, pe))
+    if (tainted && pe->diverged && s_alone(s, pe, 0))
         s->drift_alone[(pe->step + 1) & 1] = pe->step + 1;
     if (h->type == NET_MSG_FWD) {
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
@@ -672,7 +677,7 @@ int sim_peer_new(sim_t *s, int copy)
     }
     pe->audit_step = pe->grad_sent = -1;
     pe->first_lie = -1;
-    pe->diverged = 0;
+    pe->diverged = pe->drift_copy = 0;
     s->joins++;
     s_hello(s, p);
     sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL); // (not told yet)

@@ -510,6 +510,7 @@ typedef struct {
     int liars_caught;        // liars the engine banned or expelled
     int lies_applied;        // UPDATEs a lying gradient sum reached (not audited)
     int drift_applied;       // UPDATEs work of a stage's only replica, diverged, reached
+    int copies_lost;         // honest copies of such a replica's state the vote expelled
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
     int copies;              // --churn: copies of the trace tiled over the peers

@@ -313,6 +313,32 @@ if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN 
 else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
 fi
+# a stage's only replica moved in waves: the fastest peer joined first and
+# got stage 0 alone, where it does more than the pipeline can use; the
+# best split moves it, and it may leave only once a newcomer is ready in
+# its place (and stage 2 keeps a replica until it has come). A plan that
+# kept each stage's own replica could not lift the bound at all (0.83 of
+# the best split, as the joins alone)
+WAVES="--peers 6 --stages 3 --layers 4 --heads 4 --embd 64 --block 32 --batch 96 --micro-batch 2
+    --iters 200 --eval-every 0 --speeds 20000,10000,5000x4 --latency 5-20 --seed 3 --verbose"
+# shellcheck disable=SC2086
+sim_ok "a stage's only replica moved, in waves" $WAVES
+split=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/sim.out")
+grep "swarm router: step" "$TMP/sim.out" | grep -E "moving|rebalancing" >"$TMP/waves.txt"
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $WAVES --rebalance-every 0 >"$TMP/joins.out" 2>&1
+joins=$(sed -n 's/^sim | .*| bound\/best \([0-9.]*\) .*/\1/p' "$TMP/joins.out")
+first=$(grep -n "moving peer 1 (sim1, [0-9]* tok/s) from stage 0 " "$TMP/waves.txt" | head -n 1 | cut -d: -f1)
+stand_in=$(grep -n "moving peer [0-9]* (sim[0-9]*, [0-9]* tok/s) from stage [12] .* to stage 0 " \
+    "$TMP/waves.txt" | head -n 1 | cut -d: -f1)
+if [ -n "$split" ] && [ -n "$joins" ] && [ -n "$first" ] && [ -n "$stand_in" ] \
+    && [ "$stand_in" -lt "$first" ] && grep -q "rebalancing goes on" "$TMP/waves.txt" \
+    && awk -v a="$split" -v b="$joins" 'BEGIN { exit !(a >= b + 0.05) }'; then
+    ok "stage 0's only replica left after its stand-in came: $split of the best split (the joins alone: $joins)"
+else
+    bad "waves: '$split' of best rebalanced, '$joins' without; the moves:"
+    cat "$TMP/waves.txt"
+fi
 # audits on those uneven peers (the default rate, 0.3): the largest shares,
 # the GPUs', wait for verifiers first and get the fastest free replicas;
 # taken in table order, a GPU's share of tens of micro-batches went to a

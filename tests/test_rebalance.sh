@@ -3,10 +3,13 @@
 # Three nodes join a 2-stage swarm whose router fills stages by count
 # (--assign even): a fast node and a slow one share stage 0 and another slow
 # node serves stage 1 alone, the bottleneck. The router measures the speeds
-# and moves the slow node of stage 0 to stage 1; the mover fetches its new
-# stage's state. Then a node of stage 1 is SIGSTOPped past its deadline:
-# it is banned (swarm status says so), and after SIGCONT and the ban it
-# joins again. Every step's loss equals `swarm train`'s (1e-4 relative) and
+# and finds the best split: the fast node alone on stage 1 (the dearer
+# one), both slow ones on stage 0. It moves them in waves: the fast node
+# first (stage 0 keeps slow2), then slow1, stage 1's only replica, once
+# the fast node is ready there; each mover fetches its new stage's state.
+# Then slow1 is SIGSTOPped past its deadline: it is banned (swarm status
+# says so), stage 0 serves on with slow2, and after SIGCONT and the ban
+# slow1 joins again. Every step's loss equals `swarm train`'s (1e-4 relative) and
 # every replica's checksum agrees after every step.
 # Ends with "N passed, N failed".
 BUILD=${1:-build}
@@ -58,19 +61,26 @@ wait_for() {
     return 1
 }
 
-if wait_for "moving peer 3 \(slow2, .*\) from stage 0 .* to stage 1" 60; then
-    ok "the router moved slow2 to stage 1: $(grep -m1 'moving peer' "$TMP/router.log" | sed 's/^swarm router: //')"
+if wait_for "moving peer 1 \(fast, .*\) from stage 0 .* to stage 1" 60; then
+    ok "the router moved the fast node to stage 1: $(grep -m1 'moving peer' "$TMP/router.log" | sed 's/^swarm router: //')"
 else
-    bad "no move of slow2 to stage 1:"; grep -E "moving|ready|joins" "$TMP/router.log" | tail -8
+    bad "no move of the fast node to stage 1:"; grep -E "moving|ready|joins" "$TMP/router.log" | tail -8
 fi
-if wait_for "peer 3 \(slow2\) ready on stage 1" 30; then
-    ok "slow2 fetched stage 1's state and serves it"
+if wait_for "moving peer 2 \(slow1, .*\) from stage 1 .* to stage 0" 30 \
+    && wait_for "peer 2 \(slow1\) ready on stage 0" 30; then
+    fast=$(grep -n -m1 "^swarm router: peer 1 (fast) ready on stage 1," "$TMP/router.log" | cut -d: -f1)
+    moved=$(grep -n -m1 "moving peer 2 (slow1, " "$TMP/router.log" | cut -d: -f1)
+    if [ -n "$fast" ] && [ "$fast" -lt "$moved" ]; then
+        ok "stage 1's only replica, slow1, moved to stage 0 once the fast node was ready on stage 1"
+    else
+        bad "slow1 left stage 1 before the fast node was ready there:"
+        grep -E "moving|ready on" "$TMP/router.log" | tail -8
+    fi
 else
-    bad "slow2 never became ready on stage 1"; tail -8 "$TMP/router.log"
+    bad "slow1 never moved to stage 0:"; grep -E "moving|ready|joins" "$TMP/router.log" | tail -8
 fi
 
 # stall slow1 past its deadline (at least 5 s): banned, then back
-wait_for "^step 1[0-9]*/$ITERS" 30
 kill -STOP "$pid_slow1"
 if wait_for "peer 2 \(slow1\) missed the deadline .*: banned for 5 s" 20; then
     ok "the stalled node was banned: $(grep -m1 'banned for' "$TMP/router.log" | sed 's/^swarm router: //')"
@@ -108,13 +118,15 @@ else
 fi
 check_losses "$TMP/swarm.txt" "$TMP/train.txt" "$ITERS" "through the move and the ban"
 # the log: only the stalled slow1 lost or banned, and no rollback: when it
-# was banned, slow2 served stage 1 beside it (ready there before the ban,
-# and moved once) and fast stage 0 (else the log's joins and losses tell)
-ready2=$(grep -n -m1 "^swarm router: peer 3 (slow2) ready on stage 1," "$TMP/router.log" | cut -d: -f1)
+# was banned, slow2 served stage 0 beside it (never moved) and fast stage 1
+# (ready there before the ban, and moved once; else the log's joins and
+# losses tell)
+ready1=$(grep -n -m1 "^swarm router: peer 1 (fast) ready on stage 1," "$TMP/router.log" | cut -d: -f1)
 ban1=$(grep -n -m1 "^swarm router: peer 2 (slow1) .*: banned for" "$TMP/router.log" | cut -d: -f1)
-if [ -n "$ready2" ] && [ -n "$ban1" ] && [ "$ready2" -lt "$ban1" ] \
-    && [ "$(grep -c "moving peer 3 (slow2, " "$TMP/router.log")" -eq 1 ]; then
-    rb=0 why="slow2 ready on stage 1 before slow1's ban"
+if [ -n "$ready1" ] && [ -n "$ban1" ] && [ "$ready1" -lt "$ban1" ] \
+    && [ "$(grep -c "moving peer 1 (fast, " "$TMP/router.log")" -eq 1 ] \
+    && [ "$(grep -c "moving peer 3 (slow2, " "$TMP/router.log")" -eq 0 ]; then
+    rb=0 why="fast ready on stage 1 and slow2 on stage 0 before slow1's ban"
 else
     rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
 fi

@@ -581,8 +581,10 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     free(trail);
     // worth it: more than the margin (speeds swing), and the gain over the
     // horizon more than what the fetches cost
-    int moves;
-    double fetch = s_fetch(&c, &moves);
+    // (a wave after the first waits a check's interval, the whole bound's
+    // time as a fetch's)
+    int moves, waves = s_waves(&c);
+    double fetch = s_fetch(&c, &moves) + (waves > 1 ? waves - 1 : 0) * plan->wave_s;
     *now_bound = low;
     *new_bound = best;
     int worth = moves > 0 && best > low * (1.0 + plan->margin)

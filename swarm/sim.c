@@ -165,6 +165,47 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     return 0;
 }
 
+// A replica counts once the engine holds it ready there: one reloading
+// its stage (its STATE behind a stall) is not one yet.
+int sim_ready_on(const sim_t *s, int p)
+{
+    int e = engine_peer_find(s->e, &s->peers[p].who);
+    return e >= 0 && s->e->peers[e].state == P_READY ? s->e->peers[e].stage : -1;
+}
+
+// Peer p leaves the replicas that count (killed, stopped, banned): a stage
+// it leaves with none is one a rollback may follow.
+void sim_leaves(sim_t *s, int p)
+{
+    int st = sim_ready_on(s, p);
+    if (st >= 0 && sim_healthy(s, st, p) == 0)
+        s->emptied++;
+}
+
+int sim_healthy(const sim_t *s, int st, int p)
+{
+    int n = 0;
+    for (int q = 0; q < s->npeers; q++) {
+        const sim_peer_t *o = &s->peers[q];
+        n += q != p && o->alive && !o->lie && s->now >= o->stall_until && sim_ready_on(s, q) == st;
+    }
+    return n;
+}
+
+// Whether pe is the only replica the engine holds ready on its stage
+// (copies of a drift liar's state aside; with `honest`, drift liars too):
+// its checksum has nothing to be compared with.
+int sim_alone(const sim_t *s, const sim_peer_t *pe, int honest)
+{
+    for (int q = 0; q < s->npeers; q++) {
+        const sim_peer_t *o = &s->peers[q];
+        if (o != pe && o->alive && sim_ready_on(s, q) == pe->stage && !o->drift_copy
+            && !(honest && o->diverged))
+            return 0;
+    }
+    return 1;
+}
+
 // The sim peer a "swarm router: peer N (simK..." line is of, or -1: simK is
 // peer K - 1 (sim_peer_new).
 static int s_named(const sim_t *s, const char *line)

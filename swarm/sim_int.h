@@ -163,6 +163,9 @@ int sim_ready_on(const sim_t *s, int p);
 int sim_healthy(const sim_t *s, int st, int p);
 // p no longer counts as a replica: its stage emptied if nobody healthy is left
 void sim_leaves(sim_t *s, int p);
+// pe is the only replica ready on its stage but copies of a drift liar's
+// state (with `honest`, drift liars too): nothing to compare it with
+int sim_alone(const sim_t *s, const sim_peer_t *pe, int honest);
 // --churn (sim_churn.c)
 void sim_churn_start(sim_t *s);
 void sim_churn_event(sim_t *s, int copy);

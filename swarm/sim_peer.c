@@ -46,20 +46,6 @@ static const float *s_step_sum(sim_t *s, int st)
 // disagrees with it.
 #define SIM_TAINT (1.0f + 1.0f / 1024.0f)
 
-// Whether pe is the only replica the engine holds ready on its stage
-// (copies of a drift liar's state aside; with `honest`, drift liars too):
-// its checksum has nothing to be compared with.
-static int s_alone(const sim_t *s, const sim_peer_t *pe, int honest)
-{
-    for (int q = 0; q < s->npeers; q++) {
-        const sim_peer_t *o = &s->peers[q];
-        if (o != pe && o->alive && sim_ready_on(s, q) == pe->stage && !o->drift_copy
-            && !(honest && o->diverged))
-            return 0;
-    }
-    return 1;
-}
-
 // Whether req (a FWD or BWD) carries work of diverged parameters: an
 // activation or input gradient of SIM_TAINT. Only read when a drift liar
 // may be among the peers (decoding every tensor costs).
@@ -330,7 +316,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         memcpy(pe->state, params, sizeof pe->state); // what STATE_GET sends back
         free(params);
         pe->diverged = 0; // its replicas' parameters (or those of the one it came from),
-        pe->drift_copy = !s_alone(s, pe, 0) && s_alone(s, pe, 1); // a lone drift liar's
+        pe->drift_copy = !sim_alone(s, pe, 0) && sim_alone(s, pe, 1); // a lone drift liar's
         memset(pe->grad, 0, s->c->stage_n[pe->stage] * sizeof(float));
         memset(pe->count, 0, (size_t) s->G * sizeof(int));
         pe->norm_only = 0;
@@ -369,7 +355,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         return s_error(req, "an audit before this node sent its own gradient sum");
     int tainted = (h->type == NET_MSG_FWD || h->type == NET_MSG_BWD)
                   && (pe->diverged || s_tainted(s, req));
-    if (tainted && pe->diverged && s_alone(s, pe, 0))
+    if (tainted && pe->diverged && sim_alone(s, pe, 0))
         s->drift_alone[(pe->step + 1) & 1] = pe->step + 1;
     if (h->type == NET_MSG_FWD) {
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
@@ -722,33 +708,6 @@ int sim_pick_live(sim_t *s, int copy)
         if (s->peers[p].alive && (copy < 0 || s->peers[p].copy == copy) && k-- == 0)
             return p;
     return -1;
-}
-
-// A replica counts once the engine holds it ready there: one reloading
-// its stage (its STATE behind a stall) is not one yet.
-int sim_ready_on(const sim_t *s, int p)
-{
-    int e = engine_peer_find(s->e, &s->peers[p].who);
-    return e >= 0 && s->e->peers[e].state == P_READY ? s->e->peers[e].stage : -1;
-}
-
-// Peer p leaves the replicas that count (killed, stopped, banned): a stage
-// it leaves with none is one a rollback may follow.
-void sim_leaves(sim_t *s, int p)
-{
-    int st = sim_ready_on(s, p);
-    if (st >= 0 && sim_healthy(s, st, p) == 0)
-        s->emptied++;
-}
-
-int sim_healthy(const sim_t *s, int st, int p)
-{
-    int n = 0;
-    for (int q = 0; q < s->npeers; q++) {
-        const sim_peer_t *o = &s->peers[q];
-        n += q != p && o->alive && !o->lie && s->now >= o->stall_until && sim_ready_on(s, q) == st;
-    }
-    return n;
 }
 
 // Kill peer p, as SIGKILL does: it answers nothing more, and the transport

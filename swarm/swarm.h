@@ -146,6 +146,8 @@ typedef struct {
     double now, hold;      // a peer moved within `hold` seconds of `now` stays
     double margin;         // a plan must raise the bound by more than this (0.05 = 5%)
     double horizon;        // s: over this, its gain must be more than its fetches cost
+    double wave_s;         // s from one wave of a plan's moves to the next (a check's
+                           // interval): counted with the fetches, 0 none
 } swarm_plan_t;
 
 // The bound of assignment `at` (a stage for each peer; NULL: where they are).

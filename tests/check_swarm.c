@@ -873,6 +873,15 @@ START_TEST(test_plan_moves_a_stages_only_replica_in_waves)
     ck_assert_int_eq(waves, 3);
     for (int i = 0; i < 6; i++)
         ck_assert_int_eq(at[i], to[i]);
+    // each wave after the first waits a check's interval, priced as a
+    // fetch (the whole bound for its time): two of 150 s eat the horizon
+    for (int i = 0; i < 6; i++)
+        p[i].stage = from[i];
+    plan.wave_s = 150.0;
+    int keep[6];
+    ck_assert_int_eq(s_plan(p, 6, &plan, keep, &low, &high), 0);
+    plan.wave_s = 5.0;
+    ck_assert_int_eq(s_plan(p, 6, &plan, keep, &low, &high), 4);
     // held where it is, the fast one gives nothing to plan: the gain is in
     // moving a stage's only replica
     for (int i = 0; i < 6; i++)

@@ -313,6 +313,22 @@ if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN 
 else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
 fi
+# audits on those uneven peers (the default rate, 0.3): the largest shares,
+# the GPUs', wait for verifiers first and get the fastest free replicas;
+# taken in table order, a GPU's share of tens of micro-batches went to a
+# CPU while the GPUs recomputed shares of one, and the swarm kept 0.11 of
+# its throughput without audits
+audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --audit 0 >"$TMP/unaudited.out" 2>&1
+unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
+if [ -n "$audited" ] && [ -n "$unaudited" ] \
+    && awk -v a="$audited" -v b="$unaudited" 'BEGIN { exit !(a >= 0.3 * b) }'; then
+    ok "audits at 0.3 kept $audited tok/s of the $unaudited without them"
+else
+    bad "audits cost too much on uneven peers: '$audited' tok/s against '$unaudited' without"
+fi
+
 # a stage's only replica moved in waves: the fastest peer joined first and
 # got stage 0 alone, where it does more than the pipeline can use; the
 # best split moves it, and it may leave only once a newcomer is ready in
@@ -338,21 +354,6 @@ if [ -n "$split" ] && [ -n "$joins" ] && [ -n "$first" ] && [ -n "$stand_in" ] \
 else
     bad "waves: '$split' of best rebalanced, '$joins' without; the moves:"
     cat "$TMP/waves.txt"
-fi
-# audits on those uneven peers (the default rate, 0.3): the largest shares,
-# the GPUs', wait for verifiers first and get the fastest free replicas;
-# taken in table order, a GPU's share of tens of micro-batches went to a
-# CPU while the GPUs recomputed shares of one, and the swarm kept 0.11 of
-# its throughput without audits
-audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
-# shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --audit 0 >"$TMP/unaudited.out" 2>&1
-unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
-if [ -n "$audited" ] && [ -n "$unaudited" ] \
-    && awk -v a="$audited" -v b="$unaudited" 'BEGIN { exit !(a >= 0.3 * b) }'; then
-    ok "audits at 0.3 kept $audited tok/s of the $unaudited without them"
-else
-    bad "audits cost too much on uneven peers: '$audited' tok/s against '$unaudited' without"
 fi
 
 # churn from each real trace, tiled over 200 peers (../shared/data/traces)

@@ -64,12 +64,14 @@ static int s_move(swarm_engine_t *r, int p, int to, const double *cost, const ch
     engine_say(r, "swarm router: step %ld: moving peer %d (%s, %.0f tok/s) from stage %d %s\n", r->step,
                pe->id, pe->name, pe->tok_s, pe->stage, why);
     double from_cost = cost[pe->stage];
+    int left = pe->stage;
     int rc = engine_send_assign(r, p, to, NULL);
     if (rc != 0) {
         engine_warn(r, "swarm router: peer %d (%s): cannot be reached (%s): not moved\n", pe->id,
                     pe->name, strerror(-rc));
         return rc;
     }
+    pe->left_stage = left, pe->left_tok_s = pe->tok_s; // (what a move back would bring)
     pe->tok_s *= from_cost / cost[to];
     engine_speed_restart(pe, r->now_ms); // its next speed sample is of the new stage
     pe->moving = 1;
@@ -564,6 +566,52 @@ static double s_move_s(const swarm_engine_t *r, int s)
     return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / (r->link_rate * 1e3);
 }
 
+// What each peer does at this check, as a weight (speed times its stage's
+// cost: the same on any stage), for the next check's s_plan_held.
+static void s_plan_speeds(swarm_engine_t *r, const swarm_peer_view_t *views)
+{
+    for (int q = 0; q < r->npeers; q++) {
+        int s = views[q].stage;
+        r->peers[q].plan_weight = s >= 0 && s < r->stages ? views[q].tok_s * r->stage_cost[s] : 0.0;
+    }
+}
+
+// Whether plan `to` lifts the bound by the margin by the speeds the check
+// before measured too, and by what each peer it sends back to the stage
+// it last left did there. Measured speeds swing by a tenth or more from
+// one check to the next, and a stage's cost (its FLOPs) foretells a peer's
+// speed on another stage only roughly: two nodes of one speed measured
+// 10,700 tok/s on stage 1 and 25,500 on stage 2 of scripts/bench-hetero.sh,
+// where the costs said 16,300 for the second on stage 1, so plans swapped
+// them back and forth (ten moves in a minute).
+static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
+                       const swarm_plan_t *plan, const int *to)
+{
+    size_t n = (size_t) r->npeers;
+    swarm_peer_view_t *was = malloc(2 * n * sizeof *was), *known = was + n;
+    if (!was)
+        return 1; // (the speeds of this check alone)
+    memcpy(was, views, n * sizeof *was);
+    memcpy(known, views, n * sizeof *known);
+    for (int q = 0; q < r->npeers; q++) {
+        const peer_t *pe = &r->peers[q];
+        int s = views[q].stage;
+        if (s < 0 || s >= r->stages)
+            continue;
+        if (pe->plan_weight > 0.0)
+            was[q].tok_s = pe->plan_weight / r->stage_cost[s];
+        if (pe->left_tok_s > 0.0 && to[q] == pe->left_stage && to[q] != s)
+            known[q].tok_s = pe->left_tok_s * r->stage_cost[to[q]] / r->stage_cost[s];
+    }
+    double m = 1.0 + plan->margin;
+    int held = swarm_policy_bound(was, r->npeers, plan, to)
+                   > swarm_policy_bound(was, r->npeers, plan, NULL) * m
+            && swarm_policy_bound(known, r->npeers, plan, to)
+                   > swarm_policy_bound(views, r->npeers, plan, NULL) * m;
+    free(was);
+    return held;
+}
+
 // The plan a check before began, its later waves still to send (peer_t
 // plan_to): into to[], and how many moves it has left; 0 (and the plan
 // dropped) when none is, or when by the speeds measured since it no
@@ -634,10 +682,13 @@ void engine_rebalance(swarm_engine_t *r)
         return; // the next check tries again
     double low = 0.0, high = 0.0;
     int moves = s_plan_rest(r, views, &plan, to, &low, &high), rest = moves > 0;
-    if (!rest) {
+    if (rest)
+        s_plan_speeds(r, views);
+    else {
         moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
-        int seen = moves > 0 && r->rebalance_seen;
+        int seen = moves > 0 && r->rebalance_seen && s_plan_held(r, views, &plan, to);
         r->rebalance_seen = moves > 0;
+        s_plan_speeds(r, views);
         if (!seen) {
             free(to);
             return;

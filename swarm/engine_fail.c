@@ -644,9 +644,9 @@ static int s_plan_rest(swarm_engine_t *r, const swarm_peer_view_t *views, const 
 // making too (measured speeds swing by a tenth from one check to the
 // next); each moved peer gets its new stage's state from a live replica
 // (engine_joins) before the next step. A plan goes in waves
-// (swarm_policy_wave): the moves that would leave a stage short wait, and
-// the next check, which plans again from there, sends them once the
-// newcomers they wait for are ready.
+// (swarm_policy_wave): the moves that would leave a stage short wait
+// (peer_t plan_to), and a later check sends them once the newcomers they
+// wait for are ready, while the rest still lifts the bound (s_plan_rest).
 void engine_rebalance(swarm_engine_t *r)
 {
     double now = engine_secs(r);

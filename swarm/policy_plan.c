@@ -143,13 +143,13 @@ static int s_keep_now(const plan_ctx_t *c, int s)
 // s_keep_now ready replicas without it starts; once the wave is through,
 // its peers count as ready where they went (so do the peers joining now).
 // c->wave[i] gets the wave peer i's move starts in (0: now, which may be
-// none while peers are joining; -1: it stays). How many waves, or -1 when some move could never start (two stages'
-// only replicas traded).
+// none while peers are joining; -1: it stays). How many waves, or -1 when
+// some move could never start (two stages' only replicas traded).
 static int s_waves(plan_ctx_t *c)
 {
-    int ready[SWARM_MAX_STAGES], keep[SWARM_MAX_STAGES], left = 0;
+    int ready[SWARM_MAX_STAGES], keep[SWARM_MAX_STAGES], left = 0, joins = 0;
     for (int s = 0; s < c->S; s++)
-        ready[s] = c->ready[s], keep[s] = s_keep_now(c, s);
+        ready[s] = c->ready[s], keep[s] = s_keep_now(c, s), joins += c->joining[s];
     for (int k = 0; k < c->nmov; k++) {
         int i = c->mov[k];
         c->wave[i] = c->at[i] == c->from[i] ? -1 : INT_MAX;
@@ -167,10 +167,7 @@ static int s_waves(plan_ctx_t *c)
             c->wave[i] = waves;
             started++;
         }
-        int joins = 0; // (a first wave may wait for them alone)
-        for (int s = 0; s < c->S && waves == 0; s++)
-            joins += c->joining[s];
-        if (!started && !joins)
+        if (!started && !(waves == 0 && joins)) // (a first wave may wait for them alone)
             return -1;
         for (int s = 0; s < c->S; s++)
             ready[s] += arrive[s] + (waves == 0 ? c->joining[s] : 0);

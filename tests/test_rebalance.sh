@@ -131,5 +131,13 @@ else
     rb=$(log_emptied "$TMP/router.log") why="by the log's joins and losses, $rb stages emptied"
 fi
 check_log "the log: only slow1 was lost or banned; $rb rollbacks ($why)" "$TMP/router.log" "$rb" slow1
+# the split it reached is the best: no peer moved again (before a plan had
+# to hold at two checks' speeds, noise swapped equal peers back and forth)
+moves=$(grep -c "moving peer" "$TMP/router.log")
+if [ "$moves" -eq 2 ]; then
+    ok "two moves in the run, none undone"
+else
+    bad "$moves moves:"; grep "moving peer" "$TMP/router.log"
+fi
 
 lib_done

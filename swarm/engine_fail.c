@@ -576,8 +576,8 @@ static void s_plan_speeds(swarm_engine_t *r, const swarm_peer_view_t *views)
     }
 }
 
-// Whether plan `to` lifts the bound by the margin by the speeds the check
-// before measured too, and by what each peer it sends back to the stage
+// Whether plan `to` lifts the bound (`low` now) by the margin by the
+// speeds the check before measured too, and by what each peer it sends back to the stage
 // it last left did there. Measured speeds swing by a tenth or more from
 // one check to the next, and a stage's cost (its FLOPs) foretells a peer's
 // speed on another stage only roughly: two nodes of one speed measured
@@ -585,7 +585,7 @@ static void s_plan_speeds(swarm_engine_t *r, const swarm_peer_view_t *views)
 // where the costs said 16,300 for the second on stage 1, so plans swapped
 // them back and forth (ten moves in a minute).
 static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
-                       const swarm_plan_t *plan, const int *to)
+                       const swarm_plan_t *plan, const int *to, double low)
 {
     size_t n = (size_t) r->npeers;
     swarm_peer_view_t *was = malloc(2 * n * sizeof *was), *known = was + n;
@@ -606,8 +606,7 @@ static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
     double m = 1.0 + plan->margin;
     int held = swarm_policy_bound(was, r->npeers, plan, to)
                    > swarm_policy_bound(was, r->npeers, plan, NULL) * m
-            && swarm_policy_bound(known, r->npeers, plan, to)
-                   > swarm_policy_bound(views, r->npeers, plan, NULL) * m;
+            && swarm_policy_bound(known, r->npeers, plan, to) > low * m;
     free(was);
     return held;
 }
@@ -681,18 +680,18 @@ void engine_rebalance(swarm_engine_t *r)
     if (!to)
         return; // the next check tries again
     double low = 0.0, high = 0.0;
-    int moves = s_plan_rest(r, views, &plan, to, &low, &high), rest = moves > 0;
-    if (rest)
-        s_plan_speeds(r, views);
-    else {
+    int moves = s_plan_rest(r, views, &plan, to, &low, &high), rest = moves > 0, seen = rest;
+    if (!rest) {
         moves = swarm_policy_plan(views, r->npeers, &plan, to, &low, &high);
-        int seen = moves > 0 && r->rebalance_seen && s_plan_held(r, views, &plan, to);
+        seen = moves > 0 && r->rebalance_seen && s_plan_held(r, views, &plan, to, low);
         r->rebalance_seen = moves > 0;
-        s_plan_speeds(r, views);
-        if (!seen) {
-            free(to);
-            return;
-        }
+    }
+    s_plan_speeds(r, views);
+    if (!seen) {
+        free(to);
+        return;
+    }
+    if (!rest) {
         r->rebalance_seen = 0; // the next plan is judged on speeds measured after these moves
         for (int q = 0; q < r->npeers; q++)
             r->peers[q].plan_to = to[q] != r->peers[q].stage ? 1 + to[q] : 0;

@@ -128,13 +128,12 @@ static void s_put(plan_ctx_t *c, int i, int s)
     }
 }
 
-// What stage s keeps ready while moves leave it: two of the replicas
-// ready on it now when they are three or more, else one, but no more
-// than c->at leaves it (c->count) and never none.
+// What stage s keeps ready while moves leave it: what it keeps of its own
+// (keep_own: two of three or more, else one), but no more than c->at
+// leaves it (c->count) and never none.
 static int s_keep_now(const plan_ctx_t *c, int s)
 {
-    int keep = c->ready[s] > PLAN_KEEP ? PLAN_KEEP : 1;
-    keep = keep < c->count[s] ? keep : c->count[s];
+    int keep = c->keep_own[s] < c->count[s] ? c->keep_own[s] : c->count[s];
     return keep > 1 ? keep : 1;
 }
 

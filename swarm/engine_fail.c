@@ -636,6 +636,31 @@ static int s_plan_rest(swarm_engine_t *r, const swarm_peer_view_t *views, const 
     return 0;
 }
 
+// A plan's wave was sent, and every peer it moved is ready on its new
+// stage and measured there: the moves that waited for them need not wait
+// for the next check, and s_plan_rest judges them at that speed (the
+// stages' costs foretell it only roughly).
+static int s_wave_landed(const swarm_engine_t *r)
+{
+    if (!r->rebalance_rest || !r->rebalance_landing)
+        return 0;
+    for (int q = 0; q < r->npeers; q++) {
+        const peer_t *pe = &r->peers[q];
+        if (pe->moved_at >= r->last_rebalance
+            && (pe->state == P_JOINING || (pe->state == P_READY && pe->samples < 1)))
+            return 0;
+    }
+    return 1;
+}
+
+// Whether engine_rebalance has a check to make between this step and the
+// next: every --rebalance-every seconds, and as soon as a wave has landed.
+int engine_rebalance_due(const swarm_engine_t *r)
+{
+    return r->rebalance_every > 0
+           && (engine_secs(r) - r->last_rebalance >= r->rebalance_every || s_wave_landed(r));
+}
+
 // Between steps, every --rebalance-every seconds: the moves that take the
 // swarm to the best split it can reach (swarm_policy_plan: worth it when
 // the bound gains more than 5% and, over five minutes, more than the
@@ -644,14 +669,16 @@ static int s_plan_rest(swarm_engine_t *r, const swarm_peer_view_t *views, const 
 // next); each moved peer gets its new stage's state from a live replica
 // (engine_joins) before the next step. A plan goes in waves
 // (swarm_policy_wave): the moves that would leave a stage short wait
-// (peer_t plan_to), and a later check sends them once the newcomers they
-// wait for are ready, while the rest still lifts the bound (s_plan_rest).
+// (peer_t plan_to), and are sent once the newcomers they wait for are
+// ready (at that step's end, not the next check's), while the rest still
+// lifts the bound (s_plan_rest).
 void engine_rebalance(swarm_engine_t *r)
 {
     double now = engine_secs(r);
-    if (r->rebalance_every <= 0 || now - r->last_rebalance < r->rebalance_every)
+    if (!engine_rebalance_due(r))
         return;
     r->last_rebalance = now;
+    r->rebalance_landing = 0;
     swarm_peer_view_t *views = r->views; // s_move picks nothing
     double cost[SWARM_MAX_STAGES], move_s[SWARM_MAX_STAGES];
     engine_views_as(r, views, 0);
@@ -701,6 +728,7 @@ void engine_rebalance(swarm_engine_t *r)
     int waiting = swarm_policy_wave(views, r->npeers, &plan, to);
     int starts = waiting >= 0 ? moves - waiting : 0;
     r->rebalance_rest = waiting > 0;
+    r->rebalance_landing = waiting > 0 && starts > 0;
     for (int q = 0; q < r->npeers; q++)
         if (waiting <= 0 || to[q] != r->peers[q].stage) // (sent now)
             r->peers[q].plan_to = 0;

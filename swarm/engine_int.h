@@ -381,6 +381,7 @@ struct swarm_engine_s {
     int failed_any;          // a peer was marked failed since engine_reap last looked
     int rebalance_seen;      // the last check found a plan worth making: the next one makes its own
     int rebalance_rest;      // the last plan made left moves waiting (peer_t plan_to)
+    int rebalance_landing;   // a wave of it was sent, and waits to be ready (s_wave_landed)
     int window;              // micro-batches in flight
     swarm_loglimit_t loglimit; // lines about what peers send (a flood fills no disk)
     swarm_loglimit_t members; // lines of peers joining, leaving, dying (engine_member_line)
@@ -719,6 +720,7 @@ void engine_reap(swarm_engine_t *r);
 void engine_work_forgotten(swarm_engine_t *r);
 int engine_all_stages_ready(const swarm_engine_t *r);
 void engine_rebalance(swarm_engine_t *r);
+int engine_rebalance_due(const swarm_engine_t *r);
 // --stages auto, while the swarm waits for its state: a stage no node has
 // served for a while, and no node can, makes a new cut of the model for
 // the nodes known (engine_replan.c).

@@ -420,7 +420,7 @@ static int s_apply_here(const swarm_engine_t *r, int s)
     long next = r->step + 1;
     if ((r->o.save && r->o.save_every > 0 && next % r->o.save_every == 0)
         || (r->o.eval_every > 0 && (next % r->o.eval_every == 0 || next == r->hp.iters))
-        || (r->rebalance_every > 0 && engine_secs(r) - r->last_rebalance >= r->rebalance_every))
+        || engine_rebalance_due(r))
         return 0;
     for (int p = 0; p < r->npeers; p++)
         if (r->peers[p].state == P_JOINING)

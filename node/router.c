@@ -284,6 +284,19 @@ static void s_micro_why(const router_t *r, double idle)
                "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
 }
 
+// An open swarm audits gradient sums (SECURITY.md): said at start, with
+// what it costs, since a user's own machines in an open swarm pay it too.
+static void s_audits_say(const router_t *r)
+{
+    if (r->allow || !(r->c.audit > 0.0))
+        return;
+    printf("swarm router: any key may join an open swarm, so another replica recomputes %.0f%% "
+           "of the gradient sums at each stage of two or more replicas (--audit %g), and the "
+           "step waits for it: about a sixth of the throughput where a stage has two even "
+           "replicas, up to half on uneven ones; a swarm of your own machines: --allow FILE "
+           "(private: no audits)\n", 100.0 * r->c.audit, r->c.audit);
+}
+
 // The most a node's message may carry: the largest stage's state (its
 // parameters and both moments, fp32: a STATE_GET's answer, the largest a
 // node sends) or a micro-batch's activations, whichever is more. With
@@ -332,6 +345,7 @@ static int s_listen(router_t *r, char *err, size_t n)
         printf("swarm router: %s swarm; L=%d H=%d C=%d T=%d, stages chosen for the nodes that "
                "join; batch %d\n", r->allow ? "private" : "open", r->hp.cfg.L, r->hp.cfg.H,
                r->hp.cfg.C, r->hp.cfg.T, r->hp.batch);
+        s_audits_say(r);
         if (r->o.resume)
             printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);
         node_join_print(stdout, ep, net_key_public(r->key));
@@ -352,6 +366,7 @@ static int s_listen(router_t *r, char *err, size_t n)
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
                "(or a smaller --micro-batch) shrinks that share\n",
                G, G == 1 ? "" : "es", S, 100.0 * idle);
+    s_audits_say(r);
     router_needs_say(r);
     if (r->o.resume)
         printf("swarm router: resumed from %s at step %ld\n", r->o.resume, r->c.step);

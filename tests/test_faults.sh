@@ -57,21 +57,24 @@ faulted="" # the names of the nodes killed or stopped
 if wait_step 6; then
     victim=$(pid_of_stage 0 1)
     faulted="$faulted $(name_of_stage 0 1)"
-    kill -9 "$victim" && ok "SIGKILLed a stage-0 node (pid $victim) after step 6"
+    kill -9 "$victim" && ok "SIGKILLed a stage-0 node (pid $victim) after step 6" \
+        || bad "no stage-0 node to kill (pid '$victim')"
 else
     bad "the swarm never reached step 6"; tail -20 "$TMP/router.log"
 fi
 if wait_step 14; then
     victim=$(pid_of_stage 1 1)
     faulted="$faulted $(name_of_stage 1 1)"
-    kill -9 "$victim" && ok "SIGKILLed a stage-1 node (pid $victim) after step 14"
+    kill -9 "$victim" && ok "SIGKILLed a stage-1 node (pid $victim) after step 14" \
+        || bad "no stage-1 node to kill (pid '$victim')"
 else
     bad "the swarm never reached step 14"; tail -20 "$TMP/router.log"
 fi
 if wait_step 20; then
     stopped=$(pid_of_stage 0 2)
     faulted="$faulted $(name_of_stage 0 2)"
-    kill -STOP "$stopped" && ok "SIGSTOPped a stage-0 node (pid $stopped) after step 20, for 8 s"
+    kill -STOP "$stopped" && ok "SIGSTOPped a stage-0 node (pid $stopped) after step 20, for 8 s" \
+        || bad "no second stage-0 node to stop (pid '$stopped')"
     sleep 8
     kill -CONT "$stopped"
 else

@@ -280,8 +280,9 @@ static void s_micro_why(const router_t *r, double idle)
                "of a step; --micro-batch sets it)\n", G, S, 100.0 * idle);
     else
         printf(" (chosen: %d a step over %d stages, the most of %d tokens or more; the pipeline's "
-               "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that; "
-               "--micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle);
+               "fill and drain take ~%.0f%% of a step, a larger --batch shrinks that: %d windows "
+               "keep it to %.0f%%; --micro-batch sets it)\n", G, S, MICRO_MIN_TOKENS, 100.0 * idle,
+               router_batch_for(r->hp.micro, S), 100.0 * MICRO_IDLE);
 }
 
 // An open swarm audits gradient sums (SECURITY.md): said at start, with
@@ -364,8 +365,9 @@ static int s_listen(router_t *r, char *err, size_t n)
     if (idle > MICRO_IDLE && r->o.micro != 0)
         printf("swarm router: %d micro-batch%s a step over %d stages: filling and draining the "
                "pipeline leaves each stage idle about %.0f%% of every step; a larger --batch "
-               "(or a smaller --micro-batch) shrinks that share\n",
-               G, G == 1 ? "" : "es", S, 100.0 * idle);
+               "(%d windows keep it to %.0f%%) or a smaller --micro-batch shrinks that share\n",
+               G, G == 1 ? "" : "es", S, 100.0 * idle, router_batch_for(r->hp.micro, S),
+               100.0 * MICRO_IDLE);
     s_audits_say(r);
     router_needs_say(r);
     if (r->o.resume)

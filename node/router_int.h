@@ -68,6 +68,10 @@ void router_cut_tables(const router_t *r, const node_plan_t *plan, size_t *n, si
 int router_io_cut(void *ctx, int stages, const double *mem, int nmem, size_t *n, size_t *off,
                   double *cost, double *need, char *text);
 double router_fill_idle(int G, int S);
+// The smallest batch of micro-batches of `micro` windows whose fill and
+// drain over S stages is at most MICRO_IDLE of a step (what the start-up
+// line suggests when the batch is too small for the pipeline).
+int router_batch_for(int micro, int S);
 // The micro-batch the router picks without --micro-batch for S stages of
 // R replicas each (router_setup.c).
 int router_micro_choose(int batch, int T, int S, int R);

@@ -184,6 +184,14 @@ double router_fill_idle(int G, int S)
     return (double) (S - 1) / (G + S - 1);
 }
 
+int router_batch_for(int micro, int S)
+{
+    int G = 1;
+    while (router_fill_idle(G, S) > MICRO_IDLE)
+        G++;
+    return G * micro;
+}
+
 // Without --micro-batch the router picks it: the largest divisor of the
 // batch that keeps the fill and drain within MICRO_IDLE and gives each of
 // a stage's R replicas a micro-batch a step; but none of fewer than

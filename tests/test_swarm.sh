@@ -97,8 +97,9 @@ if [ "$(grep -c "joins stage" "$TMP/router.log")" -eq 4 ] \
 else
     bad "joins"; grep "joins" "$TMP/router.log"
 fi
-# batch 4 in micro-batches of 2 over 2 stages: (2 - 1) / (2 + 2 - 1) of a step
-if grep -q -e "2 micro-batches a step over 2 stages: .* idle about 33% of every step; a larger --batch" \
+# batch 4 in micro-batches of 2 over 2 stages: (2 - 1) / (2 + 2 - 1) of a
+# step; 9 micro-batches of 2 would make it 1 / 10
+if grep -q -e "2 micro-batches a step over 2 stages: .* idle about 33% of every step; a larger --batch (18 windows keep it to 10%)" \
     "$TMP/router.log"; then
     ok "the router says how much of a step the pipeline's fill and drain take"
 else
@@ -173,6 +174,7 @@ micro=$(echo "$line" | sed -n 's/.* in micro-batches of \([0-9]*\) (chosen: .*/\
 # (an open swarm, local-swarm.sh's: the start-up says what its audits cost)
 if clean_run $rc "$TMP/chosen.log" && [ "$micro" = 1 ] \
     && ! grep -q "filling and draining the pipeline leaves" "$TMP/chosen.log" \
+    && echo "$line" | grep -q "take ~20% of a step, a larger --batch shrinks that: 9 windows keep it to 10%;" \
     && grep -q "^swarm router: any key may join an open swarm, so another replica recomputes 30% of the gradient sums .*--allow FILE (private: no audits)$" "$TMP/chosen.log" \
     && losses_match "$TMP/chosen.txt" "$TMP/train-chosen.txt" 10; then
     ok "no --micro-batch: the router says ${line#*of 1 }; losses equal swarm train --micro-batch 1's"

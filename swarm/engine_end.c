@@ -41,11 +41,7 @@ static void s_ckpt_begin(swarm_engine_t *r)
     r->ck_step = r->step;
     r->ck_lost = 0;
     for (int s = 0; s < r->stages; s++) {
-        int from = -1, sent = 0, n = r->ready[s].n;
-        for (int k = 0; k < n && from < 0; k++) { // from the drawn one on, the first not failed
-            int p = r->ready[s].peer[((int) (engine_draw(r, DRAW_SOURCE, s, 0) * n) + k) % n];
-            from = r->peers[p].failed ? -1 : p;
-        }
+        int from = engine_state_source(r, s, engine_draw(r, DRAW_SOURCE, s, 0)), sent = 0;
         if (from >= 0) {
             net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
             net_msg_head(g)->stage = (uint32_t) s;

@@ -518,13 +518,15 @@ void engine_reap(swarm_engine_t *r)
         int64_t wait = q->wire_ms + engine_link_wait_ms(r, q, most); // (on the links)
         if (state ? now - from > s_state_deadline_ms(r, q->stage)
                                      + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds) + wait
-                  : now - from > s_deadline_ms(r, q) + wait)
+                  : now - from > s_deadline_ms(r, q) + wait) {
+            r->peers[q->peer].state_missed += q->kind == R_STATE_GET;
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"
                         : q->kind == R_AUDIT ? "audit" : q->kind == R_AUDIT_SUM ? "audit STEP"
                         : q->kind == R_UPDATE ? "UPDATE" : q->kind == R_STEP ? "STEP"
                         : q->kind == R_DISCARD ? "DISCARD" : q->kind == R_ASSIGN ? "ASSIGN"
                         : q->kind == R_STATE ? "STATE" : "STATE_GET");
+        }
     }
     s_reap_failed(r); // (the probes' finds)
 }

@@ -150,6 +150,7 @@ typedef struct {
     double banned_until;     // s: refused until then (a failure's back-off)
     double ban_s;            // length of its last ban: doubles with each failure
     int failures;            // requests it failed (deadline, refusal, bad result)
+    int state_missed;        // STATE_GET deadlines it missed: drawn as a source after the rest
     int ban_told;            // it was told of its current ban
     int divergences;         // steps after which its checksum differed from its stage's
     int agreed;              // checksum votes it agreed with since it loaded its stage's state
@@ -630,6 +631,11 @@ void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
 void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e);
 void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e);
 void engine_joins(swarm_engine_t *r);
+// The ready replica of stage s to read its state from (a checkpoint's
+// part, a joiner's state): drawn with the run's secret key (draw, from
+// engine_draw), a failed one passed over, and one that missed a
+// STATE_GET's deadline before only when no other is left. -1 none.
+int engine_state_source(const swarm_engine_t *r, int s, double draw);
 void engine_window_update(swarm_engine_t *r);
 void *engine_dup_bytes(const void *src, size_t n);
 // Every micro-batch idle again, the queues empty (a new step, eval batch,

@@ -639,6 +639,22 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
         engine_admit(r, p, -1, e->msg);
 }
 
+int engine_state_source(const swarm_engine_t *r, int s, double draw)
+{
+    const engine_ready_t *l = &r->ready[s];
+    int n = l->n, from = -1;
+    for (int k = 0; k < n; k++) { // from the drawn one on
+        int p = l->peer[((int) (draw * n) + k) % n];
+        const peer_t *pe = &r->peers[p];
+        if (pe->failed || (from >= 0 && pe->state_missed >= r->peers[from].state_missed))
+            continue;
+        from = p;
+        if (pe->state_missed == 0)
+            break;
+    }
+    return from;
+}
+
 // Between steps: hand joining peers their stage's state, from the router's
 // own copy before training starts, else from a ready replica (STATE_GET).
 void engine_joins(swarm_engine_t *r)
@@ -654,15 +670,14 @@ void engine_joins(swarm_engine_t *r)
         }
         // a ready replica drawn with the run's secret key: a liar cannot make
         // itself the source (and the state is checked against its checksum)
-        const engine_ready_t *from = &r->ready[pe->stage];
-        if (from->n > 0) {
-            int k = (int) (engine_draw(r, DRAW_SOURCE, pe->stage, pe->id) * from->n) % from->n;
+        int from = engine_state_source(r, pe->stage, engine_draw(r, DRAW_SOURCE, pe->stage, pe->id));
+        if (from >= 0) {
             net_msg_t *g = net_msg_new(NET_MSG_STATE_GET);
             net_msg_head(g)->stage = (uint32_t) pe->stage;
             // the reply is forwarded to the joiner: remember it in mb. Held
             // until its state arrives; a send that failed holds nothing (the
             // replica is found dead, and the joiner asks again)
-            if (engine_send(r, from->peer[k], &g, R_STATE_GET, p, pe->stage) == 0)
+            if (engine_send(r, from, &g, R_STATE_GET, p, pe->stage) == 0)
                 pe->inflight++;
         }
     }

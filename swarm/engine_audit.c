@@ -188,20 +188,35 @@ static void s_audit_feed(swarm_engine_t *r, int t)
         a->asked_sum = 1;
 }
 
-// A free replica of stage s to recompute target t's share: the fastest
-// ready one that is not t, recomputes nothing now, and is not among not[]
-// (nnot of them). -1 none.
-static int s_verifier(const swarm_engine_t *r, int s, int t, const int *not, int nnot)
+// When replica p would finish recomputing n micro-batches, in micro-batches
+// over its measured speed, after the share it recomputes now (if any).
+static double s_finish(const swarm_engine_t *r, int p, int n)
 {
-    int best = -1;
+    const peer_t *pe = &r->peers[p];
+    int busy = pe->audit_held + (pe->audit_of >= 0 ? r->peers[pe->audit_of].audit.left : 0);
+    return (double) (busy + n) / (pe->tok_s > 1e-3 ? pe->tok_s : 1e-3);
+}
+
+// A free replica of stage s to recompute target t's share: the ready one,
+// not t and not among not[] (nnot of them), that would finish it first,
+// when that one recomputes nothing now. -1 none free, or a busy one would
+// finish it sooner (a share of a hundred micro-batches is not recomputed
+// by a slow CPU while a GPU is a moment from free): the share then waits
+// for that one (its audit_held, so that the next share waiting weighs it).
+static int s_verifier(swarm_engine_t *r, int s, int t, const int *not, int nnot)
+{
+    int best = -1, n = r->peers[t].audit.share;
+    double at = 0.0;
     for (int k = 0; k < r->ready[s].n; k++) {
-        int p = r->ready[s].peer[k], skip = p == t || r->peers[p].audit_of >= 0
-                                         || r->peers[p].failed;
+        int p = r->ready[s].peer[k], skip = p == t || r->peers[p].failed;
         for (int j = 0; j < nnot; j++)
             skip |= p == not[j];
-        if (!skip && (best < 0 || r->peers[p].tok_s > r->peers[best].tok_s))
-            best = p;
+        double f = skip ? 0.0 : s_finish(r, p, n);
+        if (!skip && (best < 0 || f < at || (f == at && r->peers[best].audit_of >= 0)))
+            best = p, at = f;
     }
+    if (best >= 0 && r->peers[best].audit_of >= 0)
+        r->peers[best].audit_held += n, best = -1;
     return best;
 }
 
@@ -228,6 +243,7 @@ static void s_audit_ask(swarm_engine_t *r, int t, int v)
     a->by[a->n++] = v;
     a->next = s_next_mb(r, t, r->peers[t].stage, -1);
     a->inflight = a->asked_sum = a->dx_bad = 0;
+    a->left = a->share;
     r->peers[v].audit_of = t;
     s_audit_feed(r, t);
 }
@@ -288,17 +304,42 @@ static int s_target_of(const swarm_engine_t *r, double key)
     return r->peers_cap - (int) fmod(-key, (double) r->peers_cap + 1.0);
 }
 
-// Start what can start: the draws of each stage whose sums are all in
-// (once per attempt at the step), and each drawn sum's audit as soon as a
-// replica is free for it.
+// Whether every stage with two or more replicas has all its sums in.
+static int s_all_in(const swarm_engine_t *r)
+{
+    for (int s = 0; s < r->stages; s++)
+        if (r->ready[s].n >= 2 && !s_stage_in(r, s))
+            return 0;
+    return 1;
+}
+
+// Start what can start: the step's draw once every stage with two or more
+// replicas has all its sums in (once per attempt at the step), and each
+// drawn sum's audit as soon as a replica is free for it.
+//
+// One draw for the whole step, not one for each sum: every sum is still
+// audited with probability --audit, but the audits of a step run side by
+// side, each replica recomputing another's share, so a step that audits
+// every sum takes as long as one that audits one. Drawn for each sum, a
+// step of k sums is audited with probability 1 - (1 - F)^k (0.76 for
+// four sums at F = 0.3, nearly every step in a big swarm), and each of
+// those steps waits for its audits; drawn once, with probability F. No
+// stage starts its audits before the others' sums are in: a peer of a
+// stage told to recompute could tell a peer of another stage, which has
+// not sent its sum yet, that this step is checked.
 void engine_audits_turn(swarm_engine_t *r)
 {
     if (r->audit_rate <= 0.0 || r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD))
         return;
+    int all_in = -1, drawn = 0;
     for (int s = 0; s < r->stages; s++) {
         if (!r->audit_drawn[s]) {
-            if (!s_stage_in(r, s))
+            if (!s_stage_in(r, s) || !(all_in < 0 ? (all_in = s_all_in(r)) : all_in))
                 continue;
+            if (!drawn) {
+                drawn = 1 + (engine_draw(r, DRAW_AUDIT, 0, 0) < r->audit_rate);
+                r->audit_steps += drawn == 2;
+            }
             r->audit_drawn[s] = 1;
             r->audit_any = 1;
             for (int k = 0; k < r->ready[s].n; k++) {
@@ -306,8 +347,7 @@ void engine_audits_turn(swarm_engine_t *r)
                 int forced = pe->audit.forced; // (engine_audit_force)
                 int share = pe->grad ? engine_share(r, r->ready[s].peer[k], s) : 0;
                 pe->audit = (audit_t) {
-                    .want = (forced || engine_draw(r, DRAW_AUDIT, s, pe->id) < r->audit_rate)
-                            && share > 0,
+                    .want = (forced || drawn == 2) && share > 0,
                     .forced = forced,
                     .share = share,
                 };
@@ -324,6 +364,8 @@ void engine_audits_turn(swarm_engine_t *r)
         l->n = kept;
         double *order = r->by_peer; // scratch
         int waiting = s_waiting_by_share(r, l, order);
+        for (int k = 0; k < r->ready[s].n; k++)
+            r->peers[r->ready[s].peer[k]].audit_held = 0;
         for (int k = 0; k < waiting; k++) {
             int t = s_target_of(r, order[k]);
             audit_t *a = &r->peers[t].audit;
@@ -398,6 +440,7 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     int s = q->stage, t = r->peers[q->peer].audit_of;
     engine_work_done(r, q); // work like any other: its speed counts it
     a->inflight--;
+    a->left--;
     if (a->abandoned)
         return;
     const mb_t *b = &r->mbs[q->mb];
@@ -581,6 +624,6 @@ void engine_audit_lost(swarm_engine_t *r, int p)
     if (!a)
         return;
     r->audit_lost++;
-    r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced };
+    r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced, .share = a->share };
     s_audit_mark(r, r->peers[t].stage, t);
 }

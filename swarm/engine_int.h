@@ -66,6 +66,7 @@ typedef struct {
     int dx_bad;              // an input gradient (or the last stage's loss) differed
     int abandoned;           // its target died: nothing more is sent, nothing judged
     int share;               // micro-batches of its share, when it was drawn
+    int left;                // of them, the current verifier has still to answer
 } audit_t;
 
 typedef struct engine_history engine_history_t;
@@ -198,6 +199,7 @@ typedef struct {
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
     int audit_of;            // the peer whose share it recomputes now, -1 none
+    int audit_held;          // micro-batches of shares waiting for it (engine_audits_turn)
 } peer_t;
 
 // The ready peers of one stage (state P_READY, failed or not), kept as
@@ -491,6 +493,7 @@ struct swarm_engine_s {
     float *audit_sum;        // [max_stage_n] a verifier's sum, decoded (NULL before the first)
     float *audit_dx;         // (micro, T, C): the target's input gradient, decoded
     int audits;              // audits settled
+    int audit_steps;         // attempts at a step whose draw audited them
     int audit_caught;        // of them, a liar expelled
     long unreadable;         // messages dropped unread: a type no node sends unasked (engine_on_message)
     int audit_undecided;     // disputes no third replica could decide (the step redone)

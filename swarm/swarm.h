@@ -379,6 +379,7 @@ typedef struct {
     int checksum_mismatches, resyncs, expelled, rollbacks;
     int spot_checks, spot_undecided, restarts;
     int audits, audit_caught, audit_undecided, audit_lost;
+    int audit_steps;         // attempts at a step the audits' draw picked
     uint64_t bytes_in, bytes_out;      // tensor bytes received, sent
     uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
     double window_mean;      // micro-batches in flight, on average over the steps
@@ -515,6 +516,7 @@ typedef struct {
     int copies_lost;         // honest copies of such a replica's state the vote expelled
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
+    int audits, audit_steps; // gradient sums audited, and in how many attempts at a step
     int copies;              // --churn: copies of the trace tiled over the peers
     int idle;                // live peers at the end that hold no stage (--memory: none fits)
     double bound_end;        // the engine's assignment's bound at the end

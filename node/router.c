@@ -226,11 +226,12 @@ static void s_help(FILE *out)
         "  --verify F      run a fraction F of forwards again on a second replica and\n"
         "                  compare; a third decides a disagreement and the peer it\n"
         "                  contradicts is expelled (default 0.05; 0 = never)\n"
-        "  --audit F       have a fraction F of the replicas' gradient sums (at stages\n"
-        "                  with two replicas or more) recomputed, with their input\n"
-        "                  gradients, by another replica, drawn with a key no peer knows;\n"
-        "                  a third decides a disagreement and the liar is expelled\n"
-        "                  (default 0.3 in an open swarm, 0 with --allow; 0 = never)\n"
+        "  --audit F       in a fraction F of the steps, drawn with a key no peer knows,\n"
+        "                  have every replica's gradient sum (at stages with two\n"
+        "                  replicas or more) recomputed, with its input gradients, by\n"
+        "                  another replica; a third decides a disagreement and the liar\n"
+        "                  is expelled (default 0.3 in an open swarm, 0 with --allow;\n"
+        "                  0 = never)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
         "training flags (as swarm train, but without --stages, or with --stages auto, the router\n"
@@ -291,11 +292,11 @@ static void s_audits_say(const router_t *r)
 {
     if (r->allow || !(r->c.audit > 0.0))
         return;
-    printf("swarm router: any key may join an open swarm, so another replica recomputes %.0f%% "
-           "of the gradient sums at each stage of two or more replicas (--audit %g), and the "
-           "step waits for it: about a sixth of the throughput where a stage has two even "
-           "replicas, up to half on uneven ones; a swarm of your own machines: --allow FILE "
-           "(private: no audits)\n", 100.0 * r->c.audit, r->c.audit);
+    printf("swarm router: any key may join an open swarm, so in %.0f%% of the steps, drawn in "
+           "secret, another replica recomputes each gradient sum of a stage of two or more "
+           "replicas (--audit %g), and the step waits for it: about a sixth of the throughput "
+           "where a stage has two even replicas, up to half on uneven ones; a swarm of your own "
+           "machines: --allow FILE (private: no audits)\n", 100.0 * r->c.audit, r->c.audit);
 }
 
 // The most a node's message may carry: the largest stage's state (its

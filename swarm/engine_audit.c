@@ -122,17 +122,17 @@ int engine_share(const swarm_engine_t *r, int p, int s)
 
 // ---- audits ----------------------------------------------------------------------
 
-// Once every replica of a stage with two or more has sent its gradient sum
-// (the other stages may still be working), each of those sums is audited
-// with probability --audit, drawn for each with the run's secret key,
-// which no peer knows (a liar cannot tell which of its sums are checked):
-// another replica, idle by then, recomputes the target's share of the step
+// Once every stage with two or more replicas has its gradient sums in, the
+// step's sums are audited with probability --audit, drawn once for the step
+// (engine_audits_turn) with the run's secret key, which no peer knows (a
+// liar cannot tell which of its sums are checked): for each, another
+// replica recomputes the target's share of the step
 // (the micro-batches it accumulated, whose inputs and output gradients the
 // router holds) with BWD audit=1 (the last stage: FWD audit=1, which runs
 // its backward), at most AUDIT_INFLIGHT requests at a time, then STEP
-// audit=1 for the sum, which the node serves after them. A replica recomputes one share at a time (its
-// gradient buffer holds one); a stage's audits run side by side on as many
-// replicas as are free. The step's update waits for them all. The two
+// audit=1 for the sum, which the node serves after them. A replica
+// recomputes one share at a time (its gradient buffer holds one); a
+// stage's audits run side by side. The step's update waits for them all. The two
 // agree when every input gradient the target returned is within 1e-3
 // relative L2 of the recomputed one (the last stage's loss within 1e-4),
 // the micro-batch counts are equal, and the sums are within 1e-3 relative
@@ -323,10 +323,10 @@ static int s_all_in(const swarm_engine_t *r)
 // every sum takes as long as one that audits one. Drawn for each sum, a
 // step of k sums is audited with probability 1 - (1 - F)^k (0.76 for
 // four sums at F = 0.3, nearly every step in a big swarm), and each of
-// those steps waits for its audits; drawn once, with probability F. No
-// stage starts its audits before the others' sums are in: a peer of a
-// stage told to recompute could tell a peer of another stage, which has
-// not sent its sum yet, that this step is checked.
+// those steps waits for its audits; drawn once, with probability F. Below
+// --audit 1, no stage starts its audits before the others' sums are in: a
+// peer of a stage told to recompute could tell a peer of another stage,
+// which has not sent its sum yet, that this step is checked.
 void engine_audits_turn(swarm_engine_t *r)
 {
     if (r->audit_rate <= 0.0 || r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD))
@@ -334,8 +334,9 @@ void engine_audits_turn(swarm_engine_t *r)
     int all_in = -1, drawn = 0;
     for (int s = 0; s < r->stages; s++) {
         if (!r->audit_drawn[s]) {
-            if (!s_stage_in(r, s) || !(all_in < 0 ? (all_in = s_all_in(r)) : all_in))
-                continue;
+            if (!s_stage_in(r, s)
+                || (r->audit_rate < 1.0 && !(all_in < 0 ? (all_in = s_all_in(r)) : all_in)))
+                continue; // (--audit 1 checks every step: nothing to tell)
             if (!drawn) {
                 drawn = 1 + (engine_draw(r, DRAW_AUDIT, 0, 0) < r->audit_rate);
                 r->audit_steps += drawn == 2;

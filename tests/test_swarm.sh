@@ -175,7 +175,7 @@ micro=$(echo "$line" | sed -n 's/.* in micro-batches of \([0-9]*\) (chosen: .*/\
 if clean_run $rc "$TMP/chosen.log" && [ "$micro" = 1 ] \
     && ! grep -q "filling and draining the pipeline leaves" "$TMP/chosen.log" \
     && echo "$line" | grep -q "take ~20% of a step, a larger --batch shrinks that: 9 windows keep it to 10%;" \
-    && grep -q "^swarm router: any key may join an open swarm, so another replica recomputes 30% of the gradient sums .*--allow FILE (private: no audits)$" "$TMP/chosen.log" \
+    && grep -q "^swarm router: any key may join an open swarm, so in 30% of the steps, drawn in secret, another replica recomputes each gradient sum .*--allow FILE (private: no audits)$" "$TMP/chosen.log" \
     && losses_match "$TMP/chosen.txt" "$TMP/train-chosen.txt" 10; then
     ok "no --micro-batch: the router says ${line#*of 1 }; losses equal swarm train --micro-batch 1's"
 else

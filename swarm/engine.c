@@ -100,6 +100,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     free(r->req_free);
     free(r->views);
     free(r->by_peer);
+    free(r->audit_cand);
     for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         free(r->ready[s].peer);
         free(r->route[s].view);

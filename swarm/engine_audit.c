@@ -83,8 +83,10 @@ int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, 
 // index order, as the ready peers are).
 static void s_audit_mark(swarm_engine_t *r, int s, int p)
 {
-    if (s >= 0 && s < r->stages)
+    if (s >= 0 && s < r->stages) {
         engine_list_add(&r->audited[s], p);
+        r->audit_gen[s]++;
+    }
 }
 
 // Replica p of stage s sent a sum outside the norm bound (why) while its
@@ -188,36 +190,44 @@ static void s_audit_feed(swarm_engine_t *r, int t)
         a->asked_sum = 1;
 }
 
-// When replica p would finish recomputing n micro-batches, in micro-batches
-// over its measured speed, after the share it recomputes now (if any).
-static double s_finish(const swarm_engine_t *r, int p, int n)
+// A stage's replicas that can recompute a share (ready, not failed), the
+// fastest first, with the running sums of their speeds and of what they
+// have still to recompute (engine_audits_turn's hand-out). Their number.
+static int s_cmp_cand(const void *x, const void *y)
 {
-    const peer_t *pe = &r->peers[p];
-    int busy = pe->audit_held + (pe->audit_of >= 0 ? r->peers[pe->audit_of].audit.left : 0);
-    return (double) (busy + n) / (pe->tok_s > 1e-3 ? pe->tok_s : 1e-3);
+    const audit_cand_t *a = x, *b = y;
+    return a->sp != b->sp ? (a->sp < b->sp ? 1 : -1) : (a->p > b->p) - (a->p < b->p);
 }
 
-// A free replica of stage s to recompute target t's share: the ready one,
-// not t and not among not[] (nnot of them), that would finish it first,
-// when that one recomputes nothing now. -1 none free, or a busy one would
-// finish it sooner (a share of a hundred micro-batches is not recomputed
-// by a slow CPU while a GPU is a moment from free): the share then waits
-// for that one (its audit_held, so that the next share waiting weighs it).
-static int s_verifier(swarm_engine_t *r, int s, int t, const int *not, int nnot)
+static int s_cands(swarm_engine_t *r, int s)
 {
-    int best = -1, n = r->peers[t].audit.share;
-    double at = 0.0;
-    for (int k = 0; k < r->ready[s].n; k++) {
-        int p = r->ready[s].peer[k], skip = p == t || r->peers[p].failed;
-        for (int j = 0; j < nnot; j++)
-            skip |= p == not[j];
-        double f = skip ? 0.0 : s_finish(r, p, n);
-        if (!skip && (best < 0 || f < at || (f == at && r->peers[best].audit_of >= 0)))
-            best = p, at = f;
+    if (r->audit_cand_cap < r->peers_cap) {
+        audit_cand_t *c = realloc(r->audit_cand, (size_t) r->peers_cap * sizeof *c);
+        if (!c)
+            abort(); // bookkeeping (STYLE.md: small allocations may abort)
+        r->audit_cand = c;
+        r->audit_cand_cap = r->peers_cap;
     }
-    if (best >= 0 && r->peers[best].audit_of >= 0)
-        r->peers[best].audit_held += n, best = -1;
-    return best;
+    audit_cand_t *c = r->audit_cand;
+    int n = 0;
+    for (int k = 0; k < r->ready[s].n; k++) {
+        const peer_t *pe = &r->peers[r->ready[s].peer[k]];
+        if (pe->failed)
+            continue;
+        c[n++] = (audit_cand_t) {
+            .p = r->ready[s].peer[k],
+            .sp = pe->tok_s > 1e-3 ? pe->tok_s : 1e-3,
+            .load = pe->audit_of >= 0 ? r->peers[pe->audit_of].audit.left : 0,
+        };
+    }
+    qsort(c, (size_t) n, sizeof *c, s_cmp_cand);
+    double sp = 0.0, load = 0.0;
+    for (int k = 0; k < n; k++) {
+        c[k].psp = sp, c[k].pload = load; // of those before it
+        sp += c[k].sp, load += c[k].load;
+        r->peers[c[k].p].audit_rank = k;
+    }
+    return n;
 }
 
 static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n);
@@ -256,6 +266,7 @@ static void s_audit_end(swarm_engine_t *r, int t)
         if (r->peers[a->by[k]].audit_of == t)
             r->peers[a->by[k]].audit_of = -1;
     *a = (audit_t) { .done = 1 };
+    engine_audits_touch(r, r->peers[t].stage);
 }
 
 // Peer t is a ready replica of stage s.
@@ -304,13 +315,90 @@ static int s_target_of(const swarm_engine_t *r, double key)
     return r->peers_cap - (int) fmod(-key, (double) r->peers_cap + 1.0);
 }
 
-// Whether every stage with two or more replicas has all its sums in.
+// Whether every stage with two or more replicas has all its sums in (the
+// stages' STEPs first: until the last stage's is answered, no replica's
+// sum is looked at).
 static int s_all_in(const swarm_engine_t *r)
 {
+    for (int s = 0; s < r->stages; s++)
+        if (r->ready[s].n >= 2 && (!r->stepped[s] || r->steps_open[s] > 0))
+            return 0;
     for (int s = 0; s < r->stages; s++)
         if (r->ready[s].n >= 2 && !s_stage_in(r, s))
             return 0;
     return 1;
+}
+
+// Hand the shares of stage s that wait for a verifier out, the largest
+// first, each to the replica that would finish it first: a free one now,
+// or (when sooner) the faster replicas recomputing other shares, taken as
+// one pool of their summed speed (a share of a hundred micro-batches is
+// not recomputed by a slow CPU while a GPU is a moment from free, nor a
+// CPU's share by a CPU while the GPUs can take it). A share that waits is
+// handed out again once a verifier is free (audit_gen). 1 when a dispute
+// has nobody left to decide it (the step started over), else 0.
+static int s_hand_out(swarm_engine_t *r, int s)
+{
+    // settled audits, and targets gone, are done with for this attempt
+    engine_ready_t *l = &r->audited[s];
+    int kept = 0;
+    for (int k = 0; k < l->n; k++)
+        if (s_ready_in(r, s, l->peer[k]) && !r->peers[l->peer[k]].audit.done)
+            l->peer[kept++] = l->peer[k];
+    l->n = kept;
+    double *order = r->by_peer; // scratch
+    int waiting = s_waiting_by_share(r, l, order);
+    if (waiting == 0)
+        return 0;
+    int ncand = s_cands(r, s), first = 0; // (every candidate before first is busy)
+    const audit_cand_t *c = r->audit_cand;
+    double held = 0.0, taken = 0.0; // shares waiting for the pool; shares given to free ones
+    for (int k = 0; k < waiting; k++) {
+        int t = s_target_of(r, order[k]);
+        audit_t *a = &r->peers[t].audit;
+        int left = ncand - !r->peers[t].failed, j = -1; // t's candidates; the fastest free
+        for (int m = 0; m < a->n; m++) // (not t, nor its verifiers so far)
+            left -= a->by[m] != t && s_ready_in(r, s, a->by[m]) && !r->peers[a->by[m]].failed;
+        if (left == 0) {
+            // the replicas that could are gone (dead or failed)
+            if (a->n >= 1) {
+                s_audit_verdict(r, t, NULL, 0); // a dispute nobody is left to decide
+                return 1;
+            }
+            r->audit_lost++;
+            s_audit_end(r, t);
+            continue;
+        }
+        while (first < ncand && r->peers[c[first].p].audit_of >= 0)
+            first++;
+        for (int i = first; i < ncand && j < 0; i++) {
+            int out = c[i].p == t || r->peers[c[i].p].audit_of >= 0;
+            for (int m = 0; m < a->n; m++)
+                out |= c[i].p == a->by[m];
+            j = out ? -1 : i;
+        }
+        if (j < 0)
+            continue; // when one is free
+        // the pool: the candidates before j, busy now, less t and its verifiers
+        double n = a->share > 0 ? a->share : 1, sp = c[j].psp, load = c[j].pload + taken + held;
+        for (int m = -1; m < a->n; m++) {
+            int x = m < 0 ? t : a->by[m], at = r->peers[x].audit_rank;
+            if ((m < 0 || x != t) && at >= 0 && at < j && c[at].p == x)
+                sp -= c[at].sp, load -= c[at].load;
+        }
+        if (sp > 1e-9 && (load + n) / sp < n / c[j].sp) {
+            held += n; // sooner from the faster ones, busy now
+            continue;
+        }
+        if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
+            abort();
+        if (!r->audit_dx && !(r->audit_dx = malloc(engine_acts_count(r) * sizeof(float))))
+            abort();
+        a->open = 1;
+        taken += n;
+        s_audit_ask(r, t, c[j].p);
+    }
+    return 0;
 }
 
 // Start what can start: the step's draw once every stage with two or more
@@ -334,19 +422,29 @@ void engine_audits_turn(swarm_engine_t *r)
     int all_in = -1, drawn = 0;
     for (int s = 0; s < r->stages; s++) {
         if (!r->audit_drawn[s]) {
-            if (!s_stage_in(r, s)
-                || (r->audit_rate < 1.0 && !(all_in < 0 ? (all_in = s_all_in(r)) : all_in)))
-                continue; // (--audit 1 checks every step: nothing to tell)
+            if (r->audit_rate >= 1.0 ? !s_stage_in(r, s) : r->ready[s].n < 2)
+                continue; // (--audit 1 checks every step: nothing to tell by starting early)
+            if (r->audit_rate < 1.0 && all_in < 0)
+                all_in = s_all_in(r);
+            if (r->audit_rate < 1.0 && !all_in)
+                continue;
             if (!drawn) {
                 drawn = 1 + (engine_draw(r, DRAW_AUDIT, 0, 0) < r->audit_rate);
                 r->audit_steps += drawn == 2;
             }
             r->audit_drawn[s] = 1;
             r->audit_any = 1;
+            for (int k = 0; k < r->ready[s].n; k++)
+                r->peers[r->ready[s].peer[k]].audit.share = 0;
+            for (int i = 0; i < r->G; i++) { // each replica's share, in one pass
+                int p = r->mbs[i].grad_peer[s];
+                if (p >= 0 && s_ready_in(r, s, p))
+                    r->peers[p].audit.share++;
+            }
             for (int k = 0; k < r->ready[s].n; k++) {
                 peer_t *pe = &r->peers[r->ready[s].peer[k]];
                 int forced = pe->audit.forced; // (engine_audit_force)
-                int share = pe->grad ? engine_share(r, r->ready[s].peer[k], s) : 0;
+                int share = pe->grad ? pe->audit.share : 0;
                 pe->audit = (audit_t) {
                     .want = (forced || drawn == 2) && share > 0,
                     .forced = forced,
@@ -356,41 +454,20 @@ void engine_audits_turn(swarm_engine_t *r)
                     s_audit_mark(r, s, r->ready[s].peer[k]);
             }
         }
-        // settled audits, and targets gone, are done with for this attempt
-        engine_ready_t *l = &r->audited[s];
-        int kept = 0;
-        for (int k = 0; k < l->n; k++)
-            if (s_ready_in(r, s, l->peer[k]) && !r->peers[l->peer[k]].audit.done)
-                l->peer[kept++] = l->peer[k];
-        l->n = kept;
-        double *order = r->by_peer; // scratch
-        int waiting = s_waiting_by_share(r, l, order);
-        for (int k = 0; k < r->ready[s].n; k++)
-            r->peers[r->ready[s].peer[k]].audit_held = 0;
-        for (int k = 0; k < waiting; k++) {
-            int t = s_target_of(r, order[k]);
-            audit_t *a = &r->peers[t].audit;
-            int v = s_verifier(r, s, t, a->by, a->n); // a second (or third) one
-            if (v < 0 && s_candidates(r, s, t, a->by, a->n) == 0) {
-                // the replicas that could are gone (dead or failed)
-                if (a->n >= 1) {
-                    s_audit_verdict(r, t, NULL, 0); // a dispute nobody is left to decide
-                    return;
-                }
-                r->audit_lost++;
-                s_audit_end(r, t);
-                continue;
-            }
-            if (v < 0)
-                continue; // when one is free
-            if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
-                abort();
-            if (!r->audit_dx && !(r->audit_dx = malloc(engine_acts_count(r) * sizeof(float))))
-                abort();
-            a->open = 1;
-            s_audit_ask(r, t, v);
-        }
+        if (r->audit_seen[s] == r->audit_gen[s])
+            continue; // no share wants a verifier and none was freed since the last hand-out
+        r->audit_seen[s] = r->audit_gen[s];
+        if (s_hand_out(r, s) != 0)
+            return; // a dispute nobody is left to decide: the step starts over
     }
+}
+
+// Something a hand-out of stage s's shares looks at changed: a replica came
+// or went, a verifier is free, a share wants one (engine_audits_turn).
+void engine_audits_touch(swarm_engine_t *r, int s)
+{
+    if (s >= 0 && s < SWARM_MAX_STAGES)
+        r->audit_gen[s]++;
 }
 
 // Audits of this step still to settle: the update waits for them.
@@ -420,8 +497,10 @@ void engine_audits_reset(swarm_engine_t *r)
         r->peers[p].audit_of = -1;
     }
     memset(r->audit_drawn, 0, sizeof r->audit_drawn);
-    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+    for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         r->audited[s].n = 0;
+        r->audit_gen[s]++;
+    }
     r->audit_any = 0;
 }
 
@@ -543,6 +622,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     a->agree[k] = !a->dx_bad && a->counted[k]
                   && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     r->peers[q->peer].audit_of = -1; // free for another audit
+    engine_audits_touch(r, s);
     if (k == 0 && a->agree[k]) {
         r->audits++;
         s_audit_end(r, t);
@@ -625,6 +705,7 @@ void engine_audit_lost(swarm_engine_t *r, int p)
     if (!a)
         return;
     r->audit_lost++;
+    engine_audits_touch(r, r->peers[p].stage); // (p is free: for the one it was to recompute)
     r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced, .share = a->share };
     s_audit_mark(r, r->peers[t].stage, t);
 }

@@ -69,6 +69,14 @@ typedef struct {
     int left;                // of them, the current verifier has still to answer
 } audit_t;
 
+// A replica that could recompute a share, in a hand-out (engine_audit.c).
+typedef struct {
+    double sp;               // its speed, tok/s
+    double load;             // micro-batches of the share it recomputes now
+    double psp, pload;       // the sums of both over the faster candidates
+    int p;
+} audit_cand_t;
+
 typedef struct engine_history engine_history_t;
 
 // A node sends a HEARTBEAT every beat_ms the router tells it (1 s until
@@ -199,7 +207,7 @@ typedef struct {
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
     int audit_of;            // the peer whose share it recomputes now, -1 none
-    int audit_held;          // micro-batches of shares waiting for it (engine_audits_turn)
+    int audit_rank;          // its place in the last hand-out's candidates (audit_cand)
 } peer_t;
 
 // The ready peers of one stage (state P_READY, failed or not), kept as
@@ -481,6 +489,10 @@ struct swarm_engine_s {
     uint64_t secret;         // the key of the checks' draws (spot checks, audits): no peer's
     double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
+    unsigned audit_gen[SWARM_MAX_STAGES];  // bumped when a stage's hand-out would change
+    unsigned audit_seen[SWARM_MAX_STAGES]; // audit_gen at its last hand-out
+    audit_cand_t *audit_cand; // [audit_cand_cap] scratch of a hand-out
+    int audit_cand_cap;
     int audit_any;           // some stage's are
     int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
     int64_t join_held_ms;    // how long joins have held the swarm (engine_join_held)
@@ -690,6 +702,7 @@ int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, 
 int engine_share(const swarm_engine_t *r, int p, int s);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
 void engine_audits_turn(swarm_engine_t *r);
+void engine_audits_touch(swarm_engine_t *r, int s);
 int engine_audits_open(swarm_engine_t *r);
 void engine_audits_reset(swarm_engine_t *r);
 int engine_audits_begun(const swarm_engine_t *r);

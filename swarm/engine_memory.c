@@ -60,6 +60,7 @@ size_t engine_memory(const swarm_engine_t *r)
     n += (size_t) r->peers_cap * (sizeof *r->peers + sizeof *r->views + sizeof *r->by_peer
                                  + sizeof *r->owed);
     n += (size_t) r->key_cap * sizeof *r->key_index;
+    n += (size_t) r->audit_cand_cap * sizeof *r->audit_cand;
     n += (size_t) r->joining.cap * sizeof *r->joining.peer;
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
         n += (size_t) (r->ready[s].cap + r->audited[s].cap + r->route[s].unmeasured.cap)
@@ -132,13 +133,16 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     // outputs at each stage but the last (which checks losses)
     n += G * (sizeof(mb_t) + 2 * r->tok_bytes + 2 * (S - 1) * A + S * sizeof(spot_t)
               + 3 * (S - 1) * A);
-    // the peer table (with views, scratch and owed) and its index by key: a new
+    // the peer table (with views, scratch, owed and the audits' hand-out
+    // scratch, as large as the table when made) and its index by key: a new
     // entry is made only when fewer than PEERS_KEEP_DEAD are dead or none of
     // the dead can be reused (banned, or with a part in the step), so it
     // holds at most P + PEERS_KEEP_DEAD; the index, at most half full, is
     // rebuilt at 4 slots an entry
     size_t entries = P + PEERS_KEEP_DEAD;
-    n += s_doubled(16, entries) * (sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double) + sizeof(int));
+    n += s_doubled(16, entries)
+         * (sizeof(peer_t) + sizeof(swarm_peer_view_t) + sizeof(double) + sizeof(int)
+            + sizeof(audit_cand_t));
     n += s_doubled(64, 4 * (entries + 1)) * sizeof(int);
     // each stage's ready peers (none of them dead) with their routing rows
     // and those not measured yet, and those whose audit was wanted (ready

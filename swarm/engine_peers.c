@@ -141,6 +141,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         s_ready_del(l, p);
         s_route_forget(rt, p);
         rt->gen++;
+        engine_audits_touch(r, pe->stage);
     }
     if (pe->state == P_JOINING)
         s_list_del(&r->joining, p);
@@ -159,6 +160,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         int k = s_ready_slot(l, p);
         memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
         engine_route_touch(r, p);
+        engine_audits_touch(r, pe->stage);
     }
 }
 

@@ -356,9 +356,9 @@ if [ -n "$audited" ] && [ -n "$unaudited" ] \
 else
     bad "audits cost too much on uneven peers: '$audited' tok/s against '$unaudited' without"
 fi
-# a share goes to the replica that would finish it first, waiting for a
-# busy GPU rather than starting on a free CPU 20-40 times slower: 1,000
-# volunteer peers (scripts/sim-scale.sh's mix) keep 0.88 of their
+# a share waits for the busy GPUs when they would finish it before a free
+# CPU 20-40 times slower would: 1,000
+# volunteer peers (scripts/sim-scale.sh's mix) keep 0.87 of their
 # throughput without audits; taken by the fastest free replica they kept
 # 0.77 (0.74 with a step's sums audited together, when every GPU is busy
 # with another's share as the CPUs' shares are handed out)

@@ -341,21 +341,28 @@ if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN 
 else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
 fi
+# audits_kept WHAT MIN FLAGS...: the run just made ($TMP/sim.out: FLAGS,
+# audits at the default rate) kept at least MIN of the tokens/s of the
+# same run with --audit 0
+audits_kept() {
+    what=$1 min=$2
+    shift 2
+    audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+    SWARM_PLAIN=1 "$SWARM" sim "$@" --audit 0 >"$TMP/unaudited.out" 2>&1
+    unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
+    if [ -n "$audited" ] && [ -n "$unaudited" ] \
+        && awk -v a="$audited" -v b="$unaudited" -v m="$min" 'BEGIN { exit !(a >= m * b) }'; then
+        ok "$what: audits at 0.3 kept $audited tok/s of the $unaudited without them"
+    else
+        bad "$what: audits cost too much: '$audited' tok/s against '$unaudited' without"
+    fi
+}
 # audits on those uneven peers (the default rate, 0.3): the largest shares,
-# the GPUs', wait for verifiers first and get the fastest free replicas;
-# taken in table order, a GPU's share of tens of micro-batches went to a
+# the GPUs', are handed out first, to the GPUs; taken in table order, a GPU's share of tens of micro-batches went to a
 # CPU while the GPUs recomputed shares of one, and the swarm kept 0.11 of
 # its throughput without audits
-audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
 # shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" sim $VOLUNTEER --audit 0 >"$TMP/unaudited.out" 2>&1
-unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
-if [ -n "$audited" ] && [ -n "$unaudited" ] \
-    && awk -v a="$audited" -v b="$unaudited" 'BEGIN { exit !(a >= 0.3 * b) }'; then
-    ok "audits at 0.3 kept $audited tok/s of the $unaudited without them"
-else
-    bad "audits cost too much on uneven peers: '$audited' tok/s against '$unaudited' without"
-fi
+audits_kept "uneven peers" 0.3 $VOLUNTEER
 # a share waits for the busy GPUs when they would finish it before a free
 # CPU 20-40 times slower would: 1,000
 # volunteer peers (scripts/sim-scale.sh's mix) keep 0.87 of their
@@ -367,16 +374,8 @@ SCALE="--peers 1000 --stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-
     --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1"
 # shellcheck disable=SC2086
 sim_ok "1,000 volunteer peers on 8 stages, audits at the default rate" $SCALE
-audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
 # shellcheck disable=SC2086
-SWARM_PLAIN=1 "$SWARM" sim $SCALE --audit 0 >"$TMP/unaudited.out" 2>&1
-unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
-if [ -n "$audited" ] && [ -n "$unaudited" ] \
-    && awk -v a="$audited" -v b="$unaudited" 'BEGIN { exit !(a >= 0.83 * b) }'; then
-    ok "1,000 peers: audits at 0.3 kept $audited tok/s of the $unaudited without them"
-else
-    bad "1,000 peers: audits cost too much: '$audited' tok/s against '$unaudited' without"
-fi
+audits_kept "1,000 peers" 0.83 $SCALE
 
 # a stage's only replica moved in waves: the fastest peer joined first and
 # got stage 0 alone, where it does more than the pipeline can use; the

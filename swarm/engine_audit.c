@@ -85,7 +85,7 @@ static void s_audit_mark(swarm_engine_t *r, int s, int p)
 {
     if (s >= 0 && s < r->stages) {
         engine_list_add(&r->audited[s], p);
-        r->audit_gen[s]++;
+        engine_audits_touch(r, s);
     }
 }
 
@@ -190,15 +190,16 @@ static void s_audit_feed(swarm_engine_t *r, int t)
         a->asked_sum = 1;
 }
 
-// A stage's replicas that can recompute a share (ready, not failed), the
-// fastest first, with the running sums of their speeds and of what they
-// have still to recompute (engine_audits_turn's hand-out). Their number.
+// Candidates the fastest first, then by index.
 static int s_cmp_cand(const void *x, const void *y)
 {
     const audit_cand_t *a = x, *b = y;
     return a->sp != b->sp ? (a->sp < b->sp ? 1 : -1) : (a->p > b->p) - (a->p < b->p);
 }
 
+// Stage s's replicas that can recompute a share (ready, not failed) into
+// audit_cand, the fastest first, with the running sums of their speeds and
+// of what they have still to recompute (s_hand_out). Their number.
 static int s_cands(swarm_engine_t *r, int s)
 {
     if (r->audit_cand_cap < r->peers_cap) {

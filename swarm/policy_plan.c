@@ -53,6 +53,9 @@ typedef struct {
     const swarm_plan_t *pl;
     int n, S;
     double *w;         // each counted peer's weight (0: not counted)
+    double *u;         // scratch: a stage's speeds (s_audit_s)
+    double audit;      // the fraction of steps audited that s_value weighs: the
+                       // plan's, up to PLAN_EXACT_PEERS counted peers; 0 beyond
     int *from;         // its stage now (-1: not counted)
     int *movable;      // it may change stage
     int *at;           // the assignment being worked on
@@ -102,6 +105,69 @@ static double s_low(const plan_ctx_t *c, int *which)
     if (which)
         *which = b;
     return c->T[b];
+}
+
+static int s_by_speed(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return x > y ? -1 : x < y;
+}
+
+double swarm_policy_audit_s(double *tok_s, int k)
+{
+    double total = 0.0, most = 0.0;
+    int n = 0;
+    for (int i = 0; i < k; i++)
+        if (tok_s[i] > 0.0)
+            total += tok_s[n++] = tok_s[i];
+    if (n < 2)
+        return 0.0;
+    qsort(tok_s, (size_t) n, sizeof *tok_s, s_by_speed); // the largest share first
+    double few[64] = { 0 }, *done = n <= 64 ? few : calloc((size_t) n, sizeof *done);
+    if (!done)
+        return 0.0; // (counted as no audit)
+    for (int i = 0; i < n; i++) {
+        int by = -1;
+        double share = tok_s[i] / total, end = INFINITY;
+        for (int j = 0; j < n; j++)
+            if (j != i && done[j] + share / tok_s[j] < end)
+                by = j, end = done[j] + share / tok_s[j];
+        done[by] = end;
+        most = fmax(most, end);
+    }
+    if (done != few)
+        free(done);
+    return most;
+}
+
+// Stage s's audit under `at` (swarm_policy_audit_s), seconds a token.
+static double s_audit_s(const plan_ctx_t *c, int s)
+{
+    int k = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->at[i] == s)
+            c->u[k++] = c->w[i] / c->pl->cost[s];
+    return swarm_policy_audit_s(c->u, k);
+}
+
+// What the plan weighs a split by: its bound (s_low) in a swarm without
+// audits; with them (c->audit, the fraction of steps audited), the
+// tokens a second of a step's mean time, a step taking a token the
+// bottleneck's time and, in that fraction of them, the slowest stage's
+// audit too (every stage's audits run side by side, after the step's
+// sums are in). A fast replica whose share only a slow one can recompute
+// costs the steps audited four times or more their time
+// (scripts/bench-hetero.sh: 1.7 s a step, 7.6 audited), so a split that
+// pairs replicas of like speed can beat one of a higher bound.
+static double s_value(plan_ctx_t *c)
+{
+    double low = s_low(c, NULL);
+    if (!(c->audit > 0.0) || !(low > 0.0))
+        return low;
+    double most = 0.0;
+    for (int s = 0; s < c->S; s++)
+        most = fmax(most, s_audit_s(c, s));
+    return 1.0 / (1.0 / low + c->audit * most);
 }
 
 // Peer i leaves stage s under `at`: s keeps a peer, and the own replicas
@@ -300,6 +366,33 @@ typedef struct {
     double floor;      // > 0: the fewest moves to a bound of at least this
 } exact_t;
 
+// At most what a split reached from exact search node k may be worth
+// (s_value), its bound at most `hope`: with audits, at a stage of two
+// replicas or more whose fastest two no peer still to place can outrun
+// (they come heaviest first), the fastest's share (its speed over the
+// most the stage may reach) is redone by the second fastest at best.
+static double s_hope(const exact_t *x, int k, double hope)
+{
+    const plan_ctx_t *c = x->c;
+    double next = k < x->m ? c->w[x->order[k]] : 0.0, most = 0.0;
+    if (!(c->audit > 0.0) || !(hope > 0.0) || !isfinite(hope))
+        return hope;
+    for (int s = 0; s < c->S; s++) {
+        double w1 = 0.0, w2 = 0.0; // weights: a stage's speeds in the same order
+        for (int i = 0; i < c->n; i++) {
+            if (c->at[i] != s)
+                continue;
+            if (c->w[i] > w1)
+                w2 = w1, w1 = c->w[i];
+            else if (c->w[i] > w2)
+                w2 = c->w[i];
+        }
+        if (w2 > 0.0 && next <= w2)
+            most = fmax(most, w1 / (w2 * (c->T[s] + x->rest[k] / c->pl->cost[s])));
+    }
+    return 1.0 / (1.0 / hope + c->audit * most);
+}
+
 static void s_exact(exact_t *x, int k)
 {
     plan_ctx_t *c = x->c;
@@ -314,18 +407,19 @@ static void s_exact(exact_t *x, int k)
     }
     if (wanted > x->m - k)
         return;
-    // at best every stage gets all that is left
+    // at best every stage gets all that is left (its audits, s_hope)
     double hope = INFINITY;
     for (int s = 0; s < c->S; s++) {
         double t = c->T[s] + x->rest[k] / c->pl->cost[s];
         hope = t < hope ? t : hope;
     }
+    hope = s_hope(x, k, hope);
     double tol = 1e-9 * (x->best > 0 ? x->best : 1.0);
     if (x->floor > 0.0 ? hope < x->floor || x->moves > x->best_moves
                        : hope < x->best - tol || (hope <= x->best + tol && x->moves >= x->best_moves))
         return;
     if (k == x->m) {
-        double low = s_low(c, NULL);
+        double low = s_value(c);
         if (c->waves && s_waves(c) < 0)
             return;
         int better = x->floor > 0.0
@@ -359,7 +453,7 @@ static double s_settle(plan_ctx_t *c, const int *at)
     if (at != c->at)
         memcpy(c->at, at, (size_t) c->n * sizeof *c->at);
     s_totals(c);
-    return s_low(c, NULL);
+    return s_value(c);
 }
 
 // The best assignment into c->at (starting from c->at as it is); its bound.
@@ -375,7 +469,9 @@ static double s_solve(plan_ctx_t *c)
         if (c->movable[i])
             order[m++] = (wi_t) { c->w[i], i };
     qsort(order, (size_t) m, sizeof *order, s_by_weight); // lightest first
-    double now = s_low(c, NULL), low = s_improve(c, list, NULL, NULL);
+    double now = s_value(c);
+    s_improve(c, list, NULL, NULL); // (by the bound: audits weighed by the exact search only)
+    double low = s_value(c);
     memcpy(scratch, c->at, (size_t) c->n * sizeof *c->at);
     if (m <= PLAN_EXACT_PEERS) {
         exact_t x = { .c = c, .m = m, .best_at = scratch, .best = low, .best_moves = 0 };
@@ -401,7 +497,8 @@ static double s_solve(plan_ctx_t *c)
     }
     // a start from scratch, kept when it is clearly better
     s_greedy(c, order, m);
-    double fresh = s_improve(c, list, NULL, NULL);
+    s_improve(c, list, NULL, NULL);
+    double fresh = s_value(c);
     return fresh > low * 1.02 ? s_settle(c, c->at) : s_settle(c, scratch);
 }
 
@@ -444,7 +541,7 @@ static void s_replay(plan_ctx_t *c, const int *trail, int k)
 // its bound.
 static double s_priced(plan_ctx_t *c, int *trail)
 {
-    double low = s_low(c, NULL);
+    double low = s_value(c);
     int steps = 0;
     s_improve(c, c->list, trail, &steps);
     // replay the steps from the start, pricing each prefix
@@ -454,7 +551,7 @@ static double s_priced(plan_ctx_t *c, int *trail)
     double best_worth = 0.0;
     for (int k = 0; k < steps; k++) {
         s_replay(c, trail, k);
-        double high = s_low(c, NULL), f = s_fetch(c, &moves);
+        double high = s_value(c), f = s_fetch(c, &moves);
         double w = s_worth(c->pl, low, high, f);
         if (high > low * (1.0 + c->pl->margin) && w > best_worth)
             best_k = k + 1, best_worth = w;
@@ -477,7 +574,7 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
         if (!(pl->cost[s] > 0.0))
             return -1;
     size_t k = (size_t) (n > 0 ? n : 1);
-    c->w = malloc(k * sizeof *c->w);
+    c->w = malloc(2 * k * sizeof *c->w);
     c->from = malloc(6 * k * sizeof *c->from);
     c->order = malloc(2 * k * sizeof *c->order);
     if (!c->w || !c->from || !c->order) {
@@ -486,6 +583,7 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
         free(c->order);
         return -1;
     }
+    c->u = c->w + k;
     c->movable = c->from + k, c->at = c->from + 2 * k, c->scratch = c->from + 3 * k;
     c->wave = c->from + 4 * k, c->mov = c->from + 5 * k;
     c->list = c->order + k;
@@ -504,6 +602,10 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
         }
     }
     s_totals(c);
+    int counted = 0;
+    for (int i = 0; i < n; i++)
+        counted += c->from[i] >= 0;
+    c->audit = counted <= PLAN_EXACT_PEERS && pl->audit > 0.0 ? fmin(pl->audit, 1.0) : 0.0;
     // two of three or more, one of one or two (a move from two is allowed)
     for (int s = 0; s < c->S; s++)
         c->keep_own[s] = !keep ? 0 : c->own[s] > PLAN_KEEP ? PLAN_KEEP : c->own[s] > 0;
@@ -527,7 +629,7 @@ double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_pla
         for (int i = 0; i < n; i++)
             c.at[i] = c.from[i] >= 0 ? at[i] : -1;
     s_totals(&c);
-    double low = s_low(&c, NULL);
+    double low = s_value(&c);
     s_ctx_free(&c);
     return low;
 }
@@ -557,7 +659,7 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     if (s_ctx(&c, peers, n, plan, 1) != 0)
         return 0;
     c.waves = 1;
-    double low = s_low(&c, NULL), best = low, weight = 0.0, costs = 0.0;
+    double low = s_value(&c), best = low, weight = 0.0, costs = 0.0;
     int empty = 0, movable = 0;
     for (int s = 0; s < c.S; s++)
         empty += c.count[s] == 0, costs += plan->cost[s];

@@ -148,8 +148,18 @@ typedef struct {
     double horizon;        // s: over this, its gain must be more than its fetches cost
     double wave_s;         // s from one wave of a plan's moves to the next (a check's
                            // interval): counted with the fetches, 0 none
+    double audit;          // the fraction of steps whose gradient sums are audited (--audit),
+                           // 0 none: up to 12 peers, every bound below is then the tokens/s
+                           // of a step's mean time, audits counted (policy_plan.c, s_value)
 } swarm_plan_t;
 
+// Seconds a token of a stage's step takes to audit (engine_audit.c) when
+// its k replicas train at tok_s[k] (sorted here, fastest first): each
+// replica's share, its speed over the stage's, recomputed by another, the
+// largest share first, each by the replica that would finish it first,
+// as the router hands them out; 0 for fewer than two replicas (none to
+// audit). A stage's step itself takes 1 / (the summed tok_s) a token.
+double swarm_policy_audit_s(double *tok_s, int k);
 // The bound of assignment `at` (a stage for each peer; NULL: where they are).
 double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan,
                           const int *at);

@@ -943,13 +943,23 @@ static void s_brute_at(brute_t *b, int i)
         if (b->T[s] + b->left[s][i] <= b->best)
             return;
     if (i == b->n) {
-        double low = INFINITY;
+        double low = INFINITY, audit = 0.0;
         for (int s = 0; s < S; s++) {
             if (b->count[s] == 0)
                 return;
             low = b->T[s] < low ? b->T[s] : low;
+            double u[10];
+            int k = 0;
+            for (int j = 0; j < b->n; j++)
+                if (b->at[j] == s)
+                    u[k++] = b->p[j].tok_s * b->plan->cost[b->p[j].stage] / b->plan->cost[s];
+            audit = fmax(audit, swarm_policy_audit_s(u, k));
         }
-        if (!b->keep || s_waves_reach(b->p, b->n, S, b->at))
+        // with audits, a step's mean time: a fraction `audit` of the steps
+        // wait for the slowest stage's audit too
+        if (b->plan->audit > 0.0)
+            low = 1.0 / (1.0 / low + b->plan->audit * audit);
+        if (low > b->best && (!b->keep || s_waves_reach(b->p, b->n, S, b->at)))
             b->best = low;
         return;
     }
@@ -1005,8 +1015,10 @@ START_TEST(test_plan_equals_brute_force_up_to_10_peers_and_4_stages)
             // some can hold only the smaller stages (but their own)
             p[i].memory = swarm_splitmix64(&rng) % 3 == 0 ? need[stage] + 1.0 : 0.0;
         }
+        // every other round an open swarm's: audits weighed
         swarm_plan_t plan = { .stages = S, .cost = cost, .need = need, .now = 100.0,
-                              .hold = 30.0, .margin = 0.0, .horizon = 300.0 };
+                              .hold = 30.0, .margin = 0.0, .horizon = 300.0,
+                              .audit = round % 2 ? 0.3 : 0.0 };
         double best = swarm_policy_best(p, n, &plan, NULL), brute = s_brute(p, n, &plan, 0);
         ck_assert_msg(best >= 0.98 * brute && best <= brute * (1 + 1e-9),
                       "round %d: best %g, brute force %g", round, best, brute);
@@ -1033,6 +1045,69 @@ START_TEST(test_plan_equals_brute_force_up_to_10_peers_and_4_stages)
     }
     ck_assert_int_eq(cases, 400);
     ck_assert_int_gt(planned, 100); // most random starts have a better split
+}
+END_TEST
+
+// A stage's audit, worked by hand (seconds a token; the step itself takes
+// 1 / the summed speed): two even replicas recompute each other's half in
+// the step's own time; a fast replica beside a slow one waits for the
+// slow one to redo its two thirds.
+START_TEST(test_audit_time_is_the_largest_share_by_the_first_to_finish_it)
+{
+    double one[1] = { 5.0 }, two[2] = { 1.0, 1.0 }, uneven[2] = { 0.25, 0.5 };
+    double three[3] = { 0.125, 0.25, 0.25 }, tail[3] = { 0.0625, 0.5, 0.125 };
+    ck_assert(swarm_policy_audit_s(one, 1) == 0.0);  // none to audit it
+    ck_assert(fabs(swarm_policy_audit_s(two, 2) - 0.5) < 1e-12);
+    // 2/3 of the stage's token on the one of 0.25; 1/3 on the one of 0.5
+    ck_assert(fabs(swarm_policy_audit_s(uneven, 2) - (2.0 / 3.0) / 0.25) < 1e-12);
+    // shares 0.4, 0.4, 0.2: each 0.4 on the other 0.25 (1.6 s), then the
+    // 0.125's own 0.2 after one of them (1.6 + 0.8)
+    ck_assert(fabs(swarm_policy_audit_s(three, 3) - 2.4) < 1e-12);
+    // shares 8/11, 2/11, 1/11 of 0.6875: the largest waits for the 0.125
+    ck_assert(fabs(swarm_policy_audit_s(tail, 3) - (0.5 / 0.6875) / 0.125) < 1e-12);
+}
+END_TEST
+
+// scripts/bench-hetero.sh's six nodes (speeds 1, 1, 1/2, 1/4, 1/4, 1/8 of
+// a stage of cost 1; stages of costs 1, 2, 1). The best bound, 0.6875,
+// leaves stage 2 of 1/2 and 1/4, and stage 1 the other fast one with
+// 1/4 and 1/8: audited, a step waits 5.8 s a token for the slow ones to
+// redo the fast one's share, and 0.3 of the steps make 0.3125 tokens a
+// second of it. With audits weighed, the plan pairs the fast one with the
+// 1/2 and the three slow ones together: a bound of 0.625, but 0.4167
+// audited (by hand: 1 / (1.6 + 0.3 * 2.667)). Without audits it keeps
+// the best bound.
+START_TEST(test_plan_weighs_audits_in_an_open_swarm)
+{
+    double cost[3] = { 1.0, 2.0, 1.0 };
+    // where the best bound puts them (tok_s on their own stage)
+    swarm_peer_view_t p[6] = {
+        s_view(0, 1, 0, 1.0), s_view(1, 1, 0, 0.5), s_view(2, 1, 0, 0.5),
+        s_view(1, 1, 0, 0.125), s_view(2, 1, 0, 0.25), s_view(1, 1, 0, 0.0625),
+    };
+    for (int i = 0; i < 6; i++)
+        p[i].moved_at = -1e30;
+    swarm_plan_t plan = { .stages = 3, .cost = cost, .now = 100.0, .hold = 30.0, .margin = 0.05,
+                          .horizon = 300.0 };
+    int to[6];
+    double low, high;
+    ck_assert_int_eq(swarm_policy_plan(p, 6, &plan, to, &low, &high), 0);
+    ck_assert(fabs(low - 0.6875) < 1e-12 && fabs(swarm_policy_best(p, 6, &plan, NULL) - 0.6875) < 1e-12);
+    plan.audit = 0.3;
+    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, NULL) - 0.3125) < 1e-12);
+    int moves = swarm_policy_plan(p, 6, &plan, to, &low, &high);
+    ck_assert_int_gt(moves, 0);
+    ck_assert(fabs(low - 0.3125) < 1e-12);
+    ck_assert_msg(fabs(high - 1.0 / (1.6 + 0.3 * (2.0 / 3.0) / 0.25)) < 1e-12, "high %g", high);
+    ck_assert(swarm_policy_bound(p, 6, &plan, to) == high);
+    // the fast one of stage 1 beside the 1/2; the three slow ones together
+    ck_assert_int_eq(to[1], to[2]);
+    ck_assert_int_eq(to[3], to[4]);
+    ck_assert_int_eq(to[4], to[5]);
+    ck_assert_int_ne(to[0], to[1]);
+    ck_assert_int_ne(to[0], to[3]);
+    plan.audit = 0.0;
+    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, to) - 0.625) < 1e-12);
 }
 END_TEST
 
@@ -1478,6 +1553,8 @@ int main(void)
     tcase_add_test(tc, test_plan_moves_a_stages_only_replica_in_waves);
     tcase_add_test(tc, test_plan_equals_brute_force_up_to_10_peers_and_4_stages);
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
+    tcase_add_test(tc, test_audit_time_is_the_largest_share_by_the_first_to_finish_it);
+    tcase_add_test(tc, test_plan_weighs_audits_in_an_open_swarm);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     tcase_add_test(tc, test_cut_fits_exactly_when_some_assignment_does);
     tcase_add_test(tc, test_cut_choice_weighs_bounds_then_spares_then_fewer_stages);

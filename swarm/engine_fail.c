@@ -613,6 +613,20 @@ static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
     return held;
 }
 
+// Whether the plan weighed audits (swarm_policy_plan: a small open
+// swarm): its bounds `low` now differs from the bound's; *raw_low and
+// *raw_high get the bounds before and after plan `to`.
+static int s_plan_audited(const swarm_engine_t *r, const swarm_peer_view_t *views,
+                          const swarm_plan_t *plan, const int *to, double low, double *raw_low,
+                          double *raw_high)
+{
+    swarm_plan_t bare = *plan;
+    bare.audit = 0.0;
+    *raw_low = swarm_policy_bound(views, r->npeers, &bare, NULL);
+    *raw_high = swarm_policy_bound(views, r->npeers, &bare, to);
+    return plan->audit > 0.0 && *raw_low != low;
+}
+
 // The plan a check before began, its later waves still to send (peer_t
 // plan_to): into to[], and how many moves it has left; 0 (and the plan
 // dropped) when none is, or when by the speeds measured since it no
@@ -726,6 +740,8 @@ void engine_rebalance(swarm_engine_t *r)
         for (int q = 0; q < r->npeers; q++)
             r->peers[q].plan_to = to[q] != r->peers[q].stage ? 1 + to[q] : 0;
     }
+    double raw_low = 0.0, raw_high = 0.0; // (before the wave leaves out what waits)
+    int audited = !rest && s_plan_audited(r, views, &plan, to, low, &raw_low, &raw_high);
     // its wave: a move that would leave its stage short waits (plan_to) for
     // the newcomers there; a later check sends it
     int waiting = swarm_policy_wave(views, r->npeers, &plan, to);
@@ -750,6 +766,10 @@ void engine_rebalance(swarm_engine_t *r)
     if (rest)
         engine_say(r, "swarm router: step %ld: rebalancing goes on: %d more move%s%s\n", r->step,
                    moves, moves == 1 ? "" : "s", later);
+    else if (audited)
+        engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the tok/s a step "
+                   "makes, its audits counted, from %.0f to %.0f (the bound: %.0f to %.0f)%s\n",
+                   r->step, moves, moves == 1 ? "" : "s", low, high, raw_low, raw_high, later);
     else
         engine_say(r, "swarm router: step %ld: rebalancing: %d move%s lift the bound from %.0f "
                    "to %.0f tok/s%s\n", r->step, moves, moves == 1 ? "" : "s", low, high, later);

@@ -29,6 +29,11 @@
  * reach; the local search keeps, more simply, the replicas each stage must
  * keep among its own. No plan moves a peer moved within `hold` seconds,
  * nor one to a stage it cannot hold.
+ * In an open swarm (pl->audit > 0) of up to PLAN_EXACT_PEERS peers, a
+ * split is weighed by what a step makes with its audits (s_value), not by
+ * its bound alone: a fast replica beside only slow ones makes every
+ * audited step wait for them to redo its share. Beyond, the local search
+ * weighs the bound alone (its steps would each cost a pass over the peers).
  */
 #include "swarm.h"
 

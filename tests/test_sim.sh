@@ -363,6 +363,23 @@ audits_kept() {
 # its throughput without audits
 # shellcheck disable=SC2086
 audits_kept "uneven peers" 0.3 $VOLUNTEER
+# bench-hetero's six nodes (two fast, one of half their speed, three
+# slower): the split of the highest bound leaves a fast replica on a
+# stage beside only slow ones, which every audited step waits for while
+# they redo its share (0.52 of the throughput without audits); an open
+# swarm's plan weighs that, pairs replicas of like speed, and says so
+HETERO="--peers 6 --stages 3 --layers 4 --heads 4 --embd 128 --block 64 --batch 192
+    --micro-batch 2 --eval-every 0 --iters 100 --speeds 24000x2,12000,6000x2,3000 --latency 1
+    --seed 5 --verbose"
+# shellcheck disable=SC2086
+sim_ok "six uneven peers, audits at the default rate" $HETERO
+if grep -q "rebalancing: .* its audits counted, from [0-9]* to [0-9]* (the bound: " "$TMP/sim.out"; then
+    ok "the plan weighed the audits: $(grep -o "lift the tok/s.*" "$TMP/sim.out" | head -1)"
+else
+    bad "no plan of the six uneven peers weighed the audits"
+fi
+# shellcheck disable=SC2086
+audits_kept "six uneven peers, the plan weighing audits" 0.62 $HETERO
 # a share waits for the busy GPUs when they would finish it before a free
 # CPU 20-40 times slower would: 1,000
 # volunteer peers (scripts/sim-scale.sh's mix) keep 0.87 of their

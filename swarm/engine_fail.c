@@ -613,9 +613,9 @@ static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
     return held;
 }
 
-// Whether the plan weighed audits (swarm_policy_plan: a small open
-// swarm): its bounds `low` now differs from the bound's; *raw_low and
-// *raw_high get the bounds before and after plan `to`.
+// Whether the plan's numbers count audits (swarm_policy_plan weighs them
+// in a small open swarm): its value now, `low`, is not the bound; *raw_low
+// and *raw_high get the bounds before and after plan `to`.
 static int s_plan_audited(const swarm_engine_t *r, const swarm_peer_view_t *views,
                           const swarm_plan_t *plan, const int *to, double low, double *raw_low,
                           double *raw_high)

@@ -369,7 +369,7 @@ audits_kept "uneven peers" 0.3 $VOLUNTEER
 # they redo its share (0.52 of the throughput without audits); an open
 # swarm's plan weighs that, pairs replicas of like speed, and says so
 HETERO="--peers 6 --stages 3 --layers 4 --heads 4 --embd 128 --block 64 --batch 192
-    --micro-batch 2 --eval-every 0 --iters 100 --speeds 24000x2,12000,6000x2,3000 --latency 1
+    --micro-batch 2 --eval-every 0 --iters 50 --speeds 24000x2,12000,6000x2,3000 --latency 1
     --seed 5 --verbose"
 # shellcheck disable=SC2086
 sim_ok "six uneven peers, audits at the default rate" $HETERO

@@ -293,10 +293,10 @@ static void s_best_swap(const plan_ctx_t *c, int i, int b, const wi_t *list, int
     }
 }
 
-// Local search from `at` (see the top of the file); its bottleneck after.
+// Local search from `at` (see the top of the file), by the bound.
 // trail (when not NULL) gets each step's peers and where they went, four
 // ints a step, and *steps how many.
-static double s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
+static void s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
 {
     s_totals(c);
     if (nsteps)
@@ -334,7 +334,6 @@ static double s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
             t[0] = best.i, t[1] = b, t[2] = best.j, t[3] = s;
         }
     }
-    return s_low(c, NULL);
 }
 
 // The unmovable where they are, the movable nowhere yet.
@@ -475,7 +474,7 @@ static double s_solve(plan_ctx_t *c)
             order[m++] = (wi_t) { c->w[i], i };
     qsort(order, (size_t) m, sizeof *order, s_by_weight); // lightest first
     double now = s_value(c);
-    s_improve(c, list, NULL, NULL); // (by the bound: audits weighed by the exact search only)
+    s_improve(c, list, NULL, NULL); // (audits are weighed by the exact search only)
     double low = s_value(c);
     memcpy(scratch, c->at, (size_t) c->n * sizeof *c->at);
     if (m <= PLAN_EXACT_PEERS) {
@@ -608,8 +607,8 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
     }
     s_totals(c);
     int counted = 0;
-    for (int i = 0; i < n; i++)
-        counted += c->from[i] >= 0;
+    for (int s = 0; s < c->S; s++)
+        counted += c->ready[s] + c->joining[s];
     c->audit = counted <= PLAN_EXACT_PEERS && pl->audit > 0.0 ? fmin(pl->audit, 1.0) : 0.0;
     // two of three or more, one of one or two (a move from two is allowed)
     for (int s = 0; s < c->S; s++)

@@ -178,18 +178,18 @@ int sim_ready_on(const sim_t *s, int p)
 void sim_leaves(sim_t *s, int p)
 {
     int st = sim_ready_on(s, p);
-    if (st >= 0 && sim_healthy(s, st, p) == 0)
+    if (st >= 0 && !sim_healthy(s, st, p))
         s->emptied++;
 }
 
 int sim_healthy(const sim_t *s, int st, int p)
 {
-    int n = 0;
     for (int q = 0; q < s->npeers; q++) {
         const sim_peer_t *o = &s->peers[q];
-        n += q != p && o->alive && !o->lie && s->now >= o->stall_until && sim_ready_on(s, q) == st;
+        if (q != p && o->alive && !o->lie && s->now >= o->stall_until && sim_ready_on(s, q) == st)
+            return 1; // (one is enough: a stage's replicas are about every stages-th peer)
     }
-    return n;
+    return 0;
 }
 
 // Whether pe is the only replica the engine holds ready on its stage
@@ -539,14 +539,14 @@ static double s_best_held(const sim_t *s)
 // summed speeds of the stage's live ready replicas.
 static double s_bound(const sim_t *s)
 {
-    double low = -1.0;
-    for (int st = 0; st < s->c->stages; st++) {
-        double sum = 0.0;
-        for (int p = 0; p < s->npeers; p++)
-            if (s->peers[p].alive && s->peers[p].ready && s->peers[p].stage == st)
-                sum += s->peers[p].speed * s->mean_cost / s->c->stage_cost[st];
-        low = low < 0 || sum < low ? sum : low;
+    double sum[SWARM_MAX_STAGES] = { 0 }, low = -1.0;
+    for (int p = 0; p < s->npeers; p++) {
+        const sim_peer_t *pe = &s->peers[p];
+        if (pe->alive && pe->ready && pe->stage >= 0 && pe->stage < s->c->stages)
+            sum[pe->stage] += pe->speed * s->mean_cost / s->c->stage_cost[pe->stage];
     }
+    for (int st = 0; st < s->c->stages; st++)
+        low = low < 0 || sum[st] < low ? sum[st] : low;
     return low > 0 ? low : 0.0;
 }
 

@@ -66,6 +66,8 @@ typedef struct {
     int diverged;            // a drift liar whose state is not its replicas' (sim_peer.c)
     int drift_copy;          // its state came from a drift liar that no replica could contradict
     double speed;            // training tokens a second on a stage of mean cost
+    double beat_tok;         // the tok_s its last HEARTBEAT said, and as text (%.6g
+    char beat_tok_text[24];  // takes a tenth of a 10,000-peer run's time: kept)
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
     int beat_due;            // its HEARTBEAT fell due while it computed: sent when done
@@ -159,7 +161,7 @@ void sim_back(sim_t *s, int p);
 void sim_stall(sim_t *s, int p);
 // the stage the engine holds peer p ready on, -1 none
 int sim_ready_on(const sim_t *s, int p);
-// the honest replicas of stage st that are live, ready and answering, but not p
+// whether stage st has an honest replica live, ready and answering, not p
 int sim_healthy(const sim_t *s, int st, int p);
 // p no longer counts as a replica: its stage emptied if nobody healthy is left
 void sim_leaves(sim_t *s, int p);

@@ -586,8 +586,13 @@ void sim_heartbeat(sim_t *s, int p)
     // as a node says it: its speed on the stage it serves (a stage's cost
     // scales it), the HELLO's yardstick before it has one
     double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
-    snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%.6g\nstep=%ld\nslots=%d", pe->stage,
-             pe->queue.n, pe->speed / cost * s_claimed(pe, 1), pe->step, s->G);
+    double tok = pe->speed / cost * s_claimed(pe, 1);
+    if (tok != pe->beat_tok || !pe->beat_tok_text[0]) {
+        pe->beat_tok = tok;
+        snprintf(pe->beat_tok_text, sizeof pe->beat_tok_text, "%.6g", tok);
+    }
+    snprintf(meta, sizeof meta, "stage=%d\nqueue=%d\ntok_s=%s\nstep=%ld\nslots=%d", pe->stage,
+             pe->queue.n, pe->beat_tok_text, pe->step, s->G);
     net_msg_t *m = net_msg_new(NET_MSG_HEARTBEAT);
     if (net_msg_set_meta(m, meta) != 0)
         abort();

@@ -325,8 +325,7 @@ static double s_speed_floor(swarm_engine_t *r)
             speed[n++] = r->peers[p].tok_s;
     if (!n)
         return 0.0;
-    qsort(speed, (size_t) n, sizeof speed[0], engine_cmp_double);
-    return speed[n / 2] / DEADLINE_SLOWEST;
+    return engine_median(speed, n) / DEADLINE_SLOWEST;
 }
 
 // A joiner's state on its way (the STATE_GET to a replica, the STATE to

@@ -425,6 +425,35 @@ int engine_cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+double engine_median(double *v, int n)
+{
+    int k = n / 2, lo = 0, hi = n - 1;
+    while (lo < hi) { // Hoare's selection, the middle of three as the pivot
+        int mid = lo + (hi - lo) / 2;
+        double a = v[lo], b = v[mid], c = v[hi];
+        double pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot)
+                i++;
+            while (v[j] > pivot)
+                j--;
+            if (i <= j) {
+                double t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break; // v[j+1 .. i-1] all equal the pivot
+    }
+    return v[k];
+}
+
 // A joiner's speed in the router's units (training tokens/s on a stage,
 // see engine_work_done): what it measured at start, scaled by how the measured
 // peers' speeds compare with what they measured at start (the median, so
@@ -440,8 +469,7 @@ static double s_hello_speed(const swarm_engine_t *r, double hello)
     }
     if (!n)
         return hello;
-    qsort(ratio, (size_t) n, sizeof ratio[0], engine_cmp_double);
-    return hello * ratio[n / 2];
+    return hello * engine_median(ratio, n);
 }
 
 // Peer p can hold no stage of the plan in the memory it has: it is told
@@ -563,8 +591,8 @@ static int s_peer_slot(swarm_engine_t *r)
         if (pe->state != P_DEAD)
             continue;
         dead++;
-        if (pe->banned_until <= now && !s_peer_in_step(r, p)
-            && (best < 0 || pe->last_seen < r->peers[best].last_seen))
+        if (pe->banned_until <= now && (best < 0 || pe->last_seen < r->peers[best].last_seen)
+            && !s_peer_in_step(r, p)) // (a scan of the step's micro-batches: last)
             best = p;
     }
     if (best >= 0 && dead >= PEERS_KEEP_DEAD) {

@@ -1304,6 +1304,29 @@ START_TEST(test_engine_a_tie_goes_to_the_replica_with_standing)
 }
 END_TEST
 
+// The medians the router takes of its peers' speeds (a deadline's floor, a
+// joiner's first guess) are found by selection, not a sort: the same value
+// as the middle of the sorted array, for arrays of every length up to 40,
+// with runs of equal values, sorted, reversed and shuffled.
+START_TEST(test_engine_median_is_the_middle_of_the_sorted_values)
+{
+    uint64_t rng = 7;
+    for (int n = 1; n <= 40; n++) {
+        for (int shape = 0; shape < 4; shape++) {
+            double v[40], sorted[40];
+            for (int i = 0; i < n; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                int draw = (int) (rng >> 33);
+                v[i] = shape == 0 ? draw % 5 : shape == 1 ? i : shape == 2 ? n - i : draw % 1000 / 7.0;
+            }
+            memcpy(sorted, v, (size_t) n * sizeof *v);
+            qsort(sorted, (size_t) n, sizeof *sorted, engine_cmp_double);
+            ck_assert_msg(engine_median(v, n) == sorted[n / 2], "n %d, shape %d", n, shape);
+        }
+    }
+}
+END_TEST
+
 // Joiners that hold the swarm for nothing: one new key after another
 // (keys are free in an open swarm) joins and never answers the state it
 // is sent, which holds the next step until it arrives or its deadline
@@ -1520,6 +1543,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_a_step_that_used_a_diverged_replica_starts_over);
     tcase_add_test(tc, test_engine_replicas_that_moved_vote_on_the_stage_they_left);
     tcase_add_test(tc, test_engine_a_tie_goes_to_the_replica_with_standing);
+    tcase_add_test(tc, test_engine_median_is_the_middle_of_the_sorted_values);
     suite_add_tcase(s, tc);
     tc = tcase_create("long runs"); // hundreds of steps, minutes of the swarm's time
     tcase_set_timeout(tc, 60);

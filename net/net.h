@@ -196,7 +196,8 @@ int net_tensor_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, c
 __attribute__((warn_unused_result))
 int net_tensor_pow2(const net_msg_t *msg, int i, int *pow2);
 // Decode float tensor i of msg (any of the three formats) into n floats and
-// undo its pow2_I scale. Errors of net_msg_tensor; -EPROTO for a bad scale
+// undo its pow2_I scale: at 0, every value is finite. Errors of
+// net_msg_tensor (-EPROTO for a non-finite value); -EPROTO for a bad scale
 // or a value it would make infinite.
 __attribute__((warn_unused_result))
 int net_tensor_get(const net_msg_t *msg, int i, float *dst, size_t n);

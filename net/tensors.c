@@ -73,9 +73,12 @@ int net_tensor_add(net_msg_t *msg, int dtype, const uint32_t *dims, int ndims, c
 
 int net_tensor_pow2(const net_msg_t *msg, int i, int *pow2)
 {
-    char key[16], text[16], *end;
-    snprintf(key, sizeof key, "pow2_%d", i);
+    _Static_assert(NET_TENSORS_MAX <= 10, "pow2_I: one digit");
+    char key[] = "pow2_0", text[16], *end; // (per message: no snprintf)
     *pow2 = 0;
+    if (i < 0 || i >= NET_TENSORS_MAX)
+        return -EINVAL;
+    key[5] = (char) ('0' + i);
     int rc = net_msg_meta_get(msg, key, text, sizeof text);
     if (rc == -ENOENT)
         return 0;

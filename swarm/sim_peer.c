@@ -257,8 +257,15 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int taint
             (*x)[n / 2] = NAN;
     }
     int raw = how && how != SIM_LIE_DRIFT; // a lie past the encoder's checks (drift's are plausible)
-    int rc = raw ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
-                 : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
+    if (!how && !s->ones_wire) { // the honest ones, encoded once
+        s->ones_bytes = net_codec_bytes(s->c->wire, n);
+        if (!(s->ones_wire = malloc(s->ones_bytes))
+            || net_codec_encode(s->c->wire, s->ones, n, s->ones_wire, s->ones_bytes) != 0)
+            abort();
+    }
+    int rc = raw   ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
+           : !how ? net_msg_add_raw(m, s->c->wire, dims, 3, s->ones_wire, s->ones_bytes)
+                  : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
     if (rc != 0)
         abort();
 }

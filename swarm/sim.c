@@ -349,9 +349,7 @@ static int64_t s_kill_gap_ms(sim_t *s)
 {
     if (s->o->leave_rate <= 0)
         return (int64_t) (1000.0 * s->o->kill_every_s);
-    int live = 0;
-    for (int p = 0; p < s->npeers; p++)
-        live += s->peers[p].alive;
+    int live = sim_live_count(s, -1);
     double rate = s->o->leave_rate / 3.6e6 * (live > 0 ? live : 1); // a millisecond
     double gap = -log(1.0 - sim_uniform(s)) / rate;
     return gap < 1.0 ? 1 : gap > 1e12 ? (int64_t) 1e12 : (int64_t) gap;
@@ -689,6 +687,10 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     for (int k = 0; k < SIM_LIES; k++)
         free(s->lies[k]);
     free(s->copies);
+    for (int k = 0; s->copy_live && k < s->ncopies; k++)
+        free(s->copy_live[k].p);
+    free(s->copy_live);
+    free(s->fenwick);
     swarm_engine_destroy(&s->e);
     free(s);
     return 0;

@@ -229,9 +229,7 @@ static int64_t s_due(const sim_t *s, const struct churn_copy *k)
 // Kill or add copy k's peers until it has `want` live.
 static void s_match(sim_t *s, int k, int want)
 {
-    int live = 0;
-    for (int p = 0; p < s->npeers; p++)
-        live += s->peers[p].alive && s->peers[p].copy == k;
+    int live = sim_live_count(s, k);
     for (; live > want; live--)
         sim_kill(s, sim_pick_live(s, k));
     for (; live < want; live++)
@@ -244,7 +242,8 @@ void sim_churn_start(sim_t *s)
     int K = (s->o->peers + c->most / 2) / c->most;
     s->ncopies = K < 1 ? 1 : K;
     s->churn_f = (double) s->o->peers / ((double) s->ncopies * c->most);
-    if (!(s->copies = calloc((size_t) s->ncopies, sizeof *s->copies)))
+    if (!(s->copies = calloc((size_t) s->ncopies, sizeof *s->copies))
+        || !(s->copy_live = calloc((size_t) s->ncopies, sizeof *s->copy_live)))
         abort();
     for (int k = 0; k < s->ncopies; k++) {
         struct churn_copy *cp = &s->copies[k];

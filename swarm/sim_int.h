@@ -75,6 +75,9 @@ typedef struct {
     queue_t queue;           // requests waiting
     float *grad;             // [max_stage_n] its gradient sum since the last update
     int *count;              // [G] times each micro-batch of the step went into grad
+    int counted;             // their sum (the STEP's samples)
+    int twice;               // additions to a micro-batch already counted
+    int count_lo, count_hi;  // the micro-batches counted lie within these (lo > hi: none)
     int norm_only;           // its STEP said norm_only=1: it keeps grad for UPDATE
     double sumsq;            // the sum of squares its last STEP answered
     double walk;             // rmswalk: its last lie's factor (0 before the first)
@@ -84,6 +87,11 @@ typedef struct {
     int audit_open;          // it accumulates (the next audit starts afresh)
     long grad_sent;          // the step whose gradient sum it sent (not norm only), -1 none
 } sim_peer_t;
+
+typedef struct {
+    int *p;
+    int n, cap;
+} sim_live_t;
 
 typedef struct {
     swarm_engine_t *e;
@@ -97,6 +105,13 @@ typedef struct {
     int nheap, capheap;
     sim_peer_t *peers;
     int npeers, cappeers;
+    // the live peers, for a kill's draw of the k-th in index order in
+    // O(log peers) (a table of every peer that ever joined grows to
+    // hundreds of thousands under churn): a Fenwick tree of the alive flags
+    // over [0, cappeers), and each churn copy's live peers in index order
+    int live;
+    int *fenwick;
+    sim_live_t *copy_live;   // [ncopies]
     double router_free[2];   // ms: each direction of the router's own link is free from then
     double router_bytes[2];  // bytes each way on the router's link (--direct: without activations)
     int G;                   // micro-batches a step
@@ -155,6 +170,8 @@ int sim_peer_new(sim_t *s, int copy);
 void sim_peer_free(sim_t *s, sim_peer_t *pe);
 // a random live peer (of churn copy `copy`, -1 any), -1 none
 int sim_pick_live(sim_t *s, int copy);
+// live peers (of churn copy `copy`; -1 all)
+int sim_live_count(const sim_t *s, int copy);
 void sim_kill(sim_t *s, int p);
 // A joinhold liar leaves with a BYE (EV_LEAVE), its process started again a
 // second later with its key (EV_BACK): it says HELLO again.

@@ -77,7 +77,21 @@ static void s_accumulate(sim_t *s, sim_peer_t *pe, int mb, int tainted)
     if (mb < 0 || mb >= s->G)
         return;
     s_grad_add(s, pe, pe->grad, mb, tainted);
-    pe->count[mb]++;
+    pe->twice += pe->count[mb]++ > 0;
+    pe->counted++;
+    pe->count_lo = mb < pe->count_lo ? mb : pe->count_lo;
+    pe->count_hi = mb > pe->count_hi ? mb : pe->count_hi;
+}
+
+// A new step's (or state's) counts: only the span counted is cleared (a
+// peer of a big swarm counts a micro-batch or two of thousands a step).
+static void s_count_clear(sim_t *s, sim_peer_t *pe)
+{
+    if (pe->count_lo <= pe->count_hi)
+        memset(pe->count + pe->count_lo, 0, (size_t) (pe->count_hi - pe->count_lo + 1) * sizeof(int));
+    pe->counted = pe->twice = 0;
+    pe->count_lo = s->G;
+    pe->count_hi = -1;
 }
 
 // audit=1 (a FWD of the last stage, a BWD elsewhere): micro-batch mb of
@@ -118,19 +132,12 @@ static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, s
     free(lie);
 }
 
-// The number of micro-batches in pe's gradient sum.
-static int s_samples(const sim_t *s, const sim_peer_t *pe)
-{
-    int k = 0;
-    for (int i = 0; i < s->G; i++)
-        k += pe->count[i];
-    return k;
-}
-
-// Every micro-batch of the step went into the sum exactly once: 0, or -1
-// and the violation.
+// Every micro-batch of the step went into pe's sum exactly once (G
+// counted, none twice: O(1)): 0, or -1 and the violation.
 static int s_exactly_once(sim_t *s, const sim_peer_t *pe, const int *count, long step)
 {
+    if (pe->counted == s->G && pe->twice == 0)
+        return 0;
     for (int i = 0; i < s->G; i++) {
         if (count[i] != 1) {
             sim_violate(s, "step %ld, stage %d: micro-batch %d counted %d times in %s's update",
@@ -325,7 +332,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         pe->diverged = 0; // its replicas' parameters (or those of the one it came from),
         pe->drift_copy = !sim_alone(s, pe, 0) && sim_alone(s, pe, 1); // a lone drift liar's
         memset(pe->grad, 0, s->c->stage_n[pe->stage] * sizeof(float));
-        memset(pe->count, 0, (size_t) s->G * sizeof(int));
+        s_count_clear(s, pe);
         pe->norm_only = 0;
         pe->audit_step = -1;
         pe->ready = 1;
@@ -396,7 +403,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
     if (h->type == NET_MSG_STEP) {
         if (s_meta_is(req, "discard")) {
             memset(pe->grad, 0, n * sizeof(float));
-            memset(pe->count, 0, (size_t) s->G * sizeof(int));
+            s_count_clear(s, pe);
             pe->audit_step = pe->grad_sent = -1;
             s->lied[pe->stage][(pe->step + 1) & 1] = 0; // the step starts over: its lies are void
             return net_msg_reply(req, NET_MSG_RESULT);
@@ -421,7 +428,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         if (s_lying(pe, SIM_LIE_SUMSQ))
             sumsq = 1e300; // a norm that clips every stage's update to nothing
         char meta[128];
-        snprintf(meta, sizeof meta, "samples=%d\nsumsq=%a\n", s_samples(s, pe), sumsq);
+        snprintf(meta, sizeof meta, "samples=%d\nsumsq=%a\n", pe->counted, sumsq);
         pe->sumsq = sumsq;
         if (pe->norm_only) {
             if (net_msg_set_meta(r, meta) != 0)
@@ -468,7 +475,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             s_apply(s, pe, sum, n, t, scale);
             free(sum);
         }
-        memset(pe->count, 0, (size_t) s->G * sizeof(int));
+        s_count_clear(s, pe);
         pe->norm_only = 0;
         net_msg_t *r = net_msg_reply(req, NET_MSG_RESULT);
         s_add_checksum(pe, r, NULL);
@@ -622,6 +629,76 @@ static void s_liar_maybe(sim_t *s, sim_peer_t *pe, int p)
     pe->lie_from = 1 + (long) (sim_uniform(s) * 4);
 }
 
+// ---- the live peers ------------------------------------------------------------
+
+// Peer p's alive flag changed by d (+1, -1) in the Fenwick tree.
+static void s_fenwick_add(sim_t *s, int p, int d)
+{
+    for (int i = p + 1; i <= s->cappeers; i += i & -i)
+        s->fenwick[i - 1] += d;
+}
+
+// The tree rebuilt for a larger table (O(peers), as the table doubles).
+static void s_fenwick_build(sim_t *s)
+{
+    free(s->fenwick);
+    if (!(s->fenwick = calloc((size_t) s->cappeers, sizeof *s->fenwick)))
+        abort();
+    for (int p = 0; p < s->npeers; p++)
+        if (s->peers[p].alive)
+            s_fenwick_add(s, p, 1);
+}
+
+// The live peer with k live peers before it in index order.
+static int s_fenwick_kth(const sim_t *s, int k)
+{
+    int at = 0, step = 1;
+    while (2 * step <= s->cappeers)
+        step *= 2;
+    for (; step > 0; step /= 2) {
+        if (at + step <= s->cappeers && s->fenwick[at + step - 1] <= k) {
+            at += step;
+            k -= s->fenwick[at - 1];
+        }
+    }
+    return at; // (0-based: the prefix of `at` peers holds k live)
+}
+
+static void s_live_put(sim_t *s, int p)
+{
+    s->live++;
+    s_fenwick_add(s, p, 1);
+    int copy = s->peers[p].copy;
+    if (copy < 0 || !s->copy_live)
+        return;
+    sim_live_t *l = &s->copy_live[copy];
+    if (l->n == l->cap && !(l->p = realloc(l->p, (size_t) (l->cap = l->cap ? 2 * l->cap : 8) * sizeof *l->p)))
+        abort();
+    l->p[l->n++] = p; // (the newest peer: the highest index)
+}
+
+static void s_live_drop(sim_t *s, int p)
+{
+    s->live--;
+    s_fenwick_add(s, p, -1);
+    int copy = s->peers[p].copy;
+    if (copy < 0 || !s->copy_live)
+        return;
+    sim_live_t *l = &s->copy_live[copy];
+    for (int k = 0; k < l->n; k++) {
+        if (l->p[k] == p) {
+            memmove(&l->p[k], &l->p[k + 1], (size_t) (l->n - k - 1) * sizeof *l->p);
+            l->n--;
+            return;
+        }
+    }
+}
+
+int sim_live_count(const sim_t *s, int copy)
+{
+    return copy < 0 ? s->live : s->copy_live[copy].n;
+}
+
 // A new peer joins (of churn copy `copy`, -1 none): a key of its own, a
 // speed from the mix.
 int sim_peer_new(sim_t *s, int copy)
@@ -631,11 +708,18 @@ int sim_peer_new(sim_t *s, int copy)
         s->peers = realloc(s->peers, (size_t) s->cappeers * sizeof *s->peers);
         if (!s->peers)
             abort();
+        s_fenwick_build(s);
     }
     int p = s->npeers++;
     sim_peer_t *pe = &s->peers[p];
     *pe = (sim_peer_t) { .alive = 1, .stage = -1, .copy = copy };
-    snprintf(pe->who.key, sizeof pe->who.key, "%040d", p + 1);
+    s_live_put(s, p);
+    // a key as a node's looks (random from its first character: the
+    // router's index compares keys), unique by its last eight digits
+    uint64_t h = (uint64_t) p + 1;
+    uint64_t k1 = swarm_splitmix64(&h), k2 = swarm_splitmix64(&h);
+    snprintf(pe->who.key, sizeof pe->who.key, "%016llx%016llx%08d", (unsigned long long) k1,
+             (unsigned long long) k2, p + 1);
     snprintf(pe->who.conn, sizeof pe->who.conn, "%040d/%016d", p + 1, p + 1);
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
     const swarm_sim_opts_t *o = s->o;
@@ -672,6 +756,8 @@ int sim_peer_new(sim_t *s, int copy)
         pe->count = calloc((size_t) s->G, sizeof(int));
         if (!pe->grad || !pe->count)
             abort();
+        pe->count_lo = s->G; // none counted
+        pe->count_hi = -1;
     }
     pe->audit_step = pe->grad_sent = -1;
     pe->first_lie = -1;
@@ -710,16 +796,12 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe)
 
 int sim_pick_live(sim_t *s, int copy)
 {
-    int live = 0;
-    for (int p = 0; p < s->npeers; p++)
-        live += s->peers[p].alive && (copy < 0 || s->peers[p].copy == copy);
+    int live = sim_live_count(s, copy);
     if (live == 0)
         return -1;
     int k = (int) (sim_uniform(s) * live);
-    for (int p = 0; p < s->npeers; p++)
-        if (s->peers[p].alive && (copy < 0 || s->peers[p].copy == copy) && k-- == 0)
-            return p;
-    return -1;
+    k = k < live ? k : live - 1;
+    return copy < 0 ? s_fenwick_kth(s, k) : s->copy_live[copy].p[k];
 }
 
 // Kill peer p, as SIGKILL does: it answers nothing more, and the transport
@@ -729,6 +811,7 @@ void sim_kill(sim_t *s, int p)
     sim_peer_t *pe = &s->peers[p];
     sim_leaves(s, p);
     pe->alive = 0;
+    s_live_drop(s, p);
     pe->killed = 1;
     pe->killed_at = s->now;
     s->kills++;

@@ -11,12 +11,21 @@
 // ---- the peers by key: open addressing, slots hold index + 1 (0 empty,
 // -1 a removed entry), at most half full: a lookup is O(1) ----
 
+// Eight characters a multiply (a key is 40: byte by byte, its hash was a
+// twentieth of a 10,000-peer sim), then the high bits folded down.
 static uint64_t s_key_hash(const char *key)
 {
-    uint64_t h = 1469598103934665603ull; // FNV-1a
-    for (; *key; key++)
+    size_t n = strlen(key);
+    uint64_t h = 1469598103934665603ull ^ n, w;
+    for (; n >= 8; n -= 8, key += 8) {
+        memcpy(&w, key, 8);
+        h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+        h ^= h >> 29;
+    }
+    for (; n > 0; n--, key++)
         h = (h ^ (unsigned char) *key) * 1099511628211ull;
-    return h;
+    h ^= h >> 32;
+    return h * 0xbf58476d1ce4e5b9ull ^ (h >> 31);
 }
 
 // The slot of key in the index, or of where it would go (-1: no index).

@@ -113,10 +113,33 @@ void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why)
     }
 }
 
-// Micro-batches of this step whose gradient peer p accumulated at stage s.
-int engine_share(const swarm_engine_t *r, int p, int s)
+void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p)
 {
-    int n = 0;
+    r->mbs[i].grad_peer[s] = p;
+    r->grad_gen++;
+}
+
+int engine_share(swarm_engine_t *r, int p, int s)
+{
+    uint64_t now = r->grad_gen + 1;
+    if (r->share_gen[s] != now) { // every replica's count at s, in one pass
+        for (int i = 0; i < r->G; i++) {
+            int q = r->mbs[i].grad_peer[s];
+            if (q < 0 || q >= r->npeers)
+                continue;
+            peer_t *pq = &r->peers[q];
+            if (pq->share_gen != now || pq->share_stage != s)
+                pq->share = 0, pq->share_gen = now, pq->share_stage = s;
+            pq->share++;
+        }
+        r->share_gen[s] = now;
+    }
+    const peer_t *pe = &r->peers[p];
+    if (pe->share_gen != now)
+        return 0; // the pass met none of its
+    if (pe->share_stage == s)
+        return pe->share;
+    int n = 0; // its parts at two stages (it moved in the step): counted here
     for (int i = 0; i < r->G; i++)
         n += r->mbs[i].grad_peer[s] == p;
     return n;

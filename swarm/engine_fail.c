@@ -44,7 +44,7 @@ static void s_redo_lost(swarm_engine_t *r, int p)
         for (int s = 0; s < r->stages; s++) {
             if (r->mbs[i].grad_peer[s] != p)
                 continue;
-            r->mbs[i].grad_peer[s] = -1;
+            engine_grad_peer_set(r, i, s, -1);
             engine_redo_want(r, i, s); // sent by engine_retry this turn
             r->redo_pending++;
             redone++;

@@ -206,6 +206,9 @@ typedef struct {
     double device_used;      // GPU memory it took (HEARTBEAT), 0 unknown or none
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
     audit_t audit;           // the audit of its sum of this step
+    int share;               // engine_share's count of it at stage share_stage, valid
+    int share_stage;         // while share_gen is engine's grad_gen + 1
+    uint64_t share_gen;
     int audit_of;            // the peer whose share it recomputes now, -1 none
     int audit_rank;          // its place in the last hand-out's candidates (audit_cand)
 } peer_t;
@@ -525,6 +528,8 @@ struct swarm_engine_s {
     long window_n;           // steps begun
     uint64_t wire_in[3];     // tensor bytes received by class (W_*)
     uint64_t wire_out[3];    // tensor bytes sent by class (W_*)
+    uint64_t grad_gen;       // changes of any micro-batch's grad_peer (engine_share)
+    uint64_t share_gen[SWARM_MAX_STAGES]; // grad_gen + 1 of each stage's last count
     status_budget_t status_budget; // how many STATUS it answers (engine_status.c)
     double speed_floor;      // the least speed a deadline takes (engine_fail.c)
     int64_t speed_floor_at;  // ms: when it was last worked out
@@ -701,7 +706,12 @@ static inline int engine_bound_known(const engine_bound_t *b)
 void engine_bound_learn(engine_bound_t *b, double x, double band);
 int engine_grad_plausible(swarm_engine_t *r, int s, long samples, double sumsq, int alone,
                           char *why, size_t wn);
-int engine_share(const swarm_engine_t *r, int p, int s);
+// Micro-batches of this step whose gradient peer p accumulated at stage s:
+// one pass over the step's micro-batches a stage while none changes hands
+// (engine_grad_peer_set), so that a STEP's check is not a pass each.
+int engine_share(swarm_engine_t *r, int p, int s);
+// Micro-batch i's gradient at stage s is peer p's (-1 nobody's).
+void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
 void engine_audits_turn(swarm_engine_t *r);
 void engine_audits_touch(swarm_engine_t *r, int s);

@@ -188,6 +188,7 @@ static void s_mb_free(swarm_engine_t *r, mb_t *b)
     *b = (mb_t) { .stage = -1, .retry_next = -1 };
     for (int s = 0; s < r->stages; s++)
         b->grad_peer[s] = b->dx_peer[s] = b->redo_next[s] = -1;
+    r->grad_gen++; // (engine_share)
 }
 
 void engine_mbs_clear(swarm_engine_t *r)
@@ -357,7 +358,7 @@ static int s_redo(swarm_engine_t *r, int i, int s)
     net_msg_t *m = p < 0 ? NULL : last ? engine_fwd_msg(r, i, s) : engine_bwd_msg(r, i, s);
     if (!m)
         return p < 0 ? p : -ENOMEM;
-    r->mbs[i].grad_peer[s] = -1;
+    engine_grad_peer_set(r, i, s, -1);
     int rc = engine_send(r, p, &m, last ? R_FWD : R_BWD, i, s);
     if (rc == 0) {
         engine_req_find(r, r->last_id)->redo = 1;
@@ -530,7 +531,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     mb_t *b = &r->mbs[q->mb];
     int accumulates = !r->evaluating && (q->kind == R_BWD || s == S - 1);
     if (accumulates)
-        b->grad_peer[s] = q->peer;
+        engine_grad_peer_set(r, q->mb, s, q->peer);
     if (q->redo) {
         r->redo_pending--;
         return 0;

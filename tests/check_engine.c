@@ -1327,6 +1327,37 @@ START_TEST(test_engine_median_is_the_middle_of_the_sorted_values)
 }
 END_TEST
 
+// A replica's share of the step (micro-batches whose gradient it holds at
+// a stage), which a STEP's count is checked against, is counted a stage at
+// a time while no micro-batch changes hands: the same as a count of the
+// step's micro-batches, through 2,000 random changes (peers with parts at
+// two stages, as one that moved mid-step has, and parts given up) each
+// followed by a look at every peer and stage.
+START_TEST(test_engine_share_is_the_count_of_its_micro_batches)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_of(&w, 100, 3, 24); // 12 micro-batches, nobody starts
+    for (int i = 1; i <= 5; i++)
+        s_hello(e, 1000 + i, i);
+    ck_assert_int_eq(e->npeers, 5);
+    uint64_t rng = 11;
+    for (int round = 0; round < 2000; round++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int i = (int) ((rng >> 33) % (uint64_t) e->G), s = (int) ((rng >> 40) % 3);
+        engine_grad_peer_set(e, i, s, (int) ((rng >> 45) % 6) - 1);
+        for (int p = 0; p < e->npeers; p++) {
+            for (int st = 0; st < 3; st++) {
+                int n = 0;
+                for (int k = 0; k < e->G; k++)
+                    n += e->mbs[k].grad_peer[st] == p;
+                ck_assert_msg(engine_share(e, p, st) == n, "round %d, peer %d, stage %d", round, p, st);
+            }
+        }
+    }
+    s_close(&w, &e);
+}
+END_TEST
+
 // Joiners that hold the swarm for nothing: one new key after another
 // (keys are free in an open swarm) joins and never answers the state it
 // is sent, which holds the next step until it arrives or its deadline
@@ -1544,6 +1575,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_replicas_that_moved_vote_on_the_stage_they_left);
     tcase_add_test(tc, test_engine_a_tie_goes_to_the_replica_with_standing);
     tcase_add_test(tc, test_engine_median_is_the_middle_of_the_sorted_values);
+    tcase_add_test(tc, test_engine_share_is_the_count_of_its_micro_batches);
     suite_add_tcase(s, tc);
     tc = tcase_create("long runs"); // hundreds of steps, minutes of the swarm's time
     tcase_set_timeout(tc, 60);

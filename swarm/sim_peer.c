@@ -134,14 +134,14 @@ static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, s
 
 // Every micro-batch of the step went into pe's sum exactly once (G
 // counted, none twice: O(1)): 0, or -1 and the violation.
-static int s_exactly_once(sim_t *s, const sim_peer_t *pe, const int *count, long step)
+static int s_exactly_once(sim_t *s, const sim_peer_t *pe)
 {
     if (pe->counted == s->G && pe->twice == 0)
         return 0;
     for (int i = 0; i < s->G; i++) {
-        if (count[i] != 1) {
+        if (pe->count[i] != 1) {
             sim_violate(s, "step %ld, stage %d: micro-batch %d counted %d times in %s's update",
-                      step, pe->stage, i, count[i], pe->name);
+                      pe->step, pe->stage, i, pe->count[i], pe->name);
             return -1;
         }
     }
@@ -449,7 +449,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
             // sent right behind its STEP: the clip factor formed here, as a node does
             scale = s->model.clip_scale(s->model.ctx, sqrt(strtod(others, NULL) + pe->sumsq));
         if (pe->norm_only) {
-            if (s_exactly_once(s, pe, pe->count, pe->step) == 0)
+            if (s_exactly_once(s, pe) == 0)
                 s_apply(s, pe, pe->grad, n, t, scale);
         } else {
             float *sum = malloc(n * sizeof(float));

@@ -622,7 +622,8 @@ enum { DRAW_SPOT = 1, DRAW_AUDIT, DRAW_SOURCE };
 double engine_draw(const swarm_engine_t *r, int what, long a, long b);
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
 int engine_cmp_double(const void *a, const void *b); // qsort, ascending
-// v[n / 2] of v (n >= 1) sorted ascending, found in O(n): v is reordered
+// v[n / 2] of v (n >= 1) sorted ascending, found in O(n) (a sort finishes
+// what 64 rounds of selection did not): v is reordered
 double engine_median(double *v, int n);
 // Every change of a peer's state goes through here (its stage changes only
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.

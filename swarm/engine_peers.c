@@ -437,7 +437,11 @@ int engine_cmp_double(const void *a, const void *b)
 double engine_median(double *v, int n)
 {
     int k = n / 2, lo = 0, hi = n - 1;
-    while (lo < hi) { // Hoare's selection, the middle of three as the pivot
+    for (int round = 0; lo < hi; round++) { // Hoare's selection, the middle of three as the pivot
+        if (round == 64) { // values ordered to defeat the pivot (claimed speeds are a
+            qsort(v + lo, (size_t) (hi - lo + 1), sizeof *v, engine_cmp_double); // peer's): sort
+            break;
+        }
         int mid = lo + (hi - lo) / 2;
         double a = v[lo], b = v[mid], c = v[hi];
         double pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);

@@ -11,6 +11,10 @@
  * starting at its own phase (copy k at k/K of the trace), the trace
  * repeating when it ends, its times divided by --churn-scale and its
  * counts scaled so that the copies together hold about --peers at most.
+ *
+ * The live peers, which kills (of churn, --kill-every, --leave-rate) draw
+ * from, are indexed as they come and go: the sim's table keeps every peer
+ * that ever joined.
  */
 #include "sim_int.h"
 
@@ -208,6 +212,89 @@ void swarm_sim_churn_free(swarm_sim_churn_t *churn)
     free(churn->t_ms);
     free(churn->up);
     *churn = (swarm_sim_churn_t) { 0 };
+}
+
+// ---- the live peers ------------------------------------------------------------
+
+// Peer p's alive flag changed by d (+1, -1) in the Fenwick tree.
+static void s_fenwick_add(sim_t *s, int p, int d)
+{
+    for (int i = p + 1; i <= s->cappeers; i += i & -i)
+        s->fenwick[i - 1] += d;
+}
+
+// The tree made again for the table's new size (it doubles: O(1) a peer).
+void sim_live_grown(sim_t *s)
+{
+    free(s->fenwick);
+    if (!(s->fenwick = calloc((size_t) s->cappeers, sizeof *s->fenwick)))
+        abort();
+    for (int p = 0; p < s->npeers; p++)
+        if (s->peers[p].alive)
+            s_fenwick_add(s, p, 1);
+}
+
+// The live peer with k live peers before it in index order.
+static int s_fenwick_kth(const sim_t *s, int k)
+{
+    int at = 0, step = 1;
+    while (2 * step <= s->cappeers)
+        step *= 2;
+    for (; step > 0; step /= 2) {
+        if (at + step <= s->cappeers && s->fenwick[at + step - 1] <= k) {
+            at += step;
+            k -= s->fenwick[at - 1];
+        }
+    }
+    return at; // (0-based: the prefix of `at` peers holds k live)
+}
+
+void sim_live_put(sim_t *s, int p)
+{
+    s->live++;
+    s_fenwick_add(s, p, 1);
+    int copy = s->peers[p].copy;
+    if (copy < 0 || !s->copy_live)
+        return;
+    sim_live_t *l = &s->copy_live[copy];
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 8;
+        if (!(l->p = realloc(l->p, (size_t) l->cap * sizeof *l->p)))
+            abort();
+    }
+    l->p[l->n++] = p; // (the newest peer: the highest index)
+}
+
+void sim_live_drop(sim_t *s, int p)
+{
+    s->live--;
+    s_fenwick_add(s, p, -1);
+    int copy = s->peers[p].copy;
+    if (copy < 0 || !s->copy_live)
+        return;
+    sim_live_t *l = &s->copy_live[copy];
+    for (int k = 0; k < l->n; k++) {
+        if (l->p[k] == p) {
+            memmove(&l->p[k], &l->p[k + 1], (size_t) (l->n - k - 1) * sizeof *l->p);
+            l->n--;
+            return;
+        }
+    }
+}
+
+int sim_live_count(const sim_t *s, int copy)
+{
+    return copy < 0 ? s->live : s->copy_live[copy].n;
+}
+
+int sim_pick_live(sim_t *s, int copy)
+{
+    int live = sim_live_count(s, copy);
+    if (live == 0)
+        return -1;
+    int k = (int) (sim_uniform(s) * live);
+    k = k < live ? k : live - 1;
+    return copy < 0 ? s_fenwick_kth(s, k) : s->copy_live[copy].p[k];
 }
 
 // ---- tiling the trace over the peers ------------------------------------------

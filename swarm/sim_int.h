@@ -67,7 +67,7 @@ typedef struct {
     int drift_copy;          // its state came from a drift liar that no replica could contradict
     double speed;            // training tokens a second on a stage of mean cost
     double beat_tok;         // the tok_s its last HEARTBEAT said, and as text (%.6g
-    char beat_tok_text[24];  // takes a tenth of a 10,000-peer run's time: kept)
+    char beat_tok_text[24];  // was a twentieth of a 10,000-peer run under churn: kept)
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown
     int busy;                // computing a request
     int beat_due;            // its HEARTBEAT fell due while it computed: sent when done
@@ -172,6 +172,10 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe);
 int sim_pick_live(sim_t *s, int copy);
 // live peers (of churn copy `copy`; -1 all)
 int sim_live_count(const sim_t *s, int copy);
+// the live peers' index (sim_churn.c): peer p came, went; the table grew
+void sim_live_put(sim_t *s, int p);
+void sim_live_drop(sim_t *s, int p);
+void sim_live_grown(sim_t *s);
 void sim_kill(sim_t *s, int p);
 // A joinhold liar leaves with a BYE (EV_LEAVE), its process started again a
 // second later with its key (EV_BACK): it says HELLO again.

@@ -629,76 +629,6 @@ static void s_liar_maybe(sim_t *s, sim_peer_t *pe, int p)
     pe->lie_from = 1 + (long) (sim_uniform(s) * 4);
 }
 
-// ---- the live peers ------------------------------------------------------------
-
-// Peer p's alive flag changed by d (+1, -1) in the Fenwick tree.
-static void s_fenwick_add(sim_t *s, int p, int d)
-{
-    for (int i = p + 1; i <= s->cappeers; i += i & -i)
-        s->fenwick[i - 1] += d;
-}
-
-// The tree rebuilt for a larger table (O(peers), as the table doubles).
-static void s_fenwick_build(sim_t *s)
-{
-    free(s->fenwick);
-    if (!(s->fenwick = calloc((size_t) s->cappeers, sizeof *s->fenwick)))
-        abort();
-    for (int p = 0; p < s->npeers; p++)
-        if (s->peers[p].alive)
-            s_fenwick_add(s, p, 1);
-}
-
-// The live peer with k live peers before it in index order.
-static int s_fenwick_kth(const sim_t *s, int k)
-{
-    int at = 0, step = 1;
-    while (2 * step <= s->cappeers)
-        step *= 2;
-    for (; step > 0; step /= 2) {
-        if (at + step <= s->cappeers && s->fenwick[at + step - 1] <= k) {
-            at += step;
-            k -= s->fenwick[at - 1];
-        }
-    }
-    return at; // (0-based: the prefix of `at` peers holds k live)
-}
-
-static void s_live_put(sim_t *s, int p)
-{
-    s->live++;
-    s_fenwick_add(s, p, 1);
-    int copy = s->peers[p].copy;
-    if (copy < 0 || !s->copy_live)
-        return;
-    sim_live_t *l = &s->copy_live[copy];
-    if (l->n == l->cap && !(l->p = realloc(l->p, (size_t) (l->cap = l->cap ? 2 * l->cap : 8) * sizeof *l->p)))
-        abort();
-    l->p[l->n++] = p; // (the newest peer: the highest index)
-}
-
-static void s_live_drop(sim_t *s, int p)
-{
-    s->live--;
-    s_fenwick_add(s, p, -1);
-    int copy = s->peers[p].copy;
-    if (copy < 0 || !s->copy_live)
-        return;
-    sim_live_t *l = &s->copy_live[copy];
-    for (int k = 0; k < l->n; k++) {
-        if (l->p[k] == p) {
-            memmove(&l->p[k], &l->p[k + 1], (size_t) (l->n - k - 1) * sizeof *l->p);
-            l->n--;
-            return;
-        }
-    }
-}
-
-int sim_live_count(const sim_t *s, int copy)
-{
-    return copy < 0 ? s->live : s->copy_live[copy].n;
-}
-
 // A new peer joins (of churn copy `copy`, -1 none): a key of its own, a
 // speed from the mix.
 int sim_peer_new(sim_t *s, int copy)
@@ -708,12 +638,12 @@ int sim_peer_new(sim_t *s, int copy)
         s->peers = realloc(s->peers, (size_t) s->cappeers * sizeof *s->peers);
         if (!s->peers)
             abort();
-        s_fenwick_build(s);
+        sim_live_grown(s);
     }
     int p = s->npeers++;
     sim_peer_t *pe = &s->peers[p];
     *pe = (sim_peer_t) { .alive = 1, .stage = -1, .copy = copy };
-    s_live_put(s, p);
+    sim_live_put(s, p);
     // a key as a node's looks (random from its first character: the
     // router's index compares keys), unique by its last eight digits
     uint64_t h = (uint64_t) p + 1;
@@ -794,16 +724,6 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe)
     pe->node = NULL;
 }
 
-int sim_pick_live(sim_t *s, int copy)
-{
-    int live = sim_live_count(s, copy);
-    if (live == 0)
-        return -1;
-    int k = (int) (sim_uniform(s) * live);
-    k = k < live ? k : live - 1;
-    return copy < 0 ? s_fenwick_kth(s, k) : s->copy_live[copy].p[k];
-}
-
 // Kill peer p, as SIGKILL does: it answers nothing more, and the transport
 // finds its connection gone.
 void sim_kill(sim_t *s, int p)
@@ -811,7 +731,7 @@ void sim_kill(sim_t *s, int p)
     sim_peer_t *pe = &s->peers[p];
     sim_leaves(s, p);
     pe->alive = 0;
-    s_live_drop(s, p);
+    sim_live_drop(s, p);
     pe->killed = 1;
     pe->killed_at = s->now;
     s->kills++;

@@ -7,8 +7,13 @@ fail=0
 pids=""
 # (named after the script: `.` passes no arguments in every shell)
 TMP=$(mktemp -d "/tmp/swarm-$(basename "$0" .sh).XXXXXX")
+# (a subshell's processes: their pids appended to $TMP/pids, which the
+# caller's $pids cannot learn)
 lib_cleanup() {
-    for p in $pids; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    for p in $pids $(cat "$TMP/pids" 2>/dev/null); do
+        kill -CONT "$p" 2>/dev/null
+        kill -9 "$p" 2>/dev/null
+    done
     wait 2>/dev/null
     [ -n "${KEEP:-}" ] || rm -rf "$TMP"
 }

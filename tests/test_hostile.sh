@@ -135,15 +135,19 @@ SWARM_PLAIN=1 "$SWARM" router $TINY --stages 2 --min-nodes 2 --listen "tcp://127
 router=$!
 pids="$pids $router"
 endpoint=$(wait_endpoint "$log")
-# (--slowdown 40: the run lasts half a minute, long enough for its second ban)
-SLOWDOWN=40
+# (--slowdown 80: the run trains for about 16 s, and the liar's second
+# join comes about 10 s in: its first hold, its 5 s ban and a restart.
+# At 40 the training took 8 s, and the run sometimes ended before it)
+SLOWDOWN=80
 start_node "$log" honest3 "$SWARM"
 start_node "$log" honest4 "$SWARM"
 "$SWARM" keygen "$TMP/joinhold" >/dev/null
 (
     while kill -0 "$router" 2>/dev/null; do
         "$LIAR" node --join "$endpoint" --router-key "$TMP/router.pub" --key "$TMP/joinhold" \
-            --threads 1 --name joinhold --slowdown 8 --misbehave joinhold >>"$TMP/joinhold.log" 2>&1
+            --threads 1 --name joinhold --slowdown 8 --misbehave joinhold >>"$TMP/joinhold.log" 2>&1 &
+        echo $! >>"$TMP/pids" # (banned when the run ends, it would wait for the next for ever)
+        wait $!
         sleep 0.2
     done
 ) &

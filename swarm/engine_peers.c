@@ -437,9 +437,12 @@ int engine_cmp_double(const void *a, const void *b)
 double engine_median(double *v, int n)
 {
     int k = n / 2, lo = 0, hi = n - 1;
-    for (int round = 0; lo < hi; round++) { // Hoare's selection, the middle of three as the pivot
-        if (round == 64) { // values ordered to defeat the pivot (claimed speeds are a
-            qsort(v + lo, (size_t) (hi - lo + 1), sizeof *v, engine_cmp_double); // peer's): sort
+    // Hoare's selection, the middle of three as the pivot; values ordered
+    // to defeat the pivot (speeds peers claim are among them) are sorted
+    // once 64 rounds have not found it
+    for (int round = 0; lo < hi; round++) {
+        if (round == 64) {
+            qsort(v + lo, (size_t) (hi - lo + 1), sizeof *v, engine_cmp_double);
             break;
         }
         int mid = lo + (hi - lo) / 2;

@@ -228,12 +228,15 @@ typedef struct {
 // rewritten whenever something of the peer the view shows changes
 // (engine_route_touch), so that a pick reads rows and builds nothing.
 // A row shows the peer's own tok_s; one not measured yet is shown as fast
-// as the fastest measured one when a pick reads the rows. Checked against
-// views built afresh by engine_route_check.
+// as the fastest measured one, unless its claim puts it far slower, when a
+// pick reads the rows (engine_routed_tok_s). Checked against views built
+// afresh by engine_route_check.
 typedef struct {
     swarm_peer_view_t *view; // [ready[s].cap]
     engine_ready_t unmeasured; // its ready peers with no speed sample yet
     double fastest;          // the fastest measured ready peer's tok_s (0 none), unless fastest_peer is -1
+    double ratio;            // the median, over its measured ready peers, of tok_s over the HELLO's
+                             // claim (0 none); worked out once a second (engine_route_ratios)
     int fastest_peer;        // which; -1: to be found again, -2: none is measured
     uint64_t gen;            // changes with every row and with the ready peers
     uint64_t held_gen;       // gen when a training forward was last held back
@@ -642,6 +645,15 @@ void engine_route_touch(swarm_engine_t *r, int p);
 // Stage s's rows, n of them, as engine_views (optimistic) would show its
 // ready peers; the policy's index k is ready[s].peer[k]. O(unmeasured).
 swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n);
+// The speed a routing pick takes peer pe at, `fastest` its stage's fastest
+// measured tok_s (0 none): its own measure once it has one; before, as
+// fast as `fastest`, or at its guess when that is far slower.
+double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest);
+// Each stage's worth of a HELLO's claim (engine_route_t's ratio) and the
+// deadlines' floor, which engine_routed_tok_s reads, were worked out again
+// (`floor_was`: the floor before): the rows they change read differently.
+// O(ready peers), once a second.
+void engine_route_ratios(swarm_engine_t *r, double floor_was);
 // Every row against a view built afresh: 0, or -EPROTO (a change missed).
 int engine_route_check(swarm_engine_t *r);
 int engine_ready_count(const swarm_engine_t *r, int stage);

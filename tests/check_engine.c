@@ -340,15 +340,21 @@ static void s_close(world_t *w, swarm_engine_t **e)
     free(w->q);
 }
 
-static void s_hello(swarm_engine_t *e, int64_t now, int i)
+// Peer i says HELLO, claiming tok_s.
+static void s_hello_at(swarm_engine_t *e, int64_t now, int i, double tok_s)
 {
     char meta[128];
-    snprintf(meta, sizeof meta, "proto=1\nname=crowd%d\ndevice=cpu\ntok_s=1000\n", i);
+    snprintf(meta, sizeof meta, "proto=1\nname=crowd%d\ndevice=cpu\ntok_s=%g\n", i, tok_s);
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
     ck_assert_int_eq(net_msg_set_meta(m, meta), 0);
     net_peer_t who = s_who(i);
     swarm_engine_message(e, now, &who, m);
     net_msg_destroy(&m);
+}
+
+static void s_hello(swarm_engine_t *e, int64_t now, int i)
+{
+    s_hello_at(e, now, i, 1000.0);
 }
 
 // Peer i's entry (by its key).
@@ -705,6 +711,80 @@ START_TEST(test_engine_joins_weigh_what_a_joiner_adds_to_its_stage)
 }
 END_TEST
 
+// Peer i, which claimed `claim` in its HELLO, made a ready replica of stage
+// 0: measured at `measured` tok/s, or not measured yet (0).
+static int s_replica(swarm_engine_t *e, int64_t now, int i, double claim, double measured)
+{
+    s_hello_at(e, now, i, claim);
+    int p = (int) (s_peer_of(e, i) - e->peers);
+    ck_assert_int_eq(engine_send_assign(e, p, 0, NULL), 0);
+    engine_peer_state(e, p, P_READY);
+    e->peers[p].samples = measured > 0.0;
+    if (measured > 0.0)
+        e->peers[p].tok_s = measured;
+    engine_route_touch(e, p);
+    return p;
+}
+
+// What a routing pick takes a replica not measured yet at: the stage's
+// fastest measured replica, so that it is handed work and measured, unless
+// its claim, worth what the stage's measured replicas' claims turned out to
+// be, puts it under a quarter of that fastest (and not under the
+// deadlines' floor, 1/20 of the median measured). A CPU joining GPUs is then
+// handed no forward it would finish long after them: at the step's tail,
+// with the GPUs busy, the forward waits for one (as it does for a CPU
+// measured). A claim of next to nothing is not believed: the fastest (and
+// the deadlines' floor).
+START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_of(&w, 100000, 2, 16); // never starts: the test sets the rows
+    int64_t now = 1000;
+    int gpu = s_replica(e, now++, 1, 1000.0, 4000.0);   // its claim worth 4x on this stage
+    int gpu2 = s_replica(e, now++, 2, 1000.0, 4000.0);
+    int cpu = s_replica(e, now++, 3, 25.0, 0.0);        // 100 tok/s there
+    int near = s_replica(e, now++, 4, 500.0, 0.0);      // 2,000 tok/s there
+    int liar = s_replica(e, now++, 5, 1e-6, 0.0);       // next to nothing
+    double floor_was = e->speed_floor;
+    e->speed_floor = 1000.0 / 20.0; // a median of 1,000 measured (engine_reap, once a second)
+    engine_route_ratios(e, floor_was);
+    ck_assert_double_eq(e->route[0].ratio, 4.0);
+    int n;
+    const swarm_peer_view_t *rows = engine_route_views(e, 0, &n);
+    ck_assert_double_eq(rows[engine_ready_at(e, 0, cpu)].tok_s, 100.0);
+    ck_assert_double_eq(rows[engine_ready_at(e, 0, near)].tok_s, 4000.0);
+    ck_assert_double_eq(rows[engine_ready_at(e, 0, liar)].tok_s, 4000.0);
+    ck_assert_int_eq(engine_route_check(e), 0);
+    // the tail of a step: every replica but the CPU holds a forward
+    double work = (double) e->hp.micro * e->hp.cfg.T;
+    for (int k = 0; k < e->npeers; k++) {
+        peer_t *pe = &e->peers[k];
+        if (k == cpu || pe->state != P_READY)
+            continue;
+        pe->inflight = pe->held_kind[0] = 2;
+        pe->held_thirds = 6;
+        pe->busy[0] = 10.0;
+        engine_route_touch(e, k);
+    }
+    rows = engine_route_views(e, 0, &n);
+    int k = swarm_policy_pick_fit(rows, n, 0, work, 1);
+    ck_assert_int_eq(k, SWARM_HOLD);
+    // were the CPU taken as the fastest, it would have been handed it
+    swarm_peer_view_t *as_fastest = malloc((size_t) n * sizeof *as_fastest);
+    ck_assert_ptr_nonnull(as_fastest);
+    memcpy(as_fastest, rows, (size_t) n * sizeof *as_fastest);
+    as_fastest[engine_ready_at(e, 0, cpu)].tok_s = 4000.0;
+    ck_assert_int_eq(swarm_policy_pick_fit(as_fastest, n, 0, work, 1), engine_ready_at(e, 0, cpu));
+    free(as_fastest);
+    // measured, a replica is what it measures: nothing of its claim
+    e->peers[gpu2].tok_s = 50.0;
+    engine_route_touch(e, gpu2);
+    ck_assert_double_eq(engine_route_views(e, 0, &n)[engine_ready_at(e, 0, gpu2)].tok_s, 50.0);
+    ck_assert_int_eq(e->peers[gpu].stage, 0);
+    s_close(&w, &e);
+}
+END_TEST
+
 START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
 {
     world_t w = { 0 };
@@ -728,8 +808,8 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
             s_hello(e, now++, atoi(pe->who.key)); // back: joins again
         else if (act == 4 && next < 400)
             s_hello(e, now++, next++); // a newcomer: the table grows, or reuses the dead
-        // what a pick weighs: speeds (some unmeasured: as fast as the stage's
-        // fastest), work held, a failed send, and backwards owed for forwards
+        // what a pick weighs: speeds (some unmeasured: engine_routed_tok_s),
+        // work held, a failed send, and backwards owed for forwards
         // it ran, at stages it may have left since
         pe = &e->peers[p]; // (a newcomer may have moved the table)
         pe->tok_s = (double) (swarm_splitmix64(&rng) % 4) * 500.0;
@@ -740,6 +820,11 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
         pe->rtt = 0.005 * (double) (swarm_splitmix64(&rng) % 3);
         pe->failed = swarm_splitmix64(&rng) % 16 == 0;
         engine_route_touch(e, p); // (as the engine does where it changes them)
+        if (event % 50 == 0) { // what claims are worth, and the floor (once a second)
+            double was = e->speed_floor;
+            e->speed_floor = (double) (swarm_splitmix64(&rng) % 3) * 100.0;
+            engine_route_ratios(e, was);
+        }
         // a micro-batch p ran a forward of, now anywhere
         int i = (int) (swarm_splitmix64(&rng) % (uint64_t) e->G);
         engine_mb_at(e, i, (int) (swarm_splitmix64(&rng) % 3), 0, p);
@@ -1584,6 +1669,7 @@ static Suite *s_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("routing");
     tcase_add_test(tc, test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table);
+    tcase_add_test(tc, test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess);
     tcase_add_test(tc, test_engine_joins_weigh_what_a_joiner_adds_to_its_stage);
     suite_add_tcase(s, tc);
     tc = tcase_create("memory");

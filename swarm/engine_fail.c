@@ -485,10 +485,9 @@ void engine_reap(swarm_engine_t *r)
     double most = engine_link_most(r);
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
         s_beat(r);
-        double floor_was = r->speed_floor;
         r->speed_floor = s_speed_floor(r);
         r->speed_floor_at = now;
-        engine_route_ratios(r, floor_was);
+        engine_route_ratios(r);
     }
     for (int i = 0; i < r->req_slots; i++) {
         const req_t *q = engine_req_at(r, i);

@@ -649,11 +649,10 @@ swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n);
 // measured tok_s (0 none): its own measure once it has one; before, as
 // fast as `fastest`, or at its guess when that is far slower.
 double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest);
-// Each stage's worth of a HELLO's claim (engine_route_t's ratio) and the
-// deadlines' floor, which engine_routed_tok_s reads, were worked out again
-// (`floor_was`: the floor before): the rows they change read differently.
-// O(ready peers), once a second.
-void engine_route_ratios(swarm_engine_t *r, double floor_was);
+// Each stage's worth of a HELLO's claim (engine_route_t's ratio), which
+// engine_routed_tok_s reads, worked out again: the rows it changes read
+// differently. O(ready peers), once a second.
+void engine_route_ratios(swarm_engine_t *r);
 // Every row against a view built afresh: 0, or -EPROTO (a change missed).
 int engine_route_check(swarm_engine_t *r);
 int engine_ready_count(const swarm_engine_t *r, int stage);

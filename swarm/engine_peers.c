@@ -240,22 +240,26 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
 // measured as the fastest had each slow joiner hold a step up to ten
 // times its length under churn (1,000 peers, a departure a peer-hour: 880
 // tok/s against 4,501 without churn; docs/scale.md, "A joiner far slower
-// than its stage"). A claim under the deadlines' floor (1/20 of the median
-// measured) is not believed (a liar's): what the peer is handed and holds
-// fails at the floor's deadline.
+// than its stage"). A guess under 1/GUESS_FAR of the fastest is next to
+// nothing, a liar's (the test build's slowclaim says a millionth of its
+// speed): it is not believed, and what the peer is handed and holds fails
+// at the deadlines' floor. (That floor, 1/20 of the median measured, is
+// no line between the two: the first peers measured are the fast ones,
+// and at 10,000 peers every CPU joining was under it.)
 #define GUESS_NEAR 4.0
+#define GUESS_FAR 1000.0
 double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest)
 {
     if (pe->samples > 0 || pe->stage < 0)
         return pe->tok_s;
     double ratio = r->route[pe->stage].ratio;
     double guess = ratio > 0.0 && pe->hello_tok_s > 0.0 ? pe->hello_tok_s * ratio : pe->tok_s;
-    if (guess >= r->speed_floor && guess * GUESS_NEAR < fastest)
+    if (guess * GUESS_NEAR < fastest && guess * GUESS_FAR >= fastest)
         return guess;
     return fastest > pe->tok_s ? fastest : pe->tok_s;
 }
 
-void engine_route_ratios(swarm_engine_t *r, double floor_was)
+void engine_route_ratios(swarm_engine_t *r)
 {
     double *ratio = r->by_peer; // scratch
     for (int s = 0; s < r->stages; s++) {
@@ -269,7 +273,7 @@ void engine_route_ratios(swarm_engine_t *r, double floor_was)
         }
         double was = rt->ratio;
         rt->ratio = n ? engine_median(ratio, n) : 0.0;
-        if ((rt->ratio != was || r->speed_floor != floor_was) && rt->unmeasured.n > 0)
+        if (rt->ratio != was && rt->unmeasured.n > 0)
             rt->gen++; // its unmeasured rows read differently now
     }
 }

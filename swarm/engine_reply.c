@@ -375,9 +375,8 @@ static int s_flooding(swarm_engine_t *r, int p, const net_head_t *h)
 // The speed a node reports is used only for the bound in swarm status; one
 // that claims ten times what the router measures is not believed there.
 // One not measured yet that claims less than the deadlines' floor (1/20 of
-// the median measured) is named once: routing does not believe the claim
-// (engine_routed_tok_s), and what it is given and holds fails at the
-// floor's deadline (a claim of 1e-6 tok/s once held a step 640 s).
+// the median measured) is named once: what it is given and holds fails at
+// the floor's deadline (a claim of 1e-6 tok/s once held a step 640 s).
 static void s_doubt_claim(swarm_engine_t *r, int p)
 {
     peer_t *pe = &r->peers[p];

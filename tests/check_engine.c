@@ -729,12 +729,12 @@ static int s_replica(swarm_engine_t *e, int64_t now, int i, double claim, double
 // What a routing pick takes a replica not measured yet at: the stage's
 // fastest measured replica, so that it is handed work and measured, unless
 // its claim, worth what the stage's measured replicas' claims turned out to
-// be, puts it under a quarter of that fastest (and not under the
-// deadlines' floor, 1/20 of the median measured). A CPU joining GPUs is then
+// be, puts it under a quarter of that fastest, even under the deadlines'
+// floor (the first measured are the fast ones). A CPU joining GPUs is then
 // handed no forward it would finish long after them: at the step's tail,
 // with the GPUs busy, the forward waits for one (as it does for a CPU
-// measured). A claim of next to nothing is not believed: the fastest (and
-// the deadlines' floor).
+// measured). A claim of next to nothing (under a thousandth of the fastest)
+// is not believed: the fastest (and the deadlines' floor).
 START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
 {
     world_t w = { 0 };
@@ -745,9 +745,8 @@ START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
     int cpu = s_replica(e, now++, 3, 25.0, 0.0);        // 100 tok/s there
     int near = s_replica(e, now++, 4, 500.0, 0.0);      // 2,000 tok/s there
     int liar = s_replica(e, now++, 5, 1e-6, 0.0);       // next to nothing
-    double floor_was = e->speed_floor;
-    e->speed_floor = 1000.0 / 20.0; // a median of 1,000 measured (engine_reap, once a second)
-    engine_route_ratios(e, floor_was);
+    e->speed_floor = 4000.0 / 20.0; // the deadlines' floor (engine_reap, once a second)
+    engine_route_ratios(e);
     ck_assert_double_eq(e->route[0].ratio, 4.0);
     int n;
     const swarm_peer_view_t *rows = engine_route_views(e, 0, &n);
@@ -820,11 +819,8 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
         pe->rtt = 0.005 * (double) (swarm_splitmix64(&rng) % 3);
         pe->failed = swarm_splitmix64(&rng) % 16 == 0;
         engine_route_touch(e, p); // (as the engine does where it changes them)
-        if (event % 50 == 0) { // what claims are worth, and the floor (once a second)
-            double was = e->speed_floor;
-            e->speed_floor = (double) (swarm_splitmix64(&rng) % 3) * 100.0;
-            engine_route_ratios(e, was);
-        }
+        if (event % 50 == 0) // what claims are worth (once a second)
+            engine_route_ratios(e);
         // a micro-batch p ran a forward of, now anywhere
         int i = (int) (swarm_splitmix64(&rng) % (uint64_t) e->G);
         engine_mb_at(e, i, (int) (swarm_splitmix64(&rng) % 3), 0, p);

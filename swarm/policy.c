@@ -48,16 +48,16 @@ static int s_dry(const swarm_peer_view_t *p)
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left)
 {
     double held = 0.0, rate = 0.0;
-    int replicas = 0, only = -1;
+    int replicas = 0;
     for (int i = 0; i < n; i++) {
         if (peers[i].ready && peers[i].stage == stage) {
             held += peers[i].backlog;
             rate += peers[i].tok_s > 1.0 ? peers[i].tok_s : 1.0;
-            replicas++, only = i;
+            replicas++;
         }
     }
-    if (replicas <= 1)
-        return only; // nothing to choose: holding it back would only delay it
+    if (!replicas)
+        return -1;
     double end = (held + (left > 1 ? left : 1) * work) / rate;
     int dry = -1, fits = 0;
     for (int i = 0; i < n; i++) {

@@ -87,7 +87,9 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 // it is sent (a node serves a BWD first) while a faster one could run it.
 // When no replica would be done by then (the step's tail): the earliest
 // finish (swarm_policy_pick) once it is about to run dry, else SWARM_HOLD.
-// A stage's only replica takes it at once; -1 when it has no ready peer.
+// A stage's only replica too takes it once it is about to run dry, so that
+// a replica that joins the stage meanwhile can take its share; -1 when
+// the stage has no ready peer.
 #define SWARM_HOLD (-2)
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left);
 // The stage a joining node `me` (its view, for its memory) should serve,

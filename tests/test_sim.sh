@@ -382,17 +382,18 @@ fi
 audits_kept "six uneven peers, the plan weighing audits" 0.62 $HETERO
 # a share waits for the busy GPUs when they would finish it before a free
 # CPU 20-40 times slower would: 1,000
-# volunteer peers (scripts/sim-scale.sh's mix) keep 0.87 of their
-# throughput without audits; taken by the fastest free replica they kept
-# 0.77 (0.74 with a step's sums audited together, when every GPU is busy
-# with another's share as the CPUs' shares are handed out)
+# volunteer peers (scripts/sim-scale.sh's mix) keep 0.78 of their
+# throughput without audits (4,476 of 5,731 tok/s); taken by the fastest
+# free replica they keep 0.67 (3,820). (0.87 and 0.77 when a CPU joining
+# was handed forwards it finished long after the GPUs: slower steps, of
+# which the audits took less.)
 SCALE="--peers 1000 --stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 16
     --batch 2000 --iters 50 --eval-every 0 --save-every 50 --speeds 25x6,50x6,100x6,1000,2000
     --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1"
 # shellcheck disable=SC2086
 sim_ok "1,000 volunteer peers on 8 stages, audits at the default rate" $SCALE
 # shellcheck disable=SC2086
-audits_kept "1,000 peers" 0.83 $SCALE
+audits_kept "1,000 peers" 0.75 $SCALE
 
 # a stage's only replica moved in waves: the fastest peer joined first and
 # got stage 0 alone, where it does more than the pipeline can use; the

@@ -1187,7 +1187,7 @@ START_TEST(test_pick_fit_binds_forwards_late_and_keeps_a_slow_replica_off_the_ta
     // while it holds two, so that a replica joining the stage meanwhile
     // can take its share (the first step of 10,000 peers once queued all
     // 1,250 of its forwards at the only replica ready on stage 0, which ran
-    // them one after another for 1,600 s while a hundred more got ready)
+    // them one after another for 1,620 s while a hundred more got ready)
     p[2].ready = 0;
     ck_assert_int_eq(swarm_policy_pick_fit(p, 3, 1, 128.0, 24), SWARM_HOLD);
     p[1].inflight = 1;

@@ -225,27 +225,20 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
     };
 }
 
-// A peer the router has not measured yet is taken, for routing, as fast as
-// the stage's fastest measured replica (or as its own first guess, when
-// that is higher), so that it is handed work and measured: a guess a
-// little low would lose every tie to the replicas measured, and in a stage
-// with more replicas than work it would never be measured. Unless the
-// router can tell it is far slower: its guess, what its HELLO claimed (the
-// node's benchmark, one yardstick for every node) times what such claims
-// turned out to be worth on its stage (the median, over the stage's
-// measured replicas, of their measure over their claim), is under
-// 1/GUESS_NEAR of that fastest. Then the guess is believed, and a slow
-// joiner is handed a training forward only where it is done by its
-// stage's end of step, as it would be once measured. Taking every peer not
-// measured as the fastest had each slow joiner hold a step up to ten
-// times its length under churn (1,000 peers, a departure a peer-hour: 880
-// tok/s against 4,501 without churn; docs/scale.md, "A joiner far slower
-// than its stage"). A guess under 1/GUESS_FAR of the fastest is next to
-// nothing, a liar's (the test build's slowclaim says a millionth of its
-// speed): it is not believed, and what the peer is handed and holds fails
-// at the deadlines' floor. (That floor, 1/20 of the median measured, is
-// no line between the two: the first peers measured are the fast ones,
-// and at 10,000 peers every CPU joining was under it.)
+// A peer not measured yet is taken, for routing, as fast as its stage's
+// fastest measured replica (or its own first guess, when higher), so that
+// it is handed work and measured: a guess a little low would lose every
+// tie, and with more replicas than work it would never be measured. But a
+// guess under 1/GUESS_NEAR of that fastest is believed: its HELLO's claim
+// (the node's benchmark, one yardstick for all) times the median, over the
+// stage's measured replicas, of measure over claim. A slow joiner is then
+// handed a forward only where it is done by its stage's end of step; as
+// the fastest, each held a step up to ten times its length under churn
+// (docs/scale.md, "A joiner far slower than its stage"). A guess under
+// 1/GUESS_FAR is next to nothing, a liar's (slowclaim says a millionth of
+// its speed): not believed, its work fails at the deadlines' floor. (That
+// floor, 1/20 of the median measured, is no line between the two: the
+// first measured are the fast ones, and every CPU joining was under it.)
 #define GUESS_NEAR 4.0
 #define GUESS_FAR 1000.0
 double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest)

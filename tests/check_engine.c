@@ -740,7 +740,7 @@ START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
     world_t w = { 0 };
     swarm_engine_t *e = s_engine_of(&w, 100000, 2, 16); // never starts: the test sets the rows
     int64_t now = 1000;
-    int gpu = s_replica(e, now++, 1, 1000.0, 4000.0);   // its claim worth 4x on this stage
+    s_replica(e, now++, 1, 1000.0, 4000.0);             // its claim worth 4x on this stage
     int gpu2 = s_replica(e, now++, 2, 1000.0, 4000.0);
     int cpu = s_replica(e, now++, 3, 25.0, 0.0);        // 100 tok/s there
     int near = s_replica(e, now++, 4, 500.0, 0.0);      // 2,000 tok/s there
@@ -779,7 +779,6 @@ START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
     e->peers[gpu2].tok_s = 50.0;
     engine_route_touch(e, gpu2);
     ck_assert_double_eq(engine_route_views(e, 0, &n)[engine_ready_at(e, 0, gpu2)].tok_s, 50.0);
-    ck_assert_int_eq(e->peers[gpu].stage, 0);
     s_close(&w, &e);
 }
 END_TEST

@@ -252,18 +252,25 @@ double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fas
     return fastest > pe->tok_s ? fastest : pe->tok_s;
 }
 
+// What the measured ready replicas of stage s measure over what they
+// claimed at start, into ratio[] from ratio[n]: the new n.
+static int s_claims_worth(const swarm_engine_t *r, int s, double *ratio, int n)
+{
+    const engine_ready_t *l = &r->ready[s];
+    for (int k = 0; k < l->n; k++) {
+        const peer_t *pe = &r->peers[l->peer[k]];
+        if (pe->samples > 0 && pe->hello_tok_s > 0.0)
+            ratio[n++] = pe->tok_s / pe->hello_tok_s;
+    }
+    return n;
+}
+
 void engine_route_ratios(swarm_engine_t *r)
 {
     double *ratio = r->by_peer; // scratch
     for (int s = 0; s < r->stages; s++) {
         engine_route_t *rt = &r->route[s];
-        const engine_ready_t *l = &r->ready[s];
-        int n = 0;
-        for (int k = 0; k < l->n; k++) {
-            const peer_t *pe = &r->peers[l->peer[k]];
-            if (pe->samples > 0 && pe->hello_tok_s > 0.0)
-                ratio[n++] = pe->tok_s / pe->hello_tok_s;
-        }
+        int n = s_claims_worth(r, s, ratio, 0);
         double was = rt->ratio;
         rt->ratio = n ? engine_median(ratio, n) : 0.0;
         if (rt->ratio != was && rt->unmeasured.n > 0)
@@ -519,11 +526,8 @@ static double s_hello_speed(const swarm_engine_t *r, double hello)
 {
     double *ratio = r->by_peer; // scratch
     int n = 0;
-    for (int i = 0; i < r->npeers; i++) {
-        const peer_t *pe = &r->peers[i];
-        if (pe->state == P_READY && pe->samples > 0 && pe->hello_tok_s > 0.0)
-            ratio[n++] = pe->tok_s / pe->hello_tok_s;
-    }
+    for (int s = 0; s < r->stages; s++)
+        n = s_claims_worth(r, s, ratio, n);
     if (!n)
         return hello;
     return hello * engine_median(ratio, n);

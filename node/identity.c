@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,25 +22,45 @@
 
 #define IDENTITY_NAMES_MAX 64 // node, node-2, ... node-64 under the config folder
 
+// The pid in a held lock file. A holder writes it just after its flock, so
+// a claim made at the same moment can find the file empty, or holding the
+// pid of a node that ended long ago: wait (at most a fifth of a second) for
+// a pid that is alive. 0 when none comes.
+static long s_holder(int f)
+{
+    for (int tries = 0; tries < 40; tries++) {
+        char text[32] = "";
+        ssize_t got = pread(f, text, sizeof text - 1, 0);
+        long pid = got > 0 ? strtol(text, NULL, 10) : 0;
+        if (pid > 0 && pid != (long) getpid() && (kill((pid_t) pid, 0) == 0 || errno == EPERM))
+            return pid;
+        usleep(5000);
+    }
+    return 0;
+}
+
+static void s_holder_name(long pid, char *out, size_t n)
+{
+    if (pid > 0)
+        snprintf(out, n, "node pid %ld", pid);
+    else
+        snprintf(out, n, "another swarm node");
+}
+
 // Claim NAME: an exclusive flock on NAME.lock, which holds our pid. 0 and
-// *fd; -EBUSY another process holds it (*holder its pid, 0 unknown); other
-// -errno when the lock file cannot be opened.
+// *fd; -EBUSY another process holds it (*holder, when asked for, its pid:
+// 0 unknown); other -errno when the lock file cannot be opened.
 static int s_claim(const char *name, int *fd, long *holder)
 {
     char path[PATH_MAX + 8];
     snprintf(path, sizeof path, "%s.lock", name);
-    *holder = 0;
     int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600);
     if (f < 0)
         return -errno;
     if (flock(f, LOCK_EX | LOCK_NB) != 0) {
         int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-        char text[32] = "";
-        ssize_t got = pread(f, text, sizeof text - 1, 0);
-        if (got > 0) {
-            text[got] = '\0';
-            *holder = strtol(text, NULL, 10);
-        }
+        if (rc == -EBUSY && holder)
+            *holder = s_holder(f);
         close(f);
         return rc;
     }
@@ -74,14 +95,15 @@ static int s_key_open(const char *name, net_key_t **out, int *made, char *err, s
 // cannot write is still usable; the router refuses a second live copy).
 static int s_open_given(const char *name, node_identity_t *id, char *err, size_t n)
 {
-    char why[512] = "";
+    char why[512] = "", by[48];
     long holder = 0;
     snprintf(id->name, sizeof id->name, "%s", name);
     int rc = s_claim(name, &id->lock_fd, &holder);
     if (rc == -EBUSY) {
-        snprintf(err, n, "--key %s: %s.key is in use by another swarm node on this machine "
-                 "(pid %ld); each node needs a key of its own: leave out --key and swarm picks "
-                 "a free one, or make one with `swarm keygen NAME`", name, name, holder);
+        s_holder_name(holder, by, sizeof by);
+        snprintf(err, n, "--key %s: %s.key is in use by %s on this machine; each node needs "
+                 "a key of its own: leave out --key and swarm picks a free one, or make one "
+                 "with `swarm keygen NAME`", name, name, by);
         return rc;
     }
     rc = s_key_open(name, &id->key, &id->made, why, sizeof why);
@@ -93,7 +115,7 @@ static int s_open_given(const char *name, node_identity_t *id, char *err, size_t
 // No --key: the first free name of the config folder.
 static int s_open_default(const char *dir, node_identity_t *id, char *err, size_t n)
 {
-    char why[512] = "";
+    char why[512] = "", by[48];
     long first_holder = 0;
     int rc = node_mkdirs(dir, 0700, why, sizeof why);
     if (rc != 0) {
@@ -105,21 +127,19 @@ static int s_open_default(const char *dir, node_identity_t *id, char *err, size_
             snprintf(id->name, sizeof id->name, "%s/node", dir);
         else
             snprintf(id->name, sizeof id->name, "%s/node-%d", dir, i);
-        long holder = 0;
-        rc = s_claim(id->name, &id->lock_fd, &holder);
-        if (rc == -EBUSY) {
-            first_holder = i == 1 ? holder : first_holder;
+        rc = s_claim(id->name, &id->lock_fd, i == 1 ? &first_holder : NULL);
+        if (rc == -EBUSY)
             continue;
-        }
         if (rc != 0) {
             snprintf(err, n, "cannot create %s.lock: %s; give a key with --key NAME", id->name,
                      strerror(-rc));
             return rc;
         }
         id->index = i;
-        if (i > 1)
-            snprintf(id->note, sizeof id->note, "node.key is in use by node pid %ld on this "
-                     "machine", first_holder);
+        if (i > 1) {
+            s_holder_name(first_holder, by, sizeof by);
+            snprintf(id->note, sizeof id->note, "node.key is in use by %s on this machine", by);
+        }
         rc = s_key_open(id->name, &id->key, &id->made, why, sizeof why);
         if (rc != 0)
             snprintf(err, n, "%s (or give a key with --key NAME)", why);

@@ -11,9 +11,12 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -284,6 +287,57 @@ START_TEST(test_identity_given_key_in_use_is_refused)
 }
 END_TEST
 
+// A node that has just taken node.lock has not yet written its pid there;
+// the file may still hold a pid from a node that ended. A claim at that
+// moment names the live holder, never the stale pid (nor pid 0).
+START_TEST(test_identity_names_the_live_holder_of_a_fresh_claim)
+{
+    char dir[300], lock[320];
+    snprintf(dir, sizeof dir, "%s/swarm", s_dir);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(lock, sizeof lock, "%s/node.lock", dir);
+    pid_t gone = fork(); // a pid that was a node once and is no more
+    ck_assert_int_ge(gone, 0);
+    if (gone == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(gone, NULL, 0), gone);
+    FILE *f = fopen(lock, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%ld\n", (long) gone);
+    fclose(f);
+    int locked[2];
+    ck_assert_int_eq(pipe(locked), 0);
+    pid_t holder = fork();
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) { // takes the lock, says so, writes its pid 50 ms later
+        int fd = open(lock, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(locked[1], "x", 1) != 1)
+            _exit(1);
+        usleep(50000);
+        char text[32];
+        int len = snprintf(text, sizeof text, "%ld\n", (long) getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t) len, 0) != len)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(locked[1]);
+    char c;
+    ck_assert_int_eq(read(locked[0], &c, 1), 1);
+    close(locked[0]);
+    node_identity_t id;
+    char err[512] = "", want[64];
+    ck_assert_msg(node_identity_open(NULL, &id, err, sizeof err) == 0, "%s", err);
+    snprintf(want, sizeof want, "node.key is in use by node pid %ld on this machine", (long) holder);
+    ck_assert_int_eq(id.index, 2);
+    ck_assert_msg(!strcmp(id.note, want), "the note: '%s', not '%s' (the stale pid was %ld)",
+                  id.note, want, (long) gone);
+    node_identity_close(&id);
+    kill(holder, SIGKILL);
+    ck_assert_int_eq(waitpid(holder, NULL, 0), holder);
+}
+END_TEST
+
 START_TEST(test_identity_bad_key_file_is_named)
 {
     char name[300], path[320];
@@ -321,6 +375,7 @@ int main(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_identity_each_process_its_own_key);
     tcase_add_test(tc, test_identity_given_key_in_use_is_refused);
+    tcase_add_test(tc, test_identity_names_the_live_holder_of_a_fresh_claim);
     tcase_add_test(tc, test_identity_bad_key_file_is_named);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -1166,6 +1166,31 @@ START_TEST(test_engine_what_no_node_sends_unasked_is_dropped_unread)
 }
 END_TEST
 
+// A crowd whose claimed speeds are under the deadlines' floor (CPUs joining
+// a big swarm of GPUs) is named as other lines about what peers send are:
+// twenty at once, then ten a second, the next line shown saying how many
+// were not. Each peer is named once, however often it says so.
+START_TEST(test_engine_claims_under_the_floor_are_rate_limited)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000); // waits: nobody trains
+    for (int i = 1; i <= 300; i++)
+        s_hello(e, 1000, i);
+    e->speed_floor = 200.0; // 1/20 of a median of 4,000 tok/s (engine_reap, once a second)
+    int before = w.lines;
+    for (int k = 0; k < 3; k++)
+        for (int i = 1; i <= 300; i++)
+            s_send_as(e, 1000, i, NET_MSG_HEARTBEAT, 0, "tok_s=10\n", 0);
+    ck_assert_int_eq(w.lines - before, 20);
+    ck_assert_msg(strstr(w.shown, "says it sustains 10 tok/s, under 1/20 of the median"), "%s", w.shown);
+    s_hello(e, 2000, 301);
+    s_send_as(e, 2000, 301, NET_MSG_HEARTBEAT, 0, "tok_s=10\n", 0);
+    ck_assert_msg(strstr(w.shown, "peer 301 (crowd301) says it sustains 10 tok/s")
+                  && strstr(w.shown, "similar lines not shown)\n"), "%s", w.shown);
+    s_close(&w, &e);
+}
+END_TEST
+
 // A peer that claims a speed near zero at HELLO, then stalls with work: its
 // deadline is not hours long (it takes at least 1/20 of the median measured
 // speed), so the swarm waits for it seconds, and trains on.
@@ -1646,6 +1671,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_status_floods_are_answered_within_a_budget);
     tcase_add_test(tc, test_engine_what_no_node_sends_unasked_is_dropped_unread);
     tcase_add_test(tc, test_engine_a_tiny_claimed_speed_holds_no_step_for_long);
+    tcase_add_test(tc, test_engine_claims_under_the_floor_are_rate_limited);
     tcase_add_test(tc, test_engine_a_checkpoint_read_left_unanswered_is_failed);
     tcase_add_test(tc, test_engine_refuses_a_bad_config_by_name);
     tcase_add_test(tc, test_engine_a_walk_up_the_rms_bound_is_refused);

@@ -61,8 +61,10 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     snprintf(r->operator_key, sizeof r->operator_key, "%s", c->operator_key);
     r->link_rate = (c->router_mbit > 0.0 ? c->router_mbit : SWARM_ROUTER_MBIT) * 1e3 / 8.0;
     r->self_peer = -1;
-    for (int s = 0; s < SWARM_MAX_STAGES; s++)
+    for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         r->route[s].fastest_peer = r->route[s].held_left = -1;
+        r->route[s].rows_fastest = -1.0;
+    }
     r->want_eval = r->o.eval_every > 0 && r->step == 0;
     r->grad_sum = calloc(r->nparams, sizeof(float));
     r->G = r->hp.batch / r->hp.micro;

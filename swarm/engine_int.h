@@ -228,9 +228,10 @@ typedef struct {
 // rewritten whenever something of the peer the view shows changes
 // (engine_route_touch), so that a pick reads rows and builds nothing.
 // A row shows the peer's own tok_s; one not measured yet is shown as fast
-// as the fastest measured one, unless its claim puts it far slower, when a
-// pick reads the rows (engine_routed_tok_s). Checked against views built
-// afresh by engine_route_check.
+// as the fastest measured one, unless its claim puts it far slower
+// (engine_routed_tok_s): its row is rewritten when it changes, and all of
+// them when the fastest or the stage's ratio does. Checked against views
+// built afresh by engine_route_check.
 typedef struct {
     swarm_peer_view_t *view; // [ready[s].cap]
     engine_ready_t unmeasured; // its ready peers with no speed sample yet
@@ -238,6 +239,7 @@ typedef struct {
     double ratio;            // the median, over its measured ready peers, of tok_s over the HELLO's
                              // claim (0 none); worked out once a second (engine_route_ratios)
     int fastest_peer;        // which; -1: to be found again, -2: none is measured
+    double rows_fastest;     // the fastest the unmeasured rows were worked out with (-1: again)
     uint64_t gen;            // changes with every row and with the ready peers
     uint64_t held_gen;       // gen when a training forward was last held back
     int held_left;           // the forwards left then (-1 none): held again until either changes
@@ -624,6 +626,9 @@ int engine_meta_add(net_msg_t *m, const char *line);
 enum { DRAW_SPOT = 1, DRAW_AUDIT, DRAW_SOURCE };
 double engine_draw(const swarm_engine_t *r, int what, long a, long b);
 int engine_peer_find(swarm_engine_t *r, const net_peer_t *who);
+// Index peer p by its key (its entry holds it): 0 or -ENOMEM; or forget it.
+int engine_key_put(swarm_engine_t *r, int p);
+void engine_key_del(swarm_engine_t *r, int p);
 int engine_cmp_double(const void *a, const void *b); // qsort, ascending
 // v[n / 2] of v (n >= 1) sorted ascending, found in O(n) (a sort finishes
 // what 64 rounds of selection did not): v is reordered

@@ -8,88 +8,6 @@
 
 #include <assert.h>
 
-// ---- the peers by key: open addressing, slots hold index + 1 (0 empty,
-// -1 a removed entry), at most half full: a lookup is O(1) ----
-
-// Eight characters a multiply (a key is 40: byte by byte, its hash was a
-// twentieth of a 10,000-peer sim), then the high bits folded down.
-static uint64_t s_key_hash(const char *key)
-{
-    size_t n = strlen(key);
-    uint64_t h = 1469598103934665603ull ^ n, w;
-    for (; n >= 8; n -= 8, key += 8) {
-        memcpy(&w, key, 8);
-        h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-        h ^= h >> 29;
-    }
-    for (; n > 0; n--, key++)
-        h = (h ^ (unsigned char) *key) * 1099511628211ull;
-    h ^= h >> 32;
-    return h * 0xbf58476d1ce4e5b9ull ^ (h >> 31);
-}
-
-// The slot of key in the index, or of where it would go (-1: no index).
-static int s_key_slot(const swarm_engine_t *r, const char *key, int *found)
-{
-    *found = 0;
-    if (r->key_cap == 0)
-        return -1;
-    int mask = r->key_cap - 1, free_at = -1;
-    for (int i = (int) (s_key_hash(key) & (uint64_t) mask);; i = (i + 1) & mask) {
-        int v = r->key_index[i];
-        if (v == 0)
-            return free_at >= 0 ? free_at : i;
-        if (v < 0 && free_at < 0)
-            free_at = i;
-        if (v > 0 && !strcmp(r->peers[v - 1].who.key, key)) {
-            *found = 1;
-            return i;
-        }
-    }
-}
-
-// Index peer p by its key (its entry holds the key). 0 or -ENOMEM.
-static int s_key_put(swarm_engine_t *r, int p)
-{
-    int found;
-    if (2 * (r->key_used + 1) > r->key_cap) { // rebuild, larger if the peers need it,
-        int cap = 64;                         // without the removed entries
-        while (4 * (r->npeers + 1) > cap)
-            cap *= 2;
-        int *old = r->key_index, old_cap = r->key_cap;
-        if (!(r->key_index = calloc((size_t) cap, sizeof *r->key_index))) {
-            r->key_index = old;
-            return -ENOMEM;
-        }
-        r->key_cap = cap;
-        r->key_used = 0;
-        for (int i = 0; i < old_cap; i++) {
-            if (old[i] > 0) {
-                r->key_index[s_key_slot(r, r->peers[old[i] - 1].who.key, &found)] = old[i];
-                r->key_used++;
-            }
-        }
-        free(old);
-    }
-    int i = s_key_slot(r, r->peers[p].who.key, &found);
-    r->key_used += r->key_index[i] == 0;
-    r->key_index[i] = p + 1;
-    return 0;
-}
-
-static void s_key_del(swarm_engine_t *r, int p)
-{
-    int found, i = s_key_slot(r, r->peers[p].who.key, &found);
-    if (found)
-        r->key_index[i] = -1;
-}
-
-int engine_peer_find(swarm_engine_t *r, const net_peer_t *who)
-{
-    int found, i = s_key_slot(r, who->key, &found);
-    return found ? r->key_index[i] - 1 : -1;
-}
-
 // ---- each stage's ready peers (engine_ready_t): kept in ascending index
 // as peers come and go, so that finding them costs O(replicas), not a scan
 // of the table ----
@@ -225,20 +143,17 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
     };
 }
 
-// A peer not measured yet is taken, for routing, as fast as its stage's
-// fastest measured replica (or its own first guess, when higher), so that
-// it is handed work and measured: a guess a little low would lose every
-// tie, and with more replicas than work it would never be measured. But a
-// guess under 1/GUESS_NEAR of that fastest is believed: its HELLO's claim
-// (the node's benchmark, one yardstick for all) times the median, over the
-// stage's measured replicas, of measure over claim. A slow joiner is then
-// handed a forward only where it is done by its stage's end of step; as
-// the fastest, each held a step up to ten times its length under churn
-// (docs/scale.md, "A joiner far slower than its stage"). A guess under
-// 1/GUESS_FAR is next to nothing, a liar's (slowclaim says a millionth of
-// its speed): not believed, its work fails at the deadlines' floor. (That
-// floor, 1/20 of the median measured, is no line between the two: the
-// first measured are the fast ones, and every CPU joining was under it.)
+// A peer not measured yet is routed as fast as its stage's fastest measured
+// replica (or its own first guess, when higher), so that it is handed work
+// and measured: a guess a little low would lose every tie. But a guess
+// under 1/GUESS_NEAR of that fastest is believed: its HELLO's claim (the
+// node's benchmark) times the median, over the stage's measured replicas,
+// of measure over claim. A slow joiner then gets a forward only where it
+// is done by its stage's end of step (docs/scale.md, "A joiner far slower
+// than its stage"). One under 1/GUESS_FAR is a liar's (slowclaim says a
+// millionth of its speed): its work fails at the deadlines' floor, which,
+// 1/20 of the median measured, is no line between the two (every CPU
+// joining a stage of GPUs is under it).
 #define GUESS_NEAR 4.0
 #define GUESS_FAR 1000.0
 double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest)
@@ -273,8 +188,10 @@ void engine_route_ratios(swarm_engine_t *r)
         int n = s_claims_worth(r, s, ratio, 0);
         double was = rt->ratio;
         rt->ratio = n ? engine_median(ratio, n) : 0.0;
-        if (rt->ratio != was && rt->unmeasured.n > 0)
+        if (rt->ratio != was && rt->unmeasured.n > 0) {
             rt->gen++; // its unmeasured rows read differently now
+            rt->rows_fastest = -1.0;
+        }
     }
 }
 
@@ -342,6 +259,10 @@ void engine_route_touch(swarm_engine_t *r, int p)
         engine_list_add(&rt->unmeasured, p);
         if (rt->fastest_peer == p)
             rt->fastest_peer = -1;
+        if (rt->fastest_peer == -1)
+            rt->rows_fastest = -1.0; // every row, once the fastest is found again
+        else
+            rt->view[k].tok_s = engine_routed_tok_s(r, pe, rt->fastest);
         return;
     }
     s_list_del(&rt->unmeasured, p);
@@ -374,10 +295,13 @@ swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
             }
         }
     }
+    if (rt->rows_fastest == rt->fastest)
+        return rt->view;
     for (int j = 0; j < rt->unmeasured.n; j++) {
         int p = rt->unmeasured.peer[j];
         rt->view[engine_ready_at(r, s, p)].tok_s = engine_routed_tok_s(r, &r->peers[p], rt->fastest);
     }
+    rt->rows_fastest = rt->fastest;
     return rt->view;
 }
 
@@ -659,7 +583,7 @@ static int s_peer_slot(swarm_engine_t *r)
     if (best >= 0 && dead >= PEERS_KEEP_DEAD) {
         free(r->peers[best].grad);
         free(r->peers[best].audit_sums);
-        s_key_del(r, best);
+        engine_key_del(r, best);
         return best;
     }
     if (r->npeers == r->peers_cap) {
@@ -708,7 +632,7 @@ void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e
         }
         r->peers[p] = (peer_t) { .who = *who, .id = ++r->next_peer_id, .stage = -1, .moved_at = -1e30,
                                  .audit_of = -1 };
-        if (s_key_put(r, p) != 0) {
+        if (engine_key_put(r, p) != 0) {
             engine_warn(r, "swarm router: out of memory for the peer index (%d peers); "
                         "ignoring %s\n", r->npeers, hello->name);
             engine_peer_state(r, p, P_DEAD); // an entry no message can reach, reused later

@@ -810,7 +810,8 @@ START_TEST(test_engine_picks_among_a_stages_ready_peers_as_over_the_whole_table)
         // work held, a failed send, and backwards owed for forwards
         // it ran, at stages it may have left since
         pe = &e->peers[p]; // (a newcomer may have moved the table)
-        pe->tok_s = (double) (swarm_splitmix64(&rng) % 4) * 500.0;
+        pe->tok_s = (double) (swarm_splitmix64(&rng) % 4) * 500.0; // a GPU's, or a CPU's:
+        pe->tok_s *= swarm_splitmix64(&rng) % 2 ? 1.0 : 0.01; // the median claim's worth flips
         pe->samples = (int) (swarm_splitmix64(&rng) % 2);
         pe->held_thirds = (int) (swarm_splitmix64(&rng) % 4);
         pe->held_kind[0] = pe->inflight = (int) (swarm_splitmix64(&rng) % 3);

@@ -702,10 +702,12 @@ void engine_rebalance(swarm_engine_t *r)
     for (int q = 0; q < r->npeers; q++) {
         const peer_t *pe = &r->peers[q];
         // the speed the bound counts; one not measured yet is counted at
-        // that, and not moved
+        // that, and not moved, unless routing holds it back as far slower
+        // than its stage: a CPU beside a GPU that never fits a forward
+        // there is never measured, and would idle there for good
         if (!pe->claim_doubted && pe->node_tok_s > 0.0)
             views[q].tok_s = engine_bound_speed(pe); // (else the checked measure)
-        if (pe->state == P_READY && pe->samples < 1)
+        if (pe->state == P_READY && pe->samples < 1 && !engine_route_held_back(r, q))
             views[q].moved_at = now;
         // nor one still computing (an audit that runs on past its step, its
         // target dead): its node serves that at the stage it is leaving,

@@ -637,6 +637,10 @@ double engine_median(double *v, int n);
 // in engine_send_assign, which makes it P_JOINING first): ready[] follows.
 void engine_peer_state(swarm_engine_t *r, int p, int state);
 int engine_ready_at(const swarm_engine_t *r, int stage, int p);
+// Ready peer p is not measured yet and routed at its guess, far under its
+// stage's fastest: it gets work only where it finishes in time, and may
+// never be measured there.
+int engine_route_held_back(swarm_engine_t *r, int p);
 // Whether a peer is joining `stage` (loading its state): O(joiners).
 int engine_joining_to(const swarm_engine_t *r, int stage);
 // p into the sorted list l, unless it is there.

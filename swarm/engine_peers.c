@@ -167,6 +167,17 @@ double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fas
     return fastest > pe->tok_s ? fastest : pe->tok_s;
 }
 
+int engine_route_held_back(swarm_engine_t *r, int p)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->state != P_READY || pe->samples > 0)
+        return 0;
+    int n;
+    engine_route_views(r, pe->stage, &n); // (the stage's fastest, found again if it must be)
+    double fastest = r->route[pe->stage].fastest;
+    return engine_routed_tok_s(r, pe, fastest) < fastest;
+}
+
 // What the measured ready replicas of stage s measure over what they
 // claimed at start, into ratio[] from ratio[n]: the new n.
 static int s_claims_worth(const swarm_engine_t *r, int s, double *ratio, int n)

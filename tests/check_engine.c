@@ -754,6 +754,11 @@ START_TEST(test_engine_routes_a_joiner_far_slower_than_its_stage_at_its_guess)
     ck_assert_double_eq(rows[engine_ready_at(e, 0, near)].tok_s, 4000.0);
     ck_assert_double_eq(rows[engine_ready_at(e, 0, liar)].tok_s, 4000.0);
     ck_assert_int_eq(engine_route_check(e), 0);
+    // only the CPU is held back (rebalancing may move it, unmeasured)
+    ck_assert_int_eq(engine_route_held_back(e, cpu), 1);
+    ck_assert_int_eq(engine_route_held_back(e, near), 0);
+    ck_assert_int_eq(engine_route_held_back(e, liar), 0);
+    ck_assert_int_eq(engine_route_held_back(e, gpu2), 0);
     // the tail of a step: every replica but the CPU holds a forward
     double work = (double) e->hp.micro * e->hp.cfg.T;
     for (int k = 0; k < e->npeers; k++) {

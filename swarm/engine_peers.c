@@ -173,9 +173,8 @@ int engine_route_held_back(swarm_engine_t *r, int p)
     if (pe->state != P_READY || pe->samples > 0)
         return 0;
     int n;
-    engine_route_views(r, pe->stage, &n); // (the stage's fastest, found again if it must be)
-    double fastest = r->route[pe->stage].fastest;
-    return engine_routed_tok_s(r, pe, fastest) < fastest;
+    const swarm_peer_view_t *rows = engine_route_views(r, pe->stage, &n); // (and the fastest)
+    return rows[engine_ready_at(r, pe->stage, p)].tok_s < r->route[pe->stage].fastest;
 }
 
 // What the measured ready replicas of stage s measure over what they

@@ -65,12 +65,18 @@ NVCC          := $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bi
 CUDA_ARCHS    ?= 75 80 86 89 90
 CUDA_PTX      ?= 90
 
+# What was detected is said once, by the make that builds. demo and test
+# install what is missing first (make deps) and then build in a make of
+# their own, which detects afresh and says it (SAY_DETECTED=1): on a fresh
+# machine the first make's answer is what was there before the install.
 QUIET_GOALS := deps clean help
-ifeq ($(filter $(QUIET_GOALS),$(MAKECMDGOALS)),)
+DEPS_FIRST  := demo test
 ifeq ($(MAKELEVEL),0)
+SAY_DETECTED := $(if $(filter $(QUIET_GOALS) $(DEPS_FIRST),$(MAKECMDGOALS)),,1)
+endif
+ifeq ($(SAY_DETECTED),1)
 $(info openblas: $(BLAS_VARIANT) build ($(if $(filter openmp,$(BLAS_VARIANT)),shares the OpenMP pool with swarm,swarm sets its thread count)))
 $(info nvcc: $(if $(NVCC),found at $(NVCC)$(comma) building the CUDA plugin ($(patsubst %,sm_%,$(CUDA_ARCHS)) + PTX compute_$(CUDA_PTX)),not found$(comma) CPU backend only))
-endif
 endif
 
 # ---- modules ---------------------------------------------------------------
@@ -209,7 +215,7 @@ deps-test:
 # (built JOBS at a time first; the tests run one after another, with no
 # jobs in the environment of the make some of them run)
 test: deps-test
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS)
+	@$(MAKE) --no-print-directory -j$(JOBS) SAY_DETECTED=1 $(TEST_BINS)
 	@$(MAKE) --no-print-directory check-all
 
 SECONDS ?= 600
@@ -251,7 +257,7 @@ asan:
 	@sh tests/test_garbage.sh build-asan
 
 demo: deps
-	@$(MAKE) --no-print-directory $(BUILD)/swarm
+	@$(MAKE) --no-print-directory SAY_DETECTED=1 $(BUILD)/swarm
 	@sh scripts/demo.sh $(BUILD)
 
 bench: $(BUILD)/swarm $(BUILD)/bench_gemm $(BUILD)/bench_net

@@ -32,10 +32,27 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
     check "the plugin: cudart static and cuBLAS" "-cudart static .*-lcublas" "$out"
     check "the plugin: one exported symbol" "--version-script=blas/cuda.map" "$out"
 fi
+# make demo and make test install what is missing first: what was detected
+# is said by the make that builds after the install (on a fresh machine the
+# first make saw no pkg-config and said "pthread", then linked OpenMP's).
+# (make -n runs the recipes that call $(MAKE): the order is the real one.)
+for goal in demo test; do
+    out=$(make -n $goal 2>&1)
+    deps_at=$(echo "$out" | grep -n "scripts/deps.sh" | head -1 | cut -d: -f1)
+    said_at=$(echo "$out" | grep -n "^openblas: " | head -1 | cut -d: -f1)
+    if [ -n "$deps_at" ] && [ -n "$said_at" ] && [ "$said_at" -gt "$deps_at" ] \
+       && [ "$(echo "$out" | grep -c "^openblas: ")" -eq 1 ]; then
+        pass=$((pass + 1)); echo "ok   make $goal says what it detected once, after make deps"
+    else
+        fail=$((fail + 1)); echo "FAIL make $goal: not one detection line after make deps:"
+        echo "$out" | grep "scripts/deps.sh\|^openblas: \|^nvcc: " | sed 's/^/     /'
+    fi
+done
 # Without the OpenMP build's folder the Makefile takes pkg-config's OpenBLAS,
-# and which build that is is pkg-config's to say: once libopenblas-dev and
-# libopenblas-openmp-dev are both installed, Debian's alternatives point
-# openblas.pc at the OpenMP build, whatever the order they came in.
+# and which build that is is pkg-config's to say: Debian's alternatives
+# point openblas.pc at the pthread build when both are installed (priority
+# 100 to the OpenMP build's 95, whatever the order they came in), unless
+# an administrator chose the other.
 if pkg-config --variable=openblas_config openblas 2>/dev/null | grep -q USE_OPENMP=1; then
     pc_variant=openmp
 else

@@ -26,14 +26,18 @@ have_pc jansson || need="$need libjansson-dev"
 have_pc libmicrohttpd || need="$need libmicrohttpd-dev"
 have_pc check || need="$need check"
 # make release links libzmq's C++ runtime and OpenBLAS's Fortran one
-# statically: their .a files come with g++ and gfortran, not with gcc
+# statically: their .a files come with g++ and gfortran, not with gcc, in
+# packages named for gcc's version (none is named while gcc is missing: a
+# fresh machine gets them once gcc is in, below)
 have_a() { f=$(gcc -print-file-name="$1" 2>/dev/null) && [ "$f" != "$1" ] && [ -f "$f" ]; }
-if command -v gcc >/dev/null 2>&1; then
+static_runtimes() {
+    command -v gcc >/dev/null 2>&1 || return 0
     gcc_major=$(gcc -dumpversion)
     gcc_major=${gcc_major%%.*}
-    have_a libstdc++.a || need="$need libstdc++-$gcc_major-dev"
-    have_a libgfortran.a || need="$need libgfortran-$gcc_major-dev"
-fi
+    have_a libstdc++.a || printf ' libstdc++-%s-dev' "$gcc_major"
+    have_a libgfortran.a || printf ' libgfortran-%s-dev' "$gcc_major"
+}
+need="$need$(static_runtimes)"
 if [ "${1:-}" = test ]; then
     command -v chromium >/dev/null 2>&1 || need="$need chromium"
     { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
@@ -82,6 +86,8 @@ why() {
     case "$1" in
     pkg-config) echo "how make finds the libraries" ;;
     gcc) echo "the C compiler" ;;
+    libstdc++-*-dev) echo "the C++ runtime that make release links in, for libzmq" ;;
+    libgfortran-*-dev) echo "the Fortran runtime that make release links in, for OpenBLAS" ;;
     make) echo "GNU make, the build" ;;
     libopenblas-dev) echo "OpenBLAS, the matrix products" ;;
     libopenblas-openmp-dev) echo "OpenBLAS's OpenMP build, one thread pool with swarm's loops" ;;
@@ -144,10 +150,17 @@ if [ -n "${fuzz_rt:-}" ] && apt-cache show libclang-rt-dev >/dev/null 2>&1; then
     need="$need libclang-rt-dev"
 fi
 count=0
-for pkg in $need; do
-    echo "deps: installing $pkg ($(why "$pkg")) ..."
-    apt_run install -y --no-install-recommends "$pkg" || fail_install "$pkg"
-    count=$((count + 1))
-done
+install_each() {
+    for pkg in "$@"; do
+        echo "deps: installing $pkg ($(why "$pkg")) ..."
+        apt_run install -y --no-install-recommends "$pkg" || fail_install "$pkg"
+        count=$((count + 1))
+    done
+}
+install_each $need
+# shellcheck disable=SC2046 # (a word a package)
+case " $need " in
+*" gcc "*) install_each $(static_runtimes) ;; # (gcc is in now: its version's)
+esac
 [ -n "$keep_log" ] || rm -f "$log"
 echo "deps: done ($count package$([ $count -eq 1 ] || echo s) in $(($(date +%s) - start)) s)"

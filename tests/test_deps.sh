@@ -27,6 +27,12 @@ case " $* " in
 *" install "*)
     for a in "$@"; do
         case "$a" in no-such-*) echo "E: Unable to locate package $a" >&2; exit 100 ;; esac
+        # with STUB_GCC_DIR, installing gcc puts a gcc 12 there whose
+        # libstdc++.a and libgfortran.a are not found
+        if [ "$a" = gcc ] && [ -n "${STUB_GCC_DIR:-}" ]; then
+            printf '#!/bin/sh\ncase "$1" in\n-dumpversion) echo 12.2.0 ;;\n-print-file-name=*) echo "${1#-print-file-name=}" ;;\n-print-multiarch) echo x86_64-linux-gnu ;;\nesac\n' >"$STUB_GCC_DIR/gcc"
+            chmod +x "$STUB_GCC_DIR/gcc"
+        fi
     done ;;
 esac
 exit 0
@@ -120,6 +126,28 @@ if [ $rc -eq 1 ] && grep -q "^deps: fix: apt-get update could not fetch the pack
     ok "an install failing after a failed apt-get update: $(grep '^deps: fix' "$TMP/out" | cut -c1-80)..."
 else
     bad "deps.sh failing after a failed apt-get update (exit $rc):"; show
+fi
+
+# ---- no gcc (a fresh machine): gcc, then its version's static runtimes ----
+mkdir -p "$TMP/nogcc"
+for t in sh pkg-config dpkg-query grep make mktemp date tail sed rm wc env cat timeout printf chmod; do
+    p=$(command -v "$t") && ln -sf "$p" "$TMP/nogcc/$t"
+done
+ln -sf "$TMP/bin/apt-get" "$TMP/nogcc/apt-get"
+ln -sf "$TMP/bin/id" "$TMP/nogcc/id"
+: >"$TMP/calls"
+env PATH="$TMP/nogcc" TMPDIR="$TMP/tmp" STUB_CALLS="$TMP/calls" STUB_GCC_DIR="$TMP/nogcc" \
+    SWARM_EXTRA_DEBS= timeout 30 sh scripts/deps.sh >"$TMP/out" 2>&1
+rc=$?
+installs=$(sed -n 's/^apt-get .*install -y --no-install-recommends \([^ ]*\) .*/\1/p' "$TMP/calls" | tr '\n' ' ')
+case "$installs" in
+*"gcc libstdc++-12-dev libgfortran-12-dev "*) got=1 ;;
+*) got= ;;
+esac
+if [ $rc -eq 0 ] && [ -n "$got" ] && grep -q '^deps: installing libgfortran-12-dev (the Fortran runtime' "$TMP/out"; then
+    ok "no gcc: gcc, then gcc 12's static runtimes for make release ($installs)"
+else
+    bad "deps.sh without gcc (exit $rc, installs: $installs):"; show
 fi
 
 # ---- not root: through sudo; without sudo or apt-get, the fix ----

@@ -6,7 +6,8 @@
 # with libFuzzer and its sanitizer runtimes (Debian bookworm: clang and
 # libclang-rt-dev, which pulls libclang-rt-14-dev). `deps.sh test` (make
 # test) also installs what tests swarm status --serve as its users meet it:
-# headless Chromium, a Prometheus server, curl and jq.
+# headless Chromium, a Prometheus server, curl and jq; and g++ (the CUDA
+# kernels on the CPU) and iproute2 (test_wan's network namespaces).
 set -eu
 
 need=""
@@ -43,6 +44,9 @@ if [ "${1:-}" = test ]; then
     { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
     command -v curl >/dev/null 2>&1 || need="$need curl"
     command -v jq >/dev/null 2>&1 || need="$need jq"
+    # without them test_cuda and test_wan say SKIP and check nothing
+    command -v "${CXX:-g++}" >/dev/null 2>&1 || need="$need g++"
+    command -v ip >/dev/null 2>&1 || need="$need iproute2"
 fi
 for extra in ${SWARM_EXTRA_DEBS:-}; do have_deb "$extra" || need="$need $extra"; done
 if [ "${1:-}" = fuzz ]; then
@@ -61,7 +65,7 @@ fi
 if [ -z "$need" ]; then
     case "${1:-}" in
     fuzz) extras=", clang with libFuzzer" ;;
-    test) extras=", chromium, prometheus, curl, jq" ;;
+    test) extras=", chromium, prometheus, curl, jq, g++, iproute2" ;;
     *) extras="" ;;
     esac
     echo "deps: all present (openblas, libzmq, libsodium, jansson, libmicrohttpd, check, pkg-config$extras)"
@@ -99,6 +103,8 @@ why() {
     prometheus) echo "Prometheus and promtool, to test the dashboard's /metrics" ;;
     curl) echo "curl, the tests' HTTP client" ;;
     jq) echo "jq, to read JSON in the tests" ;;
+    g++) echo "the C++ compiler, to check the CUDA kernels on the CPU in make test" ;;
+    iproute2) echo "ip and tc, for the emulated slow links of test_wan" ;;
     check) echo "Check, the unit tests" ;;
     clang) echo "clang, for the libFuzzer targets of make fuzz" ;;
     libclang-rt-dev) echo "clang's libFuzzer and sanitizer runtimes" ;;

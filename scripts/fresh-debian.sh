@@ -25,7 +25,10 @@ root=$dir/root
 # every mount under the chroot (the tests add /run/netns), deepest first
 mounts_under() { awk -v r="$root" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/mounts | sort -r; }
 cleanup() {
-    for m in $(mounts_under); do umount -l "$m" 2>/dev/null || :; done
+    for _ in 1 2 3; do # (a mount stacked on another shows once it is gone)
+        [ -n "$(mounts_under)" ] || break
+        for m in $(mounts_under); do umount -l "$m" 2>/dev/null || :; done
+    done
     # never rm -rf through a mount that is still there (the host's /dev)
     if [ -n "$(mounts_under)" ]; then
         echo "$me: $root still has mounts (grep $root /proc/mounts); not removing $dir" >&2

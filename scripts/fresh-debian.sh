@@ -7,7 +7,8 @@
 # in; this does not. Needs root and the Debian mirror (apt-get install
 # debootstrap first). The chroot gets a clone of this checkout's HEAD, with
 # ../shared beside it when there is one; each goal's output goes to
-# DIR/GOAL.log, and the last lines of a failing one are shown.
+# DIR/GOAL.log (spaces and = as _), and the last lines of a failing one
+# are shown.
 # Environment: FRESH_DIR (default: a new folder under /tmp), KEEP=1 keeps it,
 # SUITE (default: this machine's release codename).
 # Exits with the first failing goal's status. Not part of make test.
@@ -70,16 +71,17 @@ git clone -q "$PWD" "$root/home/swarm/work/main"
 [ -d ../shared ] && cp -r ../shared "$root/home/swarm/work/shared"
 rc=0
 for goal in "$@"; do
-    echo "$me: make $goal (its output: $dir/$goal.log) ..."
+    log="$dir/$(echo "$goal" | tr ' =/' '___').log"
+    echo "$me: make $goal (its output: $log) ..."
     t0=$(date +%s)
     if chroot "$root" env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-        sh -c "cd /home/swarm/work/main && make $goal" >"$dir/$goal.log" 2>&1; then
-        summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$dir/$goal.log" | tail -1 || :)
-        echo "$me: make $goal passed in $(($(date +%s) - t0)) s${summary:+ ($summary)}"
+        sh -c "cd /home/swarm/work/main && make $goal" >"$log" 2>&1; then
+        summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1 || :)
+        echo "$me: make $goal passed in $(($(date +%s) - t0)) s${summary:+ (its last count: $summary)}"
     else
         rc=$?
-        tail -n 30 "$dir/$goal.log" | sed 's/^/    /'
-        echo "$me: make $goal failed (exit $rc) in $(($(date +%s) - t0)) s; the whole output: $dir/$goal.log" >&2
+        tail -n 30 "$log" | sed 's/^/    /'
+        echo "$me: make $goal failed (exit $rc) in $(($(date +%s) - t0)) s; the whole output: $log" >&2
         KEEP=1
         break
     fi

@@ -22,6 +22,7 @@ suite=${SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-}")}
 [ -n "$suite" ] || { echo "$me: cannot tell this machine's Debian release: set SUITE (e.g. bookworm)" >&2; exit 2; }
 [ $# -gt 0 ] || set -- demo test
 dir=${FRESH_DIR:-$(mktemp -d /tmp/fresh-debian.XXXXXX)}
+mkdir -p "$dir"
 root=$dir/root
 # every mount under the chroot (the tests add /run/netns), deepest first
 mounts_under() { awk -v r="$root" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/mounts | sort -r; }

@@ -205,6 +205,8 @@ typedef struct {
                              // unknown
     double device_used;      // GPU memory it took (HEARTBEAT), 0 unknown or none
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
+    int back_waits;          // dead, it spoke while its sum counted: heard once the sums
+                             // are in (engine_on_dead_peer)
     audit_t audit;           // the audit of its sum of this step
     int share;               // engine_share's count of it at stage share_stage, valid
     int share_stage;         // while share_gen is engine's grad_gen + 1
@@ -503,6 +505,7 @@ struct swarm_engine_s {
     int audit_cand_cap;
     int audit_any;           // some stage's are
     int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
+    int backs_waiting;       // dead peers' back_waits set (engine_backs)
     int64_t join_held_ms;    // how long joins have held the swarm (engine_join_held)
     int64_t join_hold_from;  // when the hold now on began (0: none)
     int64_t join_hold_t0;    // the clock the run's share of holds is of
@@ -672,6 +675,7 @@ int engine_send_assign(swarm_engine_t *r, int p, int stage, const net_msg_t *req
 // (told it holds none when it holds none).
 void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req);
 void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e);
+void engine_backs(swarm_engine_t *r);
 void engine_on_hello(swarm_engine_t *r, const net_peer_t *who, const msg_in_t *e);
 void engine_joins(swarm_engine_t *r);
 // The ready replica of stage s to read its state from (a checkpoint's

@@ -533,18 +533,28 @@ void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
     s_ignore(engine_send_assign(r, p, stage, req));
 }
 
-// A peer the router declared dead talks again (HELLO or HEARTBEAT): once
-// its ban is over it joins again, with fresh state; until then it is told
-// once why it waits.
+// A peer the router declared dead talks again (HELLO or HEARTBEAT; e NULL:
+// it did so while its sum counted): once its ban is over it joins again,
+// with fresh state; until then it is told once why it waits. One whose
+// gradient sum came in before it died waits while the step's sums are
+// gathered too: its sum counts in its stage's update (its micro-batches
+// are not redone), and joining would give its entry, sum and all, another
+// stage. It is heard once they are in (engine_backs).
 void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
 {
     peer_t *pe = &r->peers[p];
     double now = engine_secs(r);
+    if (pe->got_grad && (r->phase == PH_MB || r->phase == PH_GRAD)) {
+        pe->back_waits = 1;
+        r->backs_waiting = 1;
+        return;
+    }
+    pe->back_waits = 0;
     if (now >= pe->banned_until) {
         if (!pe->no_fit) // (one that fits no stage asks again quietly)
             engine_member_line(r, p, 0, "swarm router: peer %d (%s) is back after it %s; it joins "
                                "again\n", pe->id, pe->name, pe->why);
-        engine_admit(r, p, -1, e->head->type == NET_MSG_HELLO ? e->msg : NULL);
+        engine_admit(r, p, -1, e && e->head->type == NET_MSG_HELLO ? e->msg : NULL);
     } else if (!pe->ban_told) {
         net_msg_t *err = net_msg_new(NET_MSG_ERROR);
         int rc = isinf(pe->banned_until)
@@ -554,6 +564,24 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
             s_ignore(engine_emit(r, &pe->who, &err));
         net_msg_destroy(&err);
         pe->ban_told = 1;
+    }
+}
+
+// The dead peers that spoke while their sums counted, heard once the
+// step's sums are in, or void, or a new step began (engine_turn,
+// engine_step_begin); those whose sums still count wait on.
+void engine_backs(swarm_engine_t *r)
+{
+    if (!r->backs_waiting)
+        return;
+    r->backs_waiting = 0;
+    for (int p = 0; p < r->npeers; p++) {
+        if (!r->peers[p].back_waits)
+            continue;
+        if (r->peers[p].state == P_DEAD)
+            engine_on_dead_peer(r, p, NULL); // (sets them again while it waits)
+        else
+            r->peers[p].back_waits = 0;
     }
 }
 

@@ -41,6 +41,7 @@ void engine_step_begin(swarm_engine_t *r)
             pe->grad = NULL;
         }
     }
+    engine_backs(r); // (such a peer that spoke meanwhile joins again)
     memset(r->stepped, 0, sizeof r->stepped);
     engine_audits_reset(r);
     r->pending = 0;

@@ -1337,6 +1337,66 @@ START_TEST(test_engine_a_step_that_used_a_diverged_replica_starts_over)
 }
 END_TEST
 
+// A replica dies after its gradient sum came in, and says HELLO again while
+// the step's other sums are still coming: its sum counts in its stage's
+// update, so it joins again once they are in, on that HELLO. Once, it
+// joined at once, its entry could go to another stage with its sum, and
+// that stage's update carried it (swarm sim, 159 peers under kills,
+// stalls and liars: an UPDATE 2 over its step's sum).
+START_TEST(test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 6); // two replicas a stage
+    s_rounds_to_step(&w, e, 3);
+    // a stage's STEPs are out: of its two GRADs on their way, the first
+    // comes in now, the other (and any other stage's) late
+    int first = -1, late = -1;
+    for (int round = 0; late < 0 && round < 10000; round++) {
+        w.now += 10;
+        s_round(&w, e);
+        first = -1;
+        for (int k = 0; k < w.nq && late < 0; k++) {
+            if (net_msg_head_const(w.q[k].m)->type != NET_MSG_GRAD)
+                continue;
+            int i = atoi(w.q[k].from.key);
+            if (first < 0)
+                first = i;
+            else if (s_peer_of(e, i)->stage == s_peer_of(e, first)->stage)
+                late = i;
+        }
+    }
+    ck_assert_int_gt(late, 0);
+    for (int k = 0; k < w.nq; k++)
+        if (net_msg_head_const(w.q[k].m)->type == NET_MSG_GRAD && atoi(w.q[k].from.key) != first)
+            w.q[k].due = w.now + 60000;
+    w.now += 10;
+    s_round(&w, e);
+    peer_t *pe = s_peer_of(e, first);
+    int stage = pe->stage;
+    ck_assert(pe->got_grad && !s_peer_of(e, late)->got_grad);
+    ck_assert(e->phase == PH_MB || e->phase == PH_GRAD);
+    // it dies, and comes back at once
+    w.gone[first] = 1;
+    net_peer_t who = s_who(first);
+    swarm_engine_gone(e, w.now, &who);
+    ck_assert_int_eq(pe->state, P_DEAD);
+    w.gone[first] = 0;
+    s_hello(e, w.now, first);
+    ck_assert_msg(pe->state == P_DEAD && pe->stage == stage && pe->got_grad,
+                  "it joined again (state %d, stage %d, was %d) while its sum counts", pe->state,
+                  pe->stage, stage);
+    // the other sums come in, the update goes out, and its HELLO is heard
+    for (int k = 0; k < w.nq; k++)
+        w.q[k].due = w.now;
+    long step = e->step;
+    s_rounds_to_step(&w, e, step + 1);
+    ck_assert_msg(pe->state != P_DEAD, "it is not let back after the step (state %d)", pe->state);
+    s_rounds_to_step(&w, e, step + 3);
+    ck_assert_int_eq(w.tainted_updates, 0);
+    s_close(&w, &e);
+}
+END_TEST
+
 // The vote on an update after rebalancing moved two of a stage's four
 // replicas on (a move is made between steps, the pipelined vote on the
 // last update comes after): the two applied the update on the stage and
@@ -1684,6 +1744,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_zero_activations_are_refused);
     tcase_add_test(tc, test_engine_an_honest_spike_of_input_gradients_is_not_refused);
     tcase_add_test(tc, test_engine_a_step_that_used_a_diverged_replica_starts_over);
+    tcase_add_test(tc, test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums);
     tcase_add_test(tc, test_engine_replicas_that_moved_vote_on_the_stage_they_left);
     tcase_add_test(tc, test_engine_a_tie_goes_to_the_replica_with_standing);
     tcase_add_test(tc, test_engine_median_is_the_middle_of_the_sorted_values);

@@ -151,20 +151,35 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
 // of measure over claim. A slow joiner then gets a forward only where it
 // is done by its stage's end of step (docs/scale.md, "A joiner far slower
 // than its stage"). One under 1/GUESS_FAR is a liar's (slowclaim says a
-// millionth of its speed): its work fails at the deadlines' floor, which,
-// 1/20 of the median measured, is no line between the two (every CPU
-// joining a stage of GPUs is under it).
+// millionth of its speed): routed as the fastest, its work is held to the
+// fastest's deadline too (engine_claim_doubted), not to the deadlines'
+// floor, which, 1/20 of the median measured, is no line between the two
+// (every CPU joining a stage of GPUs is under it).
 #define GUESS_NEAR 4.0
 #define GUESS_FAR 1000.0
+
+// Peer pe's first guess (not measured yet, on a stage).
+static double s_guess(const swarm_engine_t *r, const peer_t *pe)
+{
+    double ratio = r->route[pe->stage].ratio;
+    return ratio > 0.0 && pe->hello_tok_s > 0.0 ? pe->hello_tok_s * ratio : pe->tok_s;
+}
+
 double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest)
 {
     if (pe->samples > 0 || pe->stage < 0)
         return pe->tok_s;
-    double ratio = r->route[pe->stage].ratio;
-    double guess = ratio > 0.0 && pe->hello_tok_s > 0.0 ? pe->hello_tok_s * ratio : pe->tok_s;
+    double guess = s_guess(r, pe);
     if (guess * GUESS_NEAR < fastest && guess * GUESS_FAR >= fastest)
         return guess;
     return fastest > pe->tok_s ? fastest : pe->tok_s;
+}
+
+int engine_claim_doubted(const swarm_engine_t *r, const peer_t *pe)
+{
+    if (pe->samples > 0 || pe->stage < 0 || pe->stage >= r->stages)
+        return 0;
+    return s_guess(r, pe) * GUESS_FAR < r->route[pe->stage].fastest;
 }
 
 int engine_route_held_back(swarm_engine_t *r, int p)

@@ -391,10 +391,17 @@ static void s_doubt_claim(swarm_engine_t *r, int p)
                     pe->tok_s, note);
     pe->claim_doubted = doubt;
     int low = pe->samples == 0 && pe->node_tok_s > 0.0 && pe->node_tok_s < r->speed_floor;
-    if (low && !pe->claim_low && engine_loud(r, pe->who.key, note, sizeof note))
+    if (low && !pe->claim_low && engine_loud(r, pe->who.key, note, sizeof note)) {
+        char held[96];
+        if (engine_claim_doubted(r, pe)) // (engine_peers.c: routed, and timed, as the fastest)
+            snprintf(held, sizeof held, "it is taken for its stage's fastest (%.0f tok/s), and so "
+                     "are its deadlines", r->route[pe->stage].fastest);
+        else
+            snprintf(held, sizeof held, "work it holds fails at the deadline of that floor");
         engine_warn(r, "swarm router: peer %d (%s) says it sustains %.3g tok/s, under 1/20 of the "
-                    "median the router measures (%.0f): work it holds fails at the deadline of "
-                    "that floor%s\n", pe->id, pe->name, pe->node_tok_s, 20.0 * r->speed_floor, note);
+                    "median the router measures (%.0f): %s%s\n", pe->id, pe->name, pe->node_tok_s,
+                    20.0 * r->speed_floor, held, note);
+    }
     pe->claim_low = low;
 }
 

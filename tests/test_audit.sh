@@ -209,7 +209,7 @@ router_finished "echo \$(grep -c 'checkpoint of step .* skipped' \"\$log\") chec
 expect slowclaim "says it sustains [0-9.e+-]* tok/s, under 1/20 of the median the router measures" \
     "a tiny claimed speed is named"
 expect slowclaim "missed the deadline of a (FWD|BWD) request: banned for" \
-    "and the work it holds is failed at the floor's deadline, not its claim's"
+    "and the work it holds is failed at its deadline (its stage's fastest's, or the floor's), not its claim's"
 expect ckptstall "missed the deadline of a STATE_GET request: banned for" \
     "a replica that ignores a checkpoint's read is banned at its deadline"
 if grep -q "checkpoint of step [0-9]* skipped" "$log"; then

@@ -1,10 +1,11 @@
 #!/bin/sh
 # sim-soak.sh BUILD FIRST COUNT [--numeric] | BUILD --seconds N [--numeric] -
-# swarm sim on many seeds, each a different small swarm drawn from its
-# seed: 3-12 peers on 2-4 stages of uneven speeds (CPUs and a GPU), links
-# of 0-50 ms, and faults. Synthetic (the default): peers killed and
-# replaced every 3-8 virtual seconds (with checkpoints every 10 steps) or
-# never, evaluations, spot checks. --numeric: peers that run the node's
+# swarm sim on many seeds, each a different swarm drawn from its seed:
+# 3-12 peers on 2-4 stages of uneven speeds (CPUs and a GPU), links of
+# 0-50 ms, and faults. Synthetic (the default): peers killed and replaced
+# every 3-8 virtual seconds (with checkpoints every 10 steps) or never,
+# evaluations, spot checks; and one seed in four a crowd of 40-299 peers
+# with liars, kills or departures, and stalls (crowd_flags_of). --numeric: peers that run the node's
 # real code on a small model, with kills and joins, stalls, or liars, and
 # every step's loss must equal `swarm train`'s to 1e-4 (one reference run
 # per batch size: the model and its batches come from --seed 1337, the
@@ -37,9 +38,14 @@ trap 'rm -rf "$TMP"' EXIT
 # pick N LIST...: the (seed-drawn) N-th word of LIST
 pick() { shift "$(( $1 % ($# - 1) + 1 ))"; echo "$1"; }
 
-# the swarm of seed $1, as swarm sim's flags
+# the swarm of seed $1, as swarm sim's flags: one seed in four a crowd
+# (crowd_flags_of), the rest small
 flags_of() {
     h=$(( ($1 * 2654435761 + 12345) % 4294967296 ))
+    if [ $(( h / 65537 % 4 )) = 0 ]; then
+        crowd_flags_of "$1"
+        return
+    fi
     stages=$(pick $(( h % 97 )) 2 2 3 4)
     kill=$(pick $(( h / 131 )) 0 3 5 8)
     # with kills, at least two replicas a stage on average and checkpoints
@@ -56,6 +62,26 @@ flags_of() {
     echo "--peers $peers --stages $stages --layers 4 --heads 4 --embd 32 --block 16" \
          "--batch $batch --micro-batch 2 --iters 40 --eval-every 20 --eval-iters 2" \
          "--kill-every $kill $save --latency $latency --speeds $speeds --limit 3000 --seed $1"
+}
+
+# a crowd: 40-299 peers on 3-8 stages of a volunteer mix (CPUs of 25-100
+# tok/s, a tenth GPUs 10-80 times faster) over links of 20-100 ms and
+# 10-100 Mbit/s, with 0-5 liars (every way) and, at once, kills or
+# departures and stalls. (Found: a replica banned after its sum came in
+# and let back at once carried its sum to another stage; a liar's claim of
+# next to nothing held each step for minutes.)
+crowd_flags_of() {
+    h=$(( ($1 * 2654435761 + 777) % 4294967296 ))
+    peers=$(( 40 + h % 260 ))
+    stages=$(( 3 + h / 300 % 6 ))
+    kill=$(pick $(( h / 11 )) 0 15 30)
+    leave=0
+    [ "$kill" = 0 ] && leave=$(( h / 17 % 2 ))
+    echo "--peers $peers --stages $stages --layers 8 --heads 2 --embd 8 --block 16" \
+         "--micro-batch 4 --batch $(( (peers / stages + 4) * 4 )) --iters 60 --eval-every 0" \
+         "--save-every 10 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100" \
+         "--liars $(( h / 7 % 6 )) --kill-every $kill --leave-rate $leave" \
+         "--stall-every $(pick $(( h / 13 )) 0 20 40) --limit 100000 --seed $1"
 }
 
 # --numeric: the model (and its reference runs, one per batch size)

@@ -1,8 +1,9 @@
 #!/bin/sh
 # test_sim.sh BUILD - swarm sim: the real router engine on simulated swarms.
-# 300 seeds of small synthetic swarms (scripts/sim-soak.sh: 3-12 peers on
-# 2-4 stages, uneven speeds, slow links, kills and replacements,
-# evaluations, spot checks) and 120 numeric ones (the node's real code;
+# 300 seeds of synthetic swarms (scripts/sim-soak.sh: 3-12 peers on 2-4
+# stages, uneven speeds, slow links, kills and replacements, evaluations,
+# spot checks; one in four a crowd of 40-299 peers with liars, kills or
+# departures, and stalls) and 120 numeric ones (the node's real code;
 # kills and joins, stalls, liars) must all hold every invariant, and the
 # numeric ones' losses equal swarm train's; the seeds that found bugs are
 # kept as regression runs; slow, jittery and lossy links; churn from each

@@ -178,8 +178,7 @@ static void s_eval_turn(swarm_engine_t *r)
 
 void engine_turn(swarm_engine_t *r)
 {
-    if (r->phase != PH_MB && r->phase != PH_GRAD)
-        engine_backs(r);
+    engine_backs(r);
     switch (r->phase) {
     case PH_WAIT:
         if (r->self_peer >= 0) {

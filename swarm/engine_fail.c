@@ -276,7 +276,7 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 // the median the router measured of the ready peers (r->speed_floor): a
 // peer that claims a speed near zero at HELLO would otherwise hold a step
 // for hours before its first request is measured. One whose claim routing
-// does not believe (engine_claim_doubted) is timed as its stage's fastest.
+// does not believe (engine_claim_unbelieved) is timed as its stage's fastest.
 #define DEADLINE_SLOWEST 20.0
 
 // 20 times what `thirds` of a micro-batch's work take peer pe, by its
@@ -291,7 +291,7 @@ static int64_t s_work_ms(const swarm_engine_t *r, const peer_t *pe, int thirds)
     // routed as its stage's fastest, a claim of next to nothing is held to
     // that too: at the floor it held each step it took part in for minutes
     // where the stage's median is a CPU's, and came back after each ban
-    if (engine_claim_doubted(r, pe))
+    if (engine_claim_unbelieved(r, pe))
         speed = fmax(speed, r->route[pe->stage].fastest);
     return (int64_t) (20.0 * 1000.0 * tokens / speed);
 }

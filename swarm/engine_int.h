@@ -664,7 +664,7 @@ double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fas
 // Peer pe is not measured yet and its guess is under 1/1000 of its stage's
 // fastest measured replica (route[].fastest, as last worked out): a claim
 // no routing pick believes, nor a deadline.
-int engine_claim_doubted(const swarm_engine_t *r, const peer_t *pe);
+int engine_claim_unbelieved(const swarm_engine_t *r, const peer_t *pe);
 // Each stage's worth of a HELLO's claim (engine_route_t's ratio), which
 // engine_routed_tok_s reads, worked out again: the rows it changes read
 // differently. O(ready peers), once a second.

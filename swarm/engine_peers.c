@@ -152,7 +152,7 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
 // is done by its stage's end of step (docs/scale.md, "A joiner far slower
 // than its stage"). One under 1/GUESS_FAR is a liar's (slowclaim says a
 // millionth of its speed): routed as the fastest, its work is held to the
-// fastest's deadline too (engine_claim_doubted), not to the deadlines'
+// fastest's deadline too (engine_claim_unbelieved), not to the deadlines'
 // floor, which, 1/20 of the median measured, is no line between the two
 // (every CPU joining a stage of GPUs is under it).
 #define GUESS_NEAR 4.0
@@ -175,7 +175,7 @@ double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fas
     return fastest > pe->tok_s ? fastest : pe->tok_s;
 }
 
-int engine_claim_doubted(const swarm_engine_t *r, const peer_t *pe)
+int engine_claim_unbelieved(const swarm_engine_t *r, const peer_t *pe)
 {
     if (pe->samples > 0 || pe->stage < 0 || pe->stage >= r->stages)
         return 0;
@@ -548,6 +548,13 @@ void engine_admit(swarm_engine_t *r, int p, int stage, const net_msg_t *req)
     s_ignore(engine_send_assign(r, p, stage, req));
 }
 
+// The step's gradient sums are being gathered: a dead peer's sum that came
+// in counts in its stage's update (engine_on_dead_peer, engine_backs).
+static int s_sums_open(const swarm_engine_t *r)
+{
+    return r->phase == PH_MB || r->phase == PH_GRAD;
+}
+
 // A peer the router declared dead talks again (HELLO or HEARTBEAT; e NULL:
 // it did so while its sum counted): once its ban is over it joins again,
 // with fresh state; until then it is told once why it waits. One whose
@@ -559,7 +566,7 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
 {
     peer_t *pe = &r->peers[p];
     double now = engine_secs(r);
-    if (pe->got_grad && (r->phase == PH_MB || r->phase == PH_GRAD)) {
+    if (pe->got_grad && s_sums_open(r)) {
         pe->back_waits = 1;
         r->backs_waiting = 1;
         return;
@@ -584,17 +591,17 @@ void engine_on_dead_peer(swarm_engine_t *r, int p, const msg_in_t *e)
 
 // The dead peers that spoke while their sums counted, heard once the
 // step's sums are in, or void, or a new step began (engine_turn,
-// engine_step_begin); those whose sums still count wait on.
+// engine_step_begin, before its phase is the gathering's).
 void engine_backs(swarm_engine_t *r)
 {
-    if (!r->backs_waiting)
+    if (!r->backs_waiting || s_sums_open(r))
         return;
     r->backs_waiting = 0;
     for (int p = 0; p < r->npeers; p++) {
         if (!r->peers[p].back_waits)
             continue;
         if (r->peers[p].state == P_DEAD)
-            engine_on_dead_peer(r, p, NULL); // (sets them again while it waits)
+            engine_on_dead_peer(r, p, NULL);
         else
             r->peers[p].back_waits = 0;
     }

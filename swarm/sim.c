@@ -402,6 +402,10 @@ static void s_event(sim_t *s, event_t ev)
         break;
     }
     case EV_PEER_FREE:
+        if (ev.m && pe->alive) // its reply, sent now (sim_serve)
+            sim_push(s, sim_arrival(s, ev.peer, LINK_UP, ev.m, s->now), EV_TO_ENGINE, ev.peer, ev.m);
+        else
+            net_msg_destroy(&ev.m);
         pe->busy = 0;
         if (pe->alive && pe->beat_due) { // its loop's timers, between two requests
             pe->beat_due = 0;

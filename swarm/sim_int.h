@@ -21,7 +21,8 @@ typedef struct {
     uint64_t seq;            // order among events at the same time
     int type;                // EV_*
     int peer;                // index into peers, -1 none
-    net_msg_t *m;            // EV_TO_*: the message
+    net_msg_t *m;            // EV_TO_*: the message; EV_PEER_FREE: the reply it sends
+                             // then (NULL none)
 } event_t;
 
 typedef struct {

@@ -546,7 +546,6 @@ void sim_serve(sim_t *s, int p)
     int64_t took = held ? 0 : s_cost_ms(s, pe, req);
     net_msg_destroy(&req);
     pe->busy = 1;
-    sim_push(s, s->now + took, EV_PEER_FREE, p, NULL);
     if (reply && (type == NET_MSG_FWD || type == NET_MSG_BWD)
         && net_msg_head_const(reply)->type == NET_MSG_RESULT) {
         // how long it held the request and how much of that was work, as
@@ -559,8 +558,10 @@ void sim_serve(sim_t *s, int p)
         if (net_msg_set_meta(reply, meta) != 0)
             abort();
     }
-    if (reply)
-        sim_push(s, sim_arrival(s, p, LINK_UP, reply, s->now + took), EV_TO_ENGINE, p, reply);
+    // the reply leaves when the work is done (EV_PEER_FREE): the router's
+    // link is taken in the order messages are sent, and a slow peer's reply
+    // reckoned onto it ahead of time held every faster one's behind it
+    sim_push(s, s->now + took, EV_PEER_FREE, p, reply);
 }
 
 // What a peer claims of its speed, as a factor of its own: a speed liar

@@ -321,6 +321,22 @@ else
     bad "a slow router link, seeds$seeds (5 Mbit/s),$seeds2 (20, kills): $(cat "$TMP/held.out")"
 fi
 
+# the router's link in the order messages are sent: a CPU's reply (a BWD
+# of 7 s) was reckoned onto it when the CPU began, so every reply a GPU
+# sent in those 7 s arrived after it, past the GPU's 5 s deadline (an
+# honest GPU banned in 4 of these 16 runs; found at 75 peers with kills)
+SLOWFAST="--stages 2 --layers 2 --heads 2 --embd 8 --block 16 --micro-batch 16 --batch 128
+    --iters 20 --eval-every 0 --latency 20 --router-bandwidth 100"
+# shellcheck disable=SC2086
+seeds=$(failing_seeds 8 "" $SLOWFAST --peers 4 --speeds 25,2000 --assign even)
+# shellcheck disable=SC2086
+seeds2=$(failing_seeds 8 "" $SLOWFAST --peers 8 --speeds 25x3,2000)
+if [ -z "$seeds$seeds2" ]; then
+    ok "CPUs and GPUs behind a router link of 100 Mbit/s, 16 seeds: no honest peer banned"
+else
+    bad "CPUs and GPUs behind a router's link, seeds$seeds /$seeds2: $(cat "$TMP/held.out")"
+fi
+
 # the best split: uneven peers (CPUs of 500-2000 tok/s, GPUs 20-40x) over
 # links of 20-100 ms and 10-100 Mbit/s, and a Poisson departure a
 # peer-hour (a GPU that leaves takes a third of its stage); rebalancing

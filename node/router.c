@@ -233,6 +233,8 @@ static void s_help(FILE *out)
         "                  another replica; a third decides a disagreement and the liar\n"
         "                  is expelled (default 0.3 in an open swarm, 0 with --allow;\n"
         "                  0 = never)\n"
+        "  --audit-proven F  the same for a replica whose sums passed 5 audits in a row\n"
+        "                  since it joined (default: a tenth of --audit; 1 with --audit 1)\n"
         "  --trace FILE    write a line per request sent and answered and per step to\n"
         "                  FILE, for scripts/trace-steps.sh (where a step's time goes)\n"
         "training flags (as swarm train, but without --stages, or with --stages auto, the router\n"
@@ -295,9 +297,10 @@ static void s_audits_say(const router_t *r)
         return;
     printf("swarm router: any key may join an open swarm, so in %.0f%% of the steps, drawn in "
            "secret, another replica recomputes each gradient sum of a stage of two or more "
-           "replicas (--audit %g), and the step waits for it: about a sixth of the throughput "
-           "where a stage has two even replicas, up to half on uneven ones; a swarm of your own "
-           "machines: --allow FILE (private: no audits)\n", 100.0 * r->c.audit, r->c.audit);
+           "replicas (--audit %g), and the step waits for it; a replica whose sums passed %d "
+           "audits in a row is drawn in %.0f%% (--audit-proven %g); a swarm of your own "
+           "machines: --allow FILE (private: no audits)\n", 100.0 * r->c.audit, r->c.audit,
+           SWARM_AUDIT_PROVEN, 100.0 * r->c.audit_proven, r->c.audit_proven);
 }
 
 // The most a node's message may carry: the largest stage's state (its

@@ -94,6 +94,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     r->c.tensor_bound = 100.0;
     r->c.verify = 0.05;
     r->c.audit = -1.0; // below: by the kind of swarm
+    r->c.audit_proven = -1.0; // below: from --audit
     r->c.wire = r->c.grad_wire = NET_DTYPE_F32;
     r->c.window_mode = SWARM_WINDOW_ALL;
     for (int i = 1; i < *argc; i++) {
@@ -103,6 +104,7 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                  || !strcmp(a, "--min-nodes") || !strcmp(a, "--window")
                  || !strcmp(a, "--rebalance-every") || !strcmp(a, "--tensor-bound")
                  || !strcmp(a, "--verify") || !strcmp(a, "--audit") || !strcmp(a, "--assign")
+                 || !strcmp(a, "--audit-proven")
                  || !strcmp(a, "--wire") || !strcmp(a, "--grad-wire") || !strcmp(a, "--trace")
                  || !strcmp(a, "--router-bandwidth");
         if (takes && !v) {
@@ -142,16 +144,16 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
                 return -EINVAL;
             }
             r->c.router_mbit = x;
-        } else if (!strcmp(a, "--verify") || !strcmp(a, "--audit")) {
+        } else if (!strcmp(a, "--verify") || !strcmp(a, "--audit") || !strcmp(a, "--audit-proven")) {
             char *end;
-            int audit = !strcmp(a, "--audit");
+            int audit = strncmp(a, "--audit", 7) == 0;
             double x = strtod(v, &end);
             if (*v == '\0' || *end || !(x >= 0 && x <= 1)) {
                 snprintf(err, n, "%s %s: expected a fraction 0..1 of %s", a, v,
                          audit ? "steps to audit a gradient sum in" : "forwards to check");
                 return -EINVAL;
             }
-            *(audit ? &r->c.audit : &r->c.verify) = x;
+            *(!audit ? &r->c.verify : !strcmp(a, "--audit") ? &r->c.audit : &r->c.audit_proven) = x;
         } else if (!strcmp(a, "--assign")) {
             if (strcmp(v, "speed") != 0 && strcmp(v, "even") != 0) {
                 snprintf(err, n, "--assign %s: expected speed or even", v);
@@ -176,6 +178,15 @@ static int s_router_flags(router_t *r, int *argc, char **argv, char *err, size_t
     // owner listed, and trusts them unless --audit says otherwise
     if (r->c.audit < 0.0)
         r->c.audit = r->allow_path ? 0.0 : SWARM_AUDIT_DEFAULT;
+    // a proven replica (SWARM_AUDIT_PROVEN audits passed in a row) is drawn
+    // at a tenth of --audit; --audit 1 checks every sum of every replica
+    if (r->c.audit_proven < 0.0)
+        r->c.audit_proven = r->c.audit >= 1.0 ? 1.0 : r->c.audit * SWARM_AUDIT_PROVEN_SHARE;
+    if (r->c.audit_proven > r->c.audit) {
+        snprintf(err, n, "--audit-proven %g: expected at most --audit's %g (a replica that has "
+                 "passed its audits is drawn less often, not more)", r->c.audit_proven, r->c.audit);
+        return -EINVAL;
+    }
     return 0;
 }
 

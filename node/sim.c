@@ -89,6 +89,7 @@ static void s_help(FILE *out)
         "                     (default 0: never)\n"
         "  --stall S          for this long (default 3)\n"
         "  --liars N          the last N of the peers lie, from a step 1..4 on (default 0)\n"
+        "  --lie-from STEP    they start lying at STEP instead (honest until then)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
         "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx,\n"
         "                     state, rmswalk, slowclaim, ckptstall, joinhold\n"
@@ -197,6 +198,7 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     int out = 1;
     static const char *const takes_value[] = { "--peers", "--speeds", "--latency",
         "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
+        "--lie-from",
         "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss", "--leave-rate",
         "--router-bandwidth", "--memory", "--as-params" };
     f->o.latency_ms = 20;
@@ -261,6 +263,10 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             if (!number || x < 0 || x > 1000000 || x != (int) x)
                 return s_bad(err, n, a, v, "a whole number of liars, 0 or more");
             f->o.liars = (int) x;
+        } else if (!strcmp(a, "--lie-from")) {
+            if (!number || x < 1 || x > 1e9 || x != (long) x)
+                return s_bad(err, n, a, v, "a step, 1 or more");
+            f->o.lie_from = (long) x;
         } else if (!strcmp(a, "--stall-every")) {
             if (!number || x < 0 || x > 1e6)
                 return s_bad(err, n, a, v, "virtual seconds, 0 (never) or more");
@@ -590,8 +596,9 @@ int cmd_sim(int argc, char **argv)
         }
         if (r->c.audit > 0.0)
             printf("sim: audits: %d gradient sums recomputed, in %d of %ld steps (each step's "
-                   "sums are audited together, with probability %g)\n", res.audits,
-                   res.audit_steps, res.steps, r->c.audit);
+                   "sums are audited together: a replica's with probability %g until it passed "
+                   "%d, %g after)\n", res.audits, res.audit_steps, res.steps, r->c.audit,
+                   SWARM_AUDIT_PROVEN, r->c.audit_proven);
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

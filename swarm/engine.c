@@ -48,6 +48,7 @@ int swarm_engine_new(const swarm_engine_config_t *c, const swarm_engine_io_t *io
     r->assign_even = c->assign_even;
     r->verify = c->verify;
     r->audit_rate = c->audit;
+    r->audit_proven = c->audit_proven;
     r->secret = c->secret;
     engine_audits_reset(r);
     r->tensor_bound = c->tensor_bound;

@@ -113,6 +113,29 @@ void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why)
     }
 }
 
+// The probability that replica p's sum of a step is audited: --audit until
+// it has passed SWARM_AUDIT_PROVEN audits in a row since it joined, then
+// --audit-proven. A liar that lies in every sum passes none, so it stays
+// at --audit (1 - 0.7^20 > 0.999 within 20 steps at the default); honest
+// replicas, once proven, cost a tenth of that. What this gives up: a liar
+// that sends honest sums until it is proven, and only then lies, is drawn
+// at --audit-proven (SECURITY.md).
+double engine_audit_rate_of(const swarm_engine_t *r, int p)
+{
+    return r->peers[p].audits_passed >= SWARM_AUDIT_PROVEN ? r->audit_proven : r->audit_rate;
+}
+
+// The fraction of steps the draw audits now: the highest rate among the
+// replicas of stages that have two or more (what a plan weighs).
+double engine_audit_rate_now(const swarm_engine_t *r)
+{
+    double most = 0.0;
+    for (int s = 0; s < r->stages && most < r->audit_rate; s++)
+        for (int k = 0; r->ready[s].n >= 2 && k < r->ready[s].n; k++)
+            most = fmax(most, engine_audit_rate_of(r, r->ready[s].peer[k]));
+    return most;
+}
+
 void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p)
 {
     r->mbs[i].grad_peer[s] = p;
@@ -429,33 +452,35 @@ static int s_hand_out(swarm_engine_t *r, int s)
 // replicas has all its sums in (once per attempt at the step), and each
 // drawn sum's audit as soon as a replica is free for it.
 //
-// One draw for the whole step, not one for each sum: every sum is still
-// audited with probability --audit, but the audits of a step run side by
-// side, each replica recomputing another's share, so a step that audits
-// every sum takes as long as one that audits one. Drawn for each sum, a
-// step of k sums is audited with probability 1 - (1 - F)^k (0.76 for
-// four sums at F = 0.3, nearly every step in a big swarm), and each of
-// those steps waits for its audits; drawn once, with probability F. Below
-// --audit 1, no stage starts its audits before the others' sums are in: a
-// peer of a stage told to recompute could tell a peer of another stage,
-// which has not sent its sum yet, that this step is checked.
+// One draw for the whole step, not one for each sum: a number u drawn in
+// secret, and each sum audited whose replica's rate (engine_audit_rate_of)
+// is above it. Every sum is still audited with its replica's probability,
+// but the audits of a step run side by side, each replica recomputing
+// another's share, so a step that audits every sum takes as long as one
+// that audits one. Drawn for each sum, a step of k sums is audited with
+// probability 1 - (1 - F)^k (0.76 for four sums at F = 0.3, nearly every
+// step in a big swarm), and each of those steps waits for its audits;
+// drawn once, with the highest rate among them: --audit while a replica is
+// unproven, --audit-proven once all are proven. Below rates of 1, no stage
+// starts its audits before the others' sums are in: a peer of a stage told
+// to recompute could tell a peer of another stage, which has not sent its
+// sum yet, that this step is checked.
 void engine_audits_turn(swarm_engine_t *r)
 {
     if (r->audit_rate <= 0.0 || r->evaluating || (r->phase != PH_MB && r->phase != PH_GRAD))
         return;
-    int all_in = -1, drawn = 0;
+    int all_in = -1, every = r->audit_rate >= 1.0 && r->audit_proven >= 1.0;
+    double u = -1.0; // the step's draw, once some stage needs it
     for (int s = 0; s < r->stages; s++) {
         if (!r->audit_drawn[s]) {
-            if (r->audit_rate >= 1.0 ? !s_stage_in(r, s) : r->ready[s].n < 2)
-                continue; // (--audit 1 checks every step: nothing to tell by starting early)
-            if (r->audit_rate < 1.0 && all_in < 0)
+            if (every ? !s_stage_in(r, s) : r->ready[s].n < 2)
+                continue; // (every sum checked every step: nothing to tell by starting early)
+            if (!every && all_in < 0)
                 all_in = s_all_in(r);
-            if (r->audit_rate < 1.0 && !all_in)
+            if (!every && !all_in)
                 continue;
-            if (!drawn) {
-                drawn = 1 + (engine_draw(r, DRAW_AUDIT, 0, 0) < r->audit_rate);
-                r->audit_steps += drawn == 2;
-            }
+            if (u < 0.0)
+                u = engine_draw(r, DRAW_AUDIT, 0, 0);
             r->audit_drawn[s] = 1;
             r->audit_any = 1;
             for (int k = 0; k < r->ready[s].n; k++)
@@ -466,16 +491,20 @@ void engine_audits_turn(swarm_engine_t *r)
                     r->peers[p].audit.share++;
             }
             for (int k = 0; k < r->ready[s].n; k++) {
-                peer_t *pe = &r->peers[r->ready[s].peer[k]];
+                int p = r->ready[s].peer[k];
+                peer_t *pe = &r->peers[p];
                 int forced = pe->audit.forced; // (engine_audit_force)
                 int share = pe->grad ? pe->audit.share : 0;
+                int drawn = share > 0 && u < engine_audit_rate_of(r, p);
                 pe->audit = (audit_t) {
-                    .want = (forced || drawn == 2) && share > 0,
+                    .want = (forced || drawn) && share > 0,
                     .forced = forced,
                     .share = share,
                 };
+                if (drawn && !r->audit_hit)
+                    r->audit_hit = 1, r->audit_steps++;
                 if (pe->audit.want)
-                    s_audit_mark(r, s, r->ready[s].peer[k]);
+                    s_audit_mark(r, s, p);
             }
         }
         if (r->audit_seen[s] == r->audit_gen[s])
@@ -525,7 +554,7 @@ void engine_audits_reset(swarm_engine_t *r)
         r->audited[s].n = 0;
         r->audit_gen[s]++;
     }
-    r->audit_any = 0;
+    r->audit_any = r->audit_hit = 0;
 }
 
 int engine_audits_begun(const swarm_engine_t *r)
@@ -649,6 +678,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     engine_audits_touch(r, s);
     if (k == 0 && a->agree[k]) {
         r->audits++;
+        pt->audits_passed++;
         s_audit_end(r, t);
         engine_audits_turn(r);
         return;
@@ -657,6 +687,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     if (a->agree[k]) {
         for (int i = 0; i < k; i++)
             liars[n++] = a->by[i]; // each disagreed with the target, which two confirm
+        pt->audits_passed++;
     } else {
         for (int j = 0; j < k && n == 0; j++) {
             if (!s_verifiers_agree(r, t, j))

@@ -204,6 +204,7 @@ void engine_peer_dead(swarm_engine_t *r, int p, const char *why)
                        why);
     snprintf(r->peers[p].why, sizeof r->peers[p].why, "%s", why);
     r->peers[p].moving = 0;
+    r->peers[p].audits_passed = 0; // a record is of one membership: it may come back changed
     int was_ready = r->peers[p].state == P_READY;
     engine_peer_state(r, p, P_DEAD);
     free(r->peers[p].audit_sums); // a dispute of its sum ends with it
@@ -727,7 +728,7 @@ void engine_rebalance(swarm_engine_t *r)
     swarm_plan_t plan = { .stages = r->stages, .cost = cost, .need = r->stage_need,
                           .move_s = move_s, .now = now, .hold = 6.0 * r->rebalance_every,
                           .margin = 0.05, .horizon = 300.0, .wave_s = r->rebalance_every,
-                          .audit = r->audit_rate };
+                          .audit = engine_audit_rate_now(r) };
     int *to = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *to);
     if (!to)
         return; // the next check tries again

@@ -208,6 +208,7 @@ typedef struct {
     int back_waits;          // dead, it spoke while its sum counted: heard once the sums
                              // are in (engine_on_dead_peer)
     audit_t audit;           // the audit of its sum of this step
+    int audits_passed;       // audits passed in a row since it joined (SWARM_AUDIT_PROVEN)
     int share;               // engine_share's count of it at stage share_stage, valid
     int share_stage;         // while share_gen is engine's grad_gen + 1
     uint64_t share_gen;
@@ -492,18 +493,17 @@ struct swarm_engine_s {
     uint64_t link_recv;      // bytes it has received in all (the same)
     uint64_t reply_due;      // bytes the replies to the requests in flight carry, about
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
-    engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of each stage's outputs (0) and input
-                             // gradients (1)
+    engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of stages' outputs [0], input gradients [1]
     double tensor_bound;     // --tensor-bound: RMS above this times the median, or below
                              // the median over this, fails
     uint64_t secret;         // the key of the checks' draws (spot checks, audits): no peer's
-    double audit_rate;       // --audit: fraction of replicas' gradient sums recomputed
+    double audit_rate, audit_proven; // --audit, --audit-proven: fractions of sums recomputed
     unsigned char audit_drawn[SWARM_MAX_STAGES]; // the stage's audits of this attempt are drawn
     unsigned audit_gen[SWARM_MAX_STAGES];  // bumped when a stage's hand-out would change
     unsigned audit_seen[SWARM_MAX_STAGES]; // audit_gen at its last hand-out
     audit_cand_t *audit_cand; // [audit_cand_cap] scratch of a hand-out
     int audit_cand_cap;
-    int audit_any;           // some stage's are
+    int audit_any, audit_hit; // some stage's are; the draw audits some sum (audit_steps)
     int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
     int backs_waiting;       // dead peers' back_waits set (engine_backs)
     int64_t join_held_ms;    // how long joins have held the swarm (engine_join_held)
@@ -742,6 +742,8 @@ int engine_share(swarm_engine_t *r, int p, int s);
 // Micro-batch i's gradient at stage s is peer p's (-1 nobody's).
 void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
+double engine_audit_rate_of(const swarm_engine_t *r, int p);
+double engine_audit_rate_now(const swarm_engine_t *r);
 void engine_audits_turn(swarm_engine_t *r);
 void engine_audits_touch(swarm_engine_t *r, int s);
 int engine_audits_open(swarm_engine_t *r);

@@ -627,7 +627,9 @@ static void s_liar_maybe(sim_t *s, sim_peer_t *pe, int p)
         return;
     int k = (int) (sim_uniform(s) * n);
     pe->lie = ways[k < n ? k : 0];
-    pe->lie_from = 1 + (long) (sim_uniform(s) * 4);
+    pe->lie_from = 1 + (long) (sim_uniform(s) * 4); // (drawn either way: the same swarm)
+    if (s->o->lie_from > 0)
+        pe->lie_from = s->o->lie_from;
 }
 
 // A new peer joins (of churn copy `copy`, -1 none): a key of its own, a

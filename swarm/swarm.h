@@ -282,6 +282,13 @@ typedef struct swarm_engine_s swarm_engine_t;
 // "What the router checks"): a liar that lies in every sum is caught
 // within 20 steps with probability 1 - 0.7^20 > 0.999
 #define SWARM_AUDIT_DEFAULT 0.3
+// A replica whose sums have passed SWARM_AUDIT_PROVEN audits in a row
+// since it last joined is *proven*: its sums are drawn at --audit-proven,
+// by default SWARM_AUDIT_PROVEN_SHARE of --audit (all of them with --audit
+// 1). A liar that lies from its first sum never passes one, so it is drawn
+// at --audit until it is caught (docs/swarm.md, "What the router checks").
+#define SWARM_AUDIT_PROVEN 5
+#define SWARM_AUDIT_PROVEN_SHARE 0.1
 
 typedef struct {
     int V, T, C, L, H;       // vocabulary, block (tokens), channels, layers, heads
@@ -321,6 +328,7 @@ typedef struct {
     double verify;           // fraction of training forwards re-run on a second replica
     double audit;            // fraction of replicas' gradient sums (of stages with two
                              // replicas or more) recomputed by another (engine_audit.c)
+    double audit_proven;     // the same for a proven replica's sums (SWARM_AUDIT_PROVEN)
     uint64_t secret;         // the key the checks are drawn with: the caller draws it at
                              // random and tells no peer (the sim: from its seed)
     double tensor_bound;     // a reply's RMS above this times the running RMS fails
@@ -505,6 +513,7 @@ typedef struct {
     const swarm_sim_nodes_t *nodes; // --numeric: real nodes; NULL: synthetic peers
     int liars;               // peers of the first `peers` that lie (drawn by the seed)
     unsigned lies;           // the ways they may lie: bits 1 << SIM_LIE_*, each liar draws one
+    long lie_from;           // the step they start lying at; 0: each draws one of 1..4
     double stall_every_s;    // a random live peer stops answering this often; 0 never
     double stall_s;          // for this long (its queue waits, as under SIGSTOP)
     const swarm_sim_churn_t *churn; // machines come and go as this trace says; NULL none

@@ -1418,6 +1418,34 @@ START_TEST(test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums)
 }
 END_TEST
 
+// A replica's audit rate is --audit until it has passed SWARM_AUDIT_PROVEN
+// audits in a row, --audit-proven from then on, and --audit again once it
+// dies (whoever comes back with its key starts a new record); the step's
+// draw waits on the highest rate among the replicas of stages of two.
+START_TEST(test_engine_a_proven_replica_is_audited_at_the_proven_rate)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_unchecked_at_20(&w, 6);
+    e->audit_rate = 0.3;
+    e->audit_proven = 0.03;
+    int p = e->ready[0].peer[0];
+    ck_assert_int_eq(e->peers[p].audits_passed, 0); // (no audits while they were off)
+    e->peers[p].audits_passed = SWARM_AUDIT_PROVEN - 1;
+    ck_assert_double_eq(engine_audit_rate_of(e, p), 0.3);
+    e->peers[p].audits_passed = SWARM_AUDIT_PROVEN;
+    ck_assert_double_eq(engine_audit_rate_of(e, p), 0.03);
+    ck_assert_double_eq(engine_audit_rate_now(e), 0.3); // the other replicas are not proven
+    for (int s = 0; s < e->stages; s++)
+        for (int k = 0; k < e->ready[s].n; k++)
+            e->peers[e->ready[s].peer[k]].audits_passed = SWARM_AUDIT_PROVEN;
+    ck_assert_double_eq(engine_audit_rate_now(e), 0.03);
+    engine_peer_dead(e, p, "is silent: dead");
+    ck_assert_int_eq(e->peers[p].audits_passed, 0);
+    ck_assert_double_eq(engine_audit_rate_of(e, p), 0.3);
+    s_close(&w, &e);
+}
+END_TEST
+
 // The vote on an update after rebalancing moved two of a stage's four
 // replicas on (a move is made between steps, the pipelined vote on the
 // last update comes after): the two applied the update on the stage and
@@ -1766,6 +1794,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_an_honest_spike_of_input_gradients_is_not_refused);
     tcase_add_test(tc, test_engine_a_step_that_used_a_diverged_replica_starts_over);
     tcase_add_test(tc, test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums);
+    tcase_add_test(tc, test_engine_a_proven_replica_is_audited_at_the_proven_rate);
     tcase_add_test(tc, test_engine_replicas_that_moved_vote_on_the_stage_they_left);
     tcase_add_test(tc, test_engine_a_tie_goes_to_the_replica_with_standing);
     tcase_add_test(tc, test_engine_median_is_the_middle_of_the_sorted_values);

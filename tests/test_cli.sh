@@ -147,6 +147,8 @@ expect_error "router with a bad window" "--window 0: expected all, auto or a who
     router --window 0 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router link of no bandwidth" "--router-bandwidth 0: expected the Mbit/s" \
     router --router-bandwidth 0 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
+expect_error "proven replicas audited more than new ones" "--audit-proven 0.5: expected at most --audit's 0.3" \
+    router --audit-proven 0.5 --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 expect_error "router with an unwritable trace" "--trace $TMP/no/such/dir/t: No such file" \
     router --trace "$TMP/no/such/dir/t" --listen tcp://127.0.0.1:0 --key "$TMP/k1"
 if sh scripts/wan-swarm.sh -n 2 -s 2 --delay 50 >"$TMP/out" 2>&1; then

@@ -236,21 +236,45 @@ if sh scripts/sim-audit.sh "$BUILD" 30 >"$TMP/audit.out" 2>&1; then
 else
     bad "audits:"; tail -5 "$TMP/audit.out"
 fi
-# one draw a step, not one a sum: each sum is still audited with
-# probability 0.3, but a step's audits run side by side, so the steps that
-# wait for audits are 0.3 of them, not 1 - 0.7^9 (every replica of these
-# three stages of three has work each step); drawn a sum at a time, 187 of
-# 200 steps were audited and two stages of two even replicas kept 0.65 of
-# their throughput without audits (0.79 now)
-sim_ok "9 peers on 3 stages, audits at the default rate" --peers 9 --stages 3 --layers 3 \
-    --heads 4 --embd 32 --block 16 --batch 36 --micro-batch 2 --iters 200 --eval-every 0 --seed 2
-drawn=$(sed -n 's/^sim: audits: \([0-9]*\) gradient sums recomputed, in \([0-9]*\) of 200 steps.*/\1 \2/p' \
-    "$TMP/sim.out")
-if [ -n "$drawn" ] && echo "$drawn" | awk '{ exit !($2 >= 40 && $2 <= 80 && $1 >= 6 * $2) }'; then
-    ok "each step's sums audited together: $drawn (sums, steps) of 200 steps"
+# a liar honest for 60 steps is proven by then (5 audits passed) and drawn
+# at --audit-proven, 0.03: still caught in each of 10 seeds within the 400
+# steps after (0.97^400: once in 200,000 seeds it would not be), its
+# unaudited lies counted
+if sh scripts/sim-audit.sh "$BUILD" 10 0.3 60 >"$TMP/audit.out" 2>&1; then
+    ok "a liar honest until proven: $(tail -1 "$TMP/audit.out")"
 else
-    bad "audits drawn a step at a time: '$drawn' (sums, steps) of 200 steps"; grep "^sim: audits" "$TMP/sim.out"
+    bad "a liar honest until proven:"; tail -5 "$TMP/audit.out"
 fi
+# one draw a step, not one a sum: each sum is still audited with its
+# replica's probability, but a step's audits run side by side, so the
+# steps that wait for audits are 0.3 of them, not 1 - 0.7^9 (every replica
+# of these three stages of three has work each step); drawn a sum at a
+# time, 187 of 200 steps were audited and two stages of two even replicas
+# kept 0.65 of their throughput without audits (0.79 with one draw). With
+# --audit-proven 0.3 every replica is drawn at 0.3 for the whole run
+AUDIT9="--peers 9 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 --batch 36 --micro-batch 2
+    --iters 200 --eval-every 0 --seed 2"
+# audits_drawn WHAT LO HI: the run just made audited its sums in LO..HI of
+# its 200 steps, every replica's sum in each (6 of the 9 at least: those
+# with a share)
+audits_drawn() {
+    drawn=$(sed -n 's/^sim: audits: \([0-9]*\) gradient sums recomputed, in \([0-9]*\) of 200 steps.*/\1 \2/p' \
+        "$TMP/sim.out")
+    if [ -n "$drawn" ] && echo "$drawn" | awk -v lo="$2" -v hi="$3" '{ exit !($2 >= lo && $2 <= hi && $1 >= 6 * $2) }'; then
+        ok "$1: $drawn (sums, steps) of 200 steps"
+    else
+        bad "$1: '$drawn' (sums, steps) of 200 steps, not $2..$3"; grep "^sim: audits" "$TMP/sim.out"
+    fi
+}
+# shellcheck disable=SC2086
+sim_ok "9 peers on 3 stages, every replica audited at 0.3" $AUDIT9 --audit-proven 0.3
+audits_drawn "each step's sums audited together" 40 80
+# proven: a replica whose sums passed 5 audits is drawn at a tenth of the
+# rate, and with one draw a step all nine pass theirs in the same steps:
+# about 17 steps at 0.3 (5 audited), then 0.03 (before, 71 steps of 200)
+# shellcheck disable=SC2086
+sim_ok "9 peers on 3 stages, audits at the default rates" $AUDIT9
+audits_drawn "proven replicas drawn at 0.03" 5 25
 sim_ok "a crowd: 300 peers on 4 stages, GPUs among CPUs, one killed every 2 s" \
     --peers 300 --stages 4 --layers 4 --heads 4 --embd 32 --block 16 --batch 32 --micro-batch 2 \
     --iters 10 --eval-every 0 --speeds 2000x9,50000 --kill-every 2 --save-every 5 --seed 5
@@ -359,7 +383,7 @@ else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
 fi
 # audits_kept WHAT MIN FLAGS...: the run just made ($TMP/sim.out: FLAGS,
-# audits at the default rate) kept at least MIN of the tokens/s of the
+# audits at the default rates) kept at least MIN of the tokens/s of the
 # same run with --audit 0
 audits_kept() {
     what=$1 min=$2
@@ -369,7 +393,7 @@ audits_kept() {
     unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
     if [ -n "$audited" ] && [ -n "$unaudited" ] \
         && awk -v a="$audited" -v b="$unaudited" -v m="$min" 'BEGIN { exit !(a >= m * b) }'; then
-        ok "$what: audits at 0.3 kept $audited tok/s of the $unaudited without them"
+        ok "$what: audits at the default rates kept $audited tok/s of the $unaudited without them"
     else
         bad "$what: audits cost too much: '$audited' tok/s against '$unaudited' without"
     fi
@@ -408,7 +432,7 @@ HETERO="--peers 6 --stages 3 --layers 4 --heads 4 --embd 128 --block 64 --batch 
     --micro-batch 2 --eval-every 0 --iters 50 --speeds 24000x2,12000,6000x2,3000 --latency 1
     --seed 5 --verbose"
 # shellcheck disable=SC2086
-sim_ok "six uneven peers, audits at the default rate" $HETERO
+sim_ok "six uneven peers, audits at the default rates" $HETERO
 if grep -q "rebalancing: .* its audits counted, from [0-9]* to [0-9]* (the bound: " "$TMP/sim.out"; then
     ok "the plan weighed the audits: $(grep -o "lift the tok/s.*" "$TMP/sim.out" | head -1)"
 else
@@ -427,7 +451,7 @@ SCALE="--peers 1000 --stages 8 --layers 8 --heads 2 --embd 8 --block 16 --micro-
     --batch 2000 --iters 50 --eval-every 0 --save-every 50 --speeds 25x6,50x6,100x6,1000,2000
     --latency 20-100 --bandwidth 10-100 --limit 100000000 --seed 1"
 # shellcheck disable=SC2086
-sim_ok "1,000 volunteer peers on 8 stages, audits at the default rate" $SCALE
+sim_ok "1,000 volunteer peers on 8 stages, audits at the default rates" $SCALE
 # shellcheck disable=SC2086
 audits_kept "1,000 peers" 0.75 $SCALE
 

@@ -276,8 +276,10 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 // not a dead one). The speed is taken as at least 1/DEADLINE_SLOWEST of
 // the median the router measured of the ready peers (r->speed_floor): a
 // peer that claims a speed near zero at HELLO would otherwise hold a step
-// for hours before its first request is measured. One whose claim routing
-// does not believe (engine_claim_unbelieved) is timed as its stage's fastest.
+// for hours before its first request is measured. One not measured yet is
+// timed at the speed routing sends it work at (engine_routed_tok_s): one
+// whose claim routing does not believe (engine_claim_unbelieved) as its
+// stage's fastest, and its HEARTBEATs' word is not taken either.
 #define DEADLINE_SLOWEST 20.0
 
 // 20 times what `thirds` of a micro-batch's work take peer pe, by its
@@ -288,12 +290,14 @@ static int64_t s_work_ms(const swarm_engine_t *r, const peer_t *pe, int thirds)
     // the slower of the router's measure and what the node says: early
     // measures of a replica handed many requests at once can run far high
     double speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
+    // not measured yet: as it is routed. Routed as its stage's fastest, a
+    // claim of next to nothing (at HELLO, or in HEARTBEATs after a HELLO
+    // like its stage's) was timed at the floor: it held each step it took
+    // part in for minutes where the stage's median is a CPU's, and came
+    // back after each ban
+    if (pe->samples == 0 && pe->stage >= 0 && pe->stage < r->stages)
+        speed = engine_routed_tok_s(r, pe, r->route[pe->stage].fastest);
     speed = fmax(fmax(speed, r->speed_floor), 1.0);
-    // routed as its stage's fastest, a claim of next to nothing is held to
-    // that too: at the floor it held each step it took part in for minutes
-    // where the stage's median is a CPU's, and came back after each ban
-    if (engine_claim_unbelieved(r, pe))
-        speed = fmax(speed, r->route[pe->stage].fastest);
     return (int64_t) (20.0 * 1000.0 * tokens / speed);
 }
 

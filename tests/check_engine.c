@@ -1201,14 +1201,15 @@ START_TEST(test_engine_claims_under_the_floor_are_rate_limited)
 }
 END_TEST
 
-// A peer that claims a speed near zero at HELLO, then stalls with work,
-// where the others' replies take late_ms each: how long it held the swarm
-// (ms), from the first work it was sent to its failure. Its deadline is
-// not hours long: routed as its stage's fastest, it is held to that one's
-// deadline. (At the deadlines' floor, 1/20 of the median measured, it held
-// each step it took part in for minutes where the peers are slow, and
-// came back after each ban.)
-static int64_t s_tiny_claim_held(int64_t late_ms)
+// A peer that claims a speed near zero at HELLO (or, with `reverse`, the
+// others' speed at HELLO and near zero in its HEARTBEATs), then stalls
+// with work, where the others' replies take late_ms each: how long it held
+// the swarm (ms), from the first work it was sent to its failure. Its
+// deadline is not hours long: routed as its stage's fastest, it is held to
+// that one's deadline. (At the deadlines' floor, 1/20 of the median
+// measured, it held each step it took part in for minutes where the peers
+// are slow, and came back after each ban.)
+static int64_t s_tiny_claim_held(int64_t late_ms, int reverse)
 {
     world_t w = { 0 };
     swarm_engine_t *e = s_engine_answered(&w, 6);
@@ -1216,7 +1217,8 @@ static int64_t s_tiny_claim_held(int64_t late_ms)
         w.slow[i] = late_ms;
     s_rounds_to_step(&w, e, 20);
     net_msg_t *m = net_msg_new(NET_MSG_HELLO);
-    ck_assert_int_eq(net_msg_set_meta(m, "proto=1\nname=slowclaim\ndevice=cpu\ntok_s=0.000001\n"), 0);
+    ck_assert_int_eq(net_msg_set_meta(m, reverse ? "proto=1\nname=slowclaim\ndevice=cpu\ntok_s=1000\n"
+                                                 : "proto=1\nname=slowclaim\ndevice=cpu\ntok_s=0.000001\n"), 0);
     net_peer_t who = s_who(7);
     swarm_engine_message(e, w.now, &who, m);
     net_msg_destroy(&m);
@@ -1224,6 +1226,8 @@ static int64_t s_tiny_claim_held(int64_t late_ms)
     for (int round = 0; s_peer_of(e, 7)->state != P_READY && round < 100000; round++, w.now += 10)
         s_round(&w, e);
     ck_assert_int_eq(s_peer_of(e, 7)->state, P_READY);
+    if (reverse)
+        s_send_as(e, w.now, 7, NET_MSG_HEARTBEAT, 0, "tok_s=0.000001\n", 0);
     w.mute[7] = 1; // it holds what it is sent from now on
     w.watch = 7;
     for (int round = 0; s_peer_of(e, 7)->state != P_DEAD && round < 1000000; round++, w.now += 10)
@@ -1240,13 +1244,19 @@ static int64_t s_tiny_claim_held(int64_t late_ms)
 
 START_TEST(test_engine_a_tiny_claimed_speed_holds_no_step_for_long)
 {
-    int64_t held = s_tiny_claim_held(0);
+    int64_t held = s_tiny_claim_held(0, 0);
     ck_assert_msg(held <= 10000, "the stalled peer held the swarm %lld ms", (long long) held);
     // peers whose replies take 300 ms: measured at some 76 tok/s, a floor
     // of 3.8 (what it held at the floor: 169 s; at the fastest: 8.5 s)
-    held = s_tiny_claim_held(300);
+    held = s_tiny_claim_held(300, 0);
     ck_assert_msg(held <= 20000, "among slow peers the stalled peer held the swarm %lld ms",
                   (long long) held);
+    // the claim the other way round: a HELLO like its stage's, routed as
+    // fast as its fastest, then HEARTBEATs of next to nothing, which the
+    // deadlines took (at the floor it held 225.5 s; as routed, 13.8 s)
+    held = s_tiny_claim_held(300, 1);
+    ck_assert_msg(held <= 20000, "a HELLO like the others', HEARTBEATs of nothing: held the swarm "
+                  "%lld ms", (long long) held);
 }
 END_TEST
 

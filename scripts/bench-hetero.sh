@@ -17,6 +17,8 @@
 #   audit01   the defaults auditing a tenth of the steps (--audit 0.1)
 #   auditall  the defaults with proven replicas audited as often as new ones
 #             (--audit-proven 0.3): what proving a record saves
+#   unchecked the defaults with no spot checks and no audits (--verify 0
+#             --audit 0): what all the verification costs
 #   gradfp16  the defaults with replicas' gradient sums in fp16 (--grad-wire):
 #             what the gradient exchange between steps costs
 #   halfbatch the defaults with half the batch (BATCH, default 192): what
@@ -138,6 +140,7 @@ run noverify "$RUN" -- --verify 0
 run noaudit "$RUN" -- --audit 0
 run audit01 "$RUN" -- --audit 0.1
 run auditall "$RUN" -- --audit-proven 0.3
+run unchecked "$RUN" -- --verify 0 --audit 0
 run gradfp16 "$RUN" -- --grad-wire fp16
 run auto "$RUN" -- --window auto
 run halfbatch "$RUN" -- --batch $((BATCH / 2))

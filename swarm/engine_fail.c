@@ -287,16 +287,16 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 static int64_t s_work_ms(const swarm_engine_t *r, const peer_t *pe, int thirds)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T * thirds / 3.0;
-    // the slower of the router's measure and what the node says: early
-    // measures of a replica handed many requests at once can run far high
-    double speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
-    // not measured yet: as it is routed. Routed as its stage's fastest, a
-    // claim of next to nothing (at HELLO, or in HEARTBEATs after a HELLO
-    // like its stage's) was timed at the floor: it held each step it took
-    // part in for minutes where the stage's median is a CPU's, and came
-    // back after each ban
+    double speed;
     if (pe->samples == 0 && pe->stage >= 0 && pe->stage < r->stages)
+        // not measured yet: as it is routed. Routed as its stage's fastest,
+        // a claim of next to nothing (at HELLO, or in HEARTBEATs after a
+        // HELLO like its stage's) was timed at the floor: it held each step
+        // it took part in for minutes where the stage's median is a CPU's,
+        // and came back after each ban
         speed = engine_routed_tok_s(r, pe, r->route[pe->stage].fastest);
+    else // the slower of the router's measure and the node's word (early measures run high)
+        speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
     speed = fmax(fmax(speed, r->speed_floor), 1.0);
     return (int64_t) (20.0 * 1000.0 * tokens / speed);
 }

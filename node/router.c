@@ -297,8 +297,8 @@ static void s_audits_say(const router_t *r)
         return;
     printf("swarm router: any key may join an open swarm, so in %.0f%% of the steps, drawn in "
            "secret, another replica recomputes each gradient sum of a stage of two or more "
-           "replicas (--audit %g), and the step waits for it; a replica whose sums passed %d "
-           "audits in a row is drawn in %.0f%% (--audit-proven %g); a swarm of your own "
+           "replicas (--audit %g), and the step waits for it; for a replica whose sums passed %d "
+           "audits in a row, in %.0f%% of them (--audit-proven %g); a swarm of your own "
            "machines: --allow FILE (private: no audits)\n", 100.0 * r->c.audit, r->c.audit,
            SWARM_AUDIT_PROVEN, 100.0 * r->c.audit_proven, r->c.audit_proven);
 }

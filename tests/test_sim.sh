@@ -346,9 +346,9 @@ else
 fi
 
 # the router's link in the order messages are sent: a CPU's reply (a BWD
-# of 7 s) was reckoned onto it when the CPU began, so every reply a GPU
-# sent in those 7 s arrived after it, past the GPU's 5 s deadline (an
-# honest GPU banned in 4 of these 16 runs; found at 75 peers with kills)
+# of 7 s) was reckoned onto it when the CPU began, so every reply sent in
+# those 7 s arrived after it, past a 5 s deadline (an honest peer banned
+# in 4 of these 16 runs; found at 75 peers with kills)
 SLOWFAST="--stages 2 --layers 2 --heads 2 --embd 8 --block 16 --micro-batch 16 --batch 128
     --iters 20 --eval-every 0 --latency 20 --router-bandwidth 100"
 # shellcheck disable=SC2086

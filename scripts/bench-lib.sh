@@ -56,12 +56,15 @@ swarm_dir() {
 # half_bound DIR DURATION NAP: from the middle of a DURATION-second run to
 # its end, `swarm status` every NAP s (what the nodes measure drifts by a
 # tenth or more from one sample to the next); sets $bound to the mean of
-# the samples' bound_tok_s and $last_status to the last sample
+# the samples' bound_tok_s, $last_status to the last sample and $statuses
+# to all of them, one a line
 half_bound() {
     sleep $(($2 / 2))
-    bounds="" left=$(($2 - $2 / 2))
+    bounds="" statuses="" left=$(($2 - $2 / 2))
     while :; do
         last_status=$(status_of "$1")
+        statuses="$statuses$last_status
+"
         bounds="$bounds $(field "$last_status" bound_tok_s)"
         [ "$left" -le 0 ] && break
         nap=$((left < $3 ? left : $3))

@@ -594,11 +594,12 @@ int cmd_sim(int argc, char **argv)
                    res.bound_end, res.best_held > 0 ? res.bound_end / res.best_held : 0.0,
                    res.best_held);
         }
-        if (r->c.audit > 0.0)
-            printf("sim: audits: %d gradient sums recomputed, in %d of %ld steps (each step's "
+        if (r->c.audit > 0.0) // (a step started over, or run again after a rollback, is drawn again)
+            printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "
-                   "%d, %g after)\n", res.audits, res.audit_steps, res.steps, r->c.audit,
-                   SWARM_AUDIT_PROVEN, r->c.audit_proven);
+                   "%d, %g after)\n", res.audits, res.audit_steps,
+                   res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of", res.steps,
+                   r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven);
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

@@ -219,6 +219,28 @@ static int s_named(const sim_t *s, const char *line)
     return (*end == ',' || *end == ')') && p >= 0 && p < s->npeers ? (int) p : -1;
 }
 
+// Whether line (a resync of honest pe) is a vote of one against one that
+// a diverged drift liar won: "..., 1 of its replicas X" where X is the
+// checksum of a live diverged peer's state. Of two replicas that disagree
+// the vote keeps the one that agreed more before (docs/swarm.md, "Replica
+// consensus"); where that is the liar, nothing the router holds tells the
+// two apart (a copy of a lone liar's state, drift_copy, is the same case).
+static int s_outvoted(const sim_t *s, const sim_peer_t *pe, const char *line)
+{
+    static const char key[] = ", 1 of its replicas ";
+    const char *at = strstr(line, key);
+    for (int q = 0; at && q < s->npeers; q++) {
+        const sim_peer_t *o = &s->peers[q];
+        char hex[65];
+        if (o == pe || !o->alive || !o->diverged)
+            continue;
+        sim_state_checksum(o->state, hex);
+        if (!strncmp(hex, at + sizeof key - 1, 16))
+            return 1;
+    }
+    return 0;
+}
+
 // What the engine logs is read for what must never happen: an honest peer
 // lost, banned, expelled or resynced; a rollback no fault caused.
 static void s_io_log(void *ctx, int to_stderr, const char *line)
@@ -236,7 +258,10 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
         // liar's next checksum, one against one: the vote keeps the older
         // replica's (docs/swarm.md, "Replica consensus"), so the copy
         // fetches it again, and is expelled when that happens twice
-        int copy = pe->drift_copy && (k == 3 || (k == 2 && strstr(line, "diverged from")));
+        // (or an honest replica outvoted one against one by such a liar)
+        pe->outvoted |= k == 3 && !pe->lie && s_outvoted(s, pe, line);
+        int copy = (pe->drift_copy || pe->outvoted)
+                   && (k == 3 || (k == 2 && strstr(line, "diverged from")));
         if (!faulty && !copy)
             sim_violate(s, "an honest peer was lost: %.*s", (int) strcspn(line, "\n"), line);
         s->copies_lost += copy && k == 2;
@@ -244,7 +269,7 @@ static void s_io_log(void *ctx, int to_stderr, const char *line)
         // comes before the engine marks it); a kill's is counted when it dies.
         // A liar resynced leaves its stage's ready replicas too (fetching
         // the state again): the last of them leaves the stage empty
-        if ((k < 3 || (k == 3 && (pe->lie || pe->drift_copy))) && !pe->killed)
+        if ((k < 3 || (k == 3 && (pe->lie || pe->drift_copy || pe->outvoted))) && !pe->killed)
             sim_leaves(s, p);
         if (k < 3 && pe->lie && !pe->caught++) {
             s->liars_caught++;

@@ -66,6 +66,7 @@ typedef struct {
     float state[SIM_STATE_FLOATS]; // what its stage's checksum is of
     int diverged;            // a drift liar whose state is not its replicas' (sim_peer.c)
     int drift_copy;          // its state came from a drift liar that no replica could contradict
+    int outvoted;            // an honest replica a diverged drift liar outvoted one against one
     double speed;            // training tokens a second on a stage of mean cost
     double beat_tok;         // the tok_s its last HEARTBEAT said, and as text (%.6g
     char beat_tok_text[24];  // was a twentieth of a 10,000-peer run under churn: kept)

@@ -694,7 +694,7 @@ int sim_peer_new(sim_t *s, int copy)
     }
     pe->audit_step = pe->grad_sent = -1;
     pe->first_lie = -1;
-    pe->diverged = pe->drift_copy = 0;
+    pe->diverged = pe->drift_copy = pe->outvoted = 0;
     s->joins++;
     s_hello(s, p);
     sim_push(s, s->now + SIM_HEARTBEAT_MS, EV_HEARTBEAT, p, NULL); // (not told yet)

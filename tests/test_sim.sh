@@ -195,6 +195,17 @@ if grep -q "updates carried the work of a stage's only replica, drifted" "$TMP/s
 else
     bad "no count of a lone replica's drifted work: $(grep faults "$TMP/sim.out")"
 fi
+# seed 1074 of 11 peers on 6 stages with drifting liars and departures: an
+# honest replica moved onto a stage whose only replica is a drifter, which
+# drifted in the next update; one against one, the vote kept the drifter's
+# (it had agreed more), and the sim called the honest one's resync a lost
+# honest peer. Nothing the router holds tells the two apart: it is counted
+# with the copies of a lone drifter's state, and the drifter is caught later
+sim_ok "an honest replica a drifter outvotes one against one: the vote's, not a lost peer" \
+    --peers 11 --stages 6 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 4 --batch 28 \
+    --iters 30 --eval-every 0 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 \
+    --bandwidth 10-100 --liars 3 --audit 0.5 --audit-proven 0.1 --lies drift --leave-rate 5 \
+    --save-every 10 --seed 1074
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held

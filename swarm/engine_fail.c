@@ -277,25 +277,25 @@ void engine_peer_fail(swarm_engine_t *r, int p, const char *fmt, ...)
 // the median the router measured of the ready peers (r->speed_floor): a
 // peer that claims a speed near zero at HELLO would otherwise hold a step
 // for hours before its first request is measured. One not measured yet is
-// timed at the speed routing sends it work at (engine_routed_tok_s): one
-// whose claim routing does not believe (engine_claim_unbelieved) as its
-// stage's fastest, and its HEARTBEATs' word is not taken either.
+// timed at its word where the floor allows it, else as routing sends it
+// work (engine_routed_tok_s: a claim it does not believe, as the fastest).
 #define DEADLINE_SLOWEST 20.0
 
-// 20 times what `thirds` of a micro-batch's work take peer pe, by its
-// speed, in ms.
+// 20 times what `thirds` of a micro-batch's work take peer pe, in ms.
 static int64_t s_work_ms(const swarm_engine_t *r, const peer_t *pe, int thirds)
 {
     double tokens = (double) r->hp.micro * r->hp.cfg.T * thirds / 3.0;
     double speed;
-    if (pe->samples == 0 && pe->stage >= 0 && pe->stage < r->stages)
-        // not measured yet: as it is routed. Routed as its stage's fastest,
-        // a claim of next to nothing (at HELLO, or in HEARTBEATs after a
-        // HELLO like its stage's) was timed at the floor: it held each step
-        // it took part in for minutes where the stage's median is a CPU's,
-        // and came back after each ban
+    if (pe->samples == 0 && pe->stage >= 0 && pe->stage < r->stages) {
+        // not measured yet: a claim of next to nothing timed at the floor
+        // held each step it took part in for minutes (the stage's median a
+        // CPU's); one the floor allows is slow, not nothing: a CPU moved to
+        // a GPU's stage, timed as routed (its fastest), missed the deadline
+        // of the 13 audits it was handed, honest (swarm sim, seed 2058)
         speed = engine_routed_tok_s(r, pe, r->route[pe->stage].fastest);
-    else // the slower of the router's measure and the node's word (early measures run high)
+        if (r->speed_floor > 0.0 && pe->node_tok_s >= r->speed_floor && pe->node_tok_s < speed)
+            speed = pe->node_tok_s;
+    } else // the slower of the router's measure and the node's word (early measures run high)
         speed = pe->node_tok_s > 0.0 && pe->node_tok_s < pe->tok_s ? pe->node_tok_s : pe->tok_s;
     speed = fmax(fmax(speed, r->speed_floor), 1.0);
     return (int64_t) (20.0 * 1000.0 * tokens / speed);

@@ -174,12 +174,14 @@ int sim_ready_on(const sim_t *s, int p)
 }
 
 // Peer p leaves the replicas that count (killed, stopped, banned): a stage
-// it leaves with none is one a rollback may follow.
-void sim_leaves(sim_t *s, int p)
+// it leaves with none is one a rollback may follow (1: counted).
+int sim_leaves(sim_t *s, int p)
 {
     int st = sim_ready_on(s, p);
-    if (st >= 0 && !sim_healthy(s, st, p))
-        s->emptied++;
+    if (st < 0 || sim_healthy(s, st, p))
+        return 0;
+    s->emptied++;
+    return 1;
 }
 
 int sim_healthy(const sim_t *s, int st, int p)
@@ -483,6 +485,11 @@ static void s_event(sim_t *s, event_t ev)
         sim_churn_event(s, ev.peer);
         break;
     case EV_GONE:
+        // the engine learns of the death now: a plan may have moved the
+        // stage's other replicas away since (it held the dead one ready),
+        // and the stage is empty from here (swarm sim seed 1361)
+        if (!pe->left_empty)
+            pe->left_empty = sim_leaves(s, ev.peer);
         swarm_engine_gone(s->e, s->now, &pe->who);
         break;
     case EV_LEAVE:

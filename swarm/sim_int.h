@@ -47,6 +47,7 @@ typedef struct {
     int alive;               // not killed
     int killed;              // killed by the sim: its bans and deaths are expected
     int64_t killed_at;       // ms: when
+    int left_empty;          // killed the last healthy replica of its stage (sim_leaves said so)
     int stalled;             // stalled by the sim (now or before): the same
     int64_t stall_until;     // ms: it serves nothing before this
     int lie;                 // SIM_LIE_*: a liar's bans are expected too
@@ -188,8 +189,9 @@ void sim_stall(sim_t *s, int p);
 int sim_ready_on(const sim_t *s, int p);
 // whether stage st has an honest replica live, ready and answering, not p
 int sim_healthy(const sim_t *s, int st, int p);
-// p no longer counts as a replica: its stage emptied if nobody healthy is left
-void sim_leaves(sim_t *s, int p);
+// p no longer counts as a replica: its stage emptied if nobody healthy is
+// left (1: counted so)
+int sim_leaves(sim_t *s, int p);
 // pe is the only replica ready on its stage but copies of a drift liar's
 // state (with `honest`, drift liars too): nothing to compare it with
 int sim_alone(const sim_t *s, const sim_peer_t *pe, int honest);

@@ -732,7 +732,7 @@ void sim_peer_free(sim_t *s, sim_peer_t *pe)
 void sim_kill(sim_t *s, int p)
 {
     sim_peer_t *pe = &s->peers[p];
-    sim_leaves(s, p);
+    pe->left_empty = sim_leaves(s, p);
     pe->alive = 0;
     sim_live_drop(s, p);
     pe->killed = 1;

@@ -228,6 +228,16 @@ if [ -f "$BAMBOO" ]; then
         --stages 8 $VOLUNTEER --batch 84 --liars 2 --audit-proven 0.3 --grad-wire fp16 \
         --lie-from 20 --lies grad --churn "$BAMBOO" --churn-scale 20 --save-every 10 --seed 1339
 fi
+# seed 1361, departures at 20 a peer-hour: a plan moved a stage's other
+# replicas away while the router still held one that had left ready (its
+# silence not yet found); when it was found, the stage was empty and the
+# swarm rolled back. The sim had counted the departure when it happened,
+# when the stage still had others, and called the rollback one no fault
+# caused: it now counts what the death leaves when the router learns of it
+# shellcheck disable=SC2086
+sim_ok "a departure found after a plan moved its stage's other replicas away" --peers 90 \
+    --stages 8 $VOLUNTEER --batch 136 --liars 1 --audit 0.1 --audit-proven 0.01 \
+    --grad-wire fp16 --lie-from 60 --lies grad --leave-rate 20 --save-every 10 --seed 1361
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held

@@ -152,10 +152,10 @@ static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
 // is done by its stage's end of step (docs/scale.md, "A joiner far slower
 // than its stage"). One under 1/GUESS_FAR is a liar's (slowclaim says a
 // millionth of its speed): routed as the fastest, its work is held to the
-// fastest's deadline too (a peer not measured yet is timed as it is routed,
-// engine_fail.c's s_work_ms), not to the deadlines' floor, which, 1/20 of
-// the median measured, is no line between the two (every CPU joining a
-// stage of GPUs is under it).
+// fastest's deadline too (a peer not measured yet whose word is under the
+// deadlines' floor is timed as it is routed, engine_fail.c's s_work_ms),
+// not to that floor, which, 1/20 of the median measured, is no line between
+// the two (every CPU joining a stage of GPUs is under it).
 #define GUESS_NEAR 4.0
 #define GUESS_FAR 1000.0
 

@@ -201,31 +201,33 @@ fi
 # (it had agreed more), and the sim called the honest one's resync a lost
 # honest peer. Nothing the router holds tells the two apart: it is counted
 # with the copies of a lone drifter's state, and the drifter is caught later
+# (CAMPAIGN: the model, speeds and links of the sim campaign these seeds
+# are from)
+CAMPAIGN="--layers 8 --heads 2 --embd 8 --block 16 --micro-batch 4
+    --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100"
+# shellcheck disable=SC2086
 sim_ok "an honest replica a drifter outvotes one against one: the vote's, not a lost peer" \
-    --peers 11 --stages 6 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 4 --batch 28 \
-    --iters 30 --eval-every 0 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 \
-    --bandwidth 10-100 --liars 3 --audit 0.5 --audit-proven 0.1 --lies drift --leave-rate 5 \
-    --save-every 10 --seed 1074
+    --peers 11 --stages 6 $CAMPAIGN --batch 28 --iters 30 --eval-every 0 --liars 3 \
+    --audit 0.5 --audit-proven 0.1 --lies drift --leave-rate 5 --save-every 10 --seed 1074
 # CPUs that moved to a stage where a GPU is the fastest, not measured there
 # yet, were timed at the speed routing sends them work (the stage's
 # fastest) though their own word was a slow CPU's the floor allows: honest,
 # each missed a deadline and was banned, of the 13 audits one was handed
 # (seed 2058), of a forward (2028, kills every 15 s; 1339, a churn trace
 # at 20 times its speed and gradient liars)
-VOLUNTEER="--layers 8 --heads 2 --embd 8 --block 16 --micro-batch 4 --iters 200 --eval-every 50
-    --eval-iters 1 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100"
+EVAL200="--iters 200 --eval-every 50 --eval-iters 1"
 # shellcheck disable=SC2086
 sim_ok "a slow CPU moved onto a GPU's stage, handed 13 audits, timed at its own word" \
-    --peers 27 --stages 4 $VOLUNTEER --batch 52 --audit-proven 0.3 --wire int8 \
+    --peers 27 --stages 4 $CAMPAIGN $EVAL200 --batch 52 --audit-proven 0.3 --wire int8 \
     --kill-every 20 --stall-every 15 --stall 3 --save-every 5 --seed 2058
 # shellcheck disable=SC2086
-sim_ok "slow CPUs moved onto GPUs' stages under kills" --peers 45 --stages 8 $VOLUNTEER \
+sim_ok "slow CPUs moved onto GPUs' stages under kills" --peers 45 --stages 8 $CAMPAIGN $EVAL200 \
     --batch 76 --audit 0.5 --audit-proven 0.1 --kill-every 15 --save-every 10 --seed 2028
 BAMBOO=../shared/data/traces/bamboo-p2-us-east-1e.csv
 if [ -f "$BAMBOO" ]; then
     # shellcheck disable=SC2086
     sim_ok "slow CPUs moved onto GPUs' stages under churn, with gradient liars" --peers 52 \
-        --stages 8 $VOLUNTEER --batch 84 --liars 2 --audit-proven 0.3 --grad-wire fp16 \
+        --stages 8 $CAMPAIGN $EVAL200 --batch 84 --liars 2 --audit-proven 0.3 --grad-wire fp16 \
         --lie-from 20 --lies grad --churn "$BAMBOO" --churn-scale 20 --save-every 10 --seed 1339
 fi
 # seed 1361, departures at 20 a peer-hour: a plan moved a stage's other
@@ -236,7 +238,7 @@ fi
 # caused: it now counts what the death leaves when the router learns of it
 # shellcheck disable=SC2086
 sim_ok "a departure found after a plan moved its stage's other replicas away" --peers 90 \
-    --stages 8 $VOLUNTEER --batch 136 --liars 1 --audit 0.1 --audit-proven 0.01 \
+    --stages 8 $CAMPAIGN $EVAL200 --batch 136 --liars 1 --audit 0.1 --audit-proven 0.01 \
     --grad-wire fp16 --lie-from 60 --lies grad --leave-rate 20 --save-every 10 --seed 1361
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s

@@ -300,6 +300,7 @@ static void s_audit_ask(swarm_engine_t *r, int t, int v)
     a->by[a->n++] = v;
     a->next = s_next_mb(r, t, r->peers[t].stage, -1);
     a->inflight = a->asked_sum = a->dx_bad = 0;
+    memset(a->dx_fp, 0, sizeof a->dx_fp);
     a->left = a->share;
     r->peers[v].audit_of = t;
     s_audit_feed(r, t);
@@ -586,10 +587,17 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
             r->audit_dx[j] = ldexpf(r->audit_dx[j], -b->dy_pow2[s - 1]);
         if (bad || !engine_close(r->scratch, r->audit_dx, n, 1e-3))
             a->dx_bad = 1;
+        for (size_t j = 0; j < n; j++) { // weights in [-1, 1) that no lie is built around
+            double x = r->scratch[j], w = (uint32_t) (j * 2654435761u) * 0x1p-31 - 1.0;
+            a->dx_fp[0] += x * x;
+            a->dx_fp[1] += w * x;
+        }
     }
-    if (s == r->stages - 1 && b->dx_peer[s] == t
-        && !engine_loss_close(e->reply.loss, b->loss))
-        a->dx_bad = 1;
+    if (s == r->stages - 1 && b->dx_peer[s] == t) {
+        a->dx_fp[2] += e->reply.loss;
+        if (!engine_loss_close(e->reply.loss, b->loss))
+            a->dx_bad = 1;
+    }
     s_audit_feed(r, t);
 }
 
@@ -597,7 +605,10 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 // tell). When no two of three agree, at most one of them is honest (honest
 // replicas reproduce each other): a target audited for its own tensor or
 // sum outside its stage's bound fails then (it would be audited again in
-// every attempt at the step, and the step started over for good).
+// every attempt at the step, and the step started over for good); so it
+// does when one verifier contradicts it and no other replica can come to
+// decide (seed 70 of a lie campaign: 8 peers, 4 liars, a stage of one
+// liar and one honest replica started step 2 over for ever).
 static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
 {
     audit_t *a = &r->peers[t].audit;
@@ -624,7 +635,9 @@ static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
         // three of which no two agree, at most one is honest, and one more
         // that is can agree with it (seed 13 of test_sim's liars once
         // started a step over for ever: an honest replica and two liars)
-        engine_referee(r, s);
+        if (engine_referee(r, s) < 0 && !engine_joining_to(r, s) && asked == 1 && suspect)
+            engine_peer_fail(r, t, "sent a tensor outside its stage's bound, and its replica does "
+                             "not reproduce its gradient sum");
         return;
     }
     for (int k = 0; k < n; k++) {
@@ -641,14 +654,22 @@ static void s_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n)
 }
 
 // Verifiers i and j of target t's audit found the same: the same count,
-// the same verdict on the input gradients, sums within the tolerance
-// (verifier j's is the one just decoded in audit_sum; i's was kept).
+// the same verdict on the input gradients, the same input gradients and
+// losses (by their fingerprints: two liars that both contradict the
+// target's differently do not agree), sums within the tolerance (verifier
+// j's is the one just decoded in audit_sum; i's was kept). The
+// fingerprints' tolerances are ten times what honest recomputations that
+// pass engine_close at 1e-3 can differ by: a lie is far outside them.
 static int s_verifiers_agree(const swarm_engine_t *r, int t, int i)
 {
     const peer_t *pt = &r->peers[t];
     const audit_t *a = &pt->audit;
     int j = a->n - 1, s = pt->stage;
+    const double *fi = a->dx_fps[i], *fj = a->dx_fps[j];
+    double sq = fmax(fi[0], fj[0]);
     return a->counted[i] && a->counted[j] && a->dx_bads[i] == a->dx_bads[j]
+           && fabs(fi[0] - fj[0]) <= 2e-2 * sq && fabs(fi[1] - fj[1]) <= 1e-2 * sqrt(sq)
+           && fabs(fi[2] - fj[2]) <= 1e-3 * (fmax(fabs(fi[2]), fabs(fj[2])) + a->share)
            && engine_close(r->audit_sum, pt->audit_sums + (size_t) i * r->max_stage_n,
                            r->stage_n[s], s_sum_tolerance(r));
 }
@@ -672,6 +693,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     }
     a->counted[k] = e->reply.samples == engine_share(r, t, s);
     a->dx_bads[k] = a->dx_bad;
+    memcpy(a->dx_fps[k], a->dx_fp, sizeof a->dx_fp);
     a->agree[k] = !a->dx_bad && a->counted[k]
                   && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     r->peers[q->peer].audit_of = -1; // free for another audit

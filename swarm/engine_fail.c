@@ -113,11 +113,13 @@ static int s_refill(swarm_engine_t *r, int s)
 // more without it (the move that leaves the highest bottleneck) joins s,
 // and the step, started over, waits for its state (engine_turn: the
 // discard goes by PH_WAIT), so that the next dispute has a referee. The
-// peer moved, or -1 when no stage can spare one.
+// peer moved, or -1 when one is on its way already or no stage can spare one.
 int engine_referee(swarm_engine_t *r, int s)
 {
-    if (engine_joining_to(r, s))
-        return -1; // one is on its way
+    if (engine_joining_to(r, s)) {
+        r->rejoin = 1; // one is on its way: the restart waits for its state too
+        return -1;
+    }
     swarm_peer_view_t *views = r->views;
     double cost[SWARM_MAX_STAGES];
     for (int k = 0; k < r->stages; k++)
@@ -155,11 +157,11 @@ void engine_refill_all(swarm_engine_t *r, int say)
     }
 }
 
-// Every replica of stage s is gone, and its state with them: the whole
-// swarm goes back to the last checkpoint (held in params/m/v), every live
-// node reloads its stage from it, stage s takes a spare replica of another
-// stage or waits for a node, and the run replays. The curve after it
-// equals an uninterrupted run's.
+// Every replica of stage s is gone, and its state with them: the whole swarm
+// goes back to the last checkpoint (held in params/m/v), every live node
+// reloads its stage from it, stage s takes a spare replica of another stage
+// or waits for a node, and the run replays. The curve after it equals an
+// uninterrupted run's.
 static void s_rollback(swarm_engine_t *r, int s)
 {
     engine_warn(r, "swarm router: stage %d lost every replica at step %ld: rolling back to "
@@ -353,14 +355,13 @@ static int64_t s_state_deadline_ms(const swarm_engine_t *r, int stage)
 
 // A joiner's state is on its way: the next step waits for it, because the
 // state is of the step about to start, and a joiner whose state arrived a
-// step later would be an update behind (over slow links a stage's state
-// takes longer than a step). Joins cost the swarm that transfer once. A
-// joiner that leaves while it holds the swarm so is banned for it
-// (engine_peer_gone), and all joins together hold at most JOIN_HOLD_SHARE
-// of the run's time (and JOIN_HOLD_FREE_MS more): past that a joiner's
-// state travels while the swarm trains, and one a step late is fetched
-// again between steps, so that joiners with keys of their own each time
-// cannot stall the swarm either.
+// step later would be an update behind (over slow links a stage's state takes
+// longer than a step). Joins cost the swarm that transfer once. A joiner that
+// leaves while it holds the swarm so is banned for it (engine_peer_gone), and
+// all joins together hold at most JOIN_HOLD_SHARE of the run's time (and
+// JOIN_HOLD_FREE_MS more): past that a joiner's state travels while the swarm
+// trains, and one a step late is fetched again between steps, so that joiners
+// with keys of their own each time cannot stall the swarm either.
 #define JOIN_HOLD_SHARE 0.1
 #define JOIN_HOLD_FREE_MS 30000
 static int s_joiner_holds(const swarm_engine_t *r, int p)
@@ -393,11 +394,11 @@ int engine_join_held(swarm_engine_t *r)
     return held;
 }
 
-// Peer p left (BYE) or lost its connection (why): dead (the log says
-// `line`). A joiner whose state was on its way held the swarm for nothing
-// (engine_join_held): it is banned as a peer that missed a deadline is,
-// so that joining and leaving again and again costs it a back-off that
-// doubles each time.
+// Peer p left (BYE) or lost its connection (why): dead (the log says `line`).
+// A joiner whose state was on its way held the swarm for nothing
+// (engine_join_held): it is banned as a peer that missed a deadline is, so
+// that joining and leaving again and again costs it a back-off that doubles
+// each time.
 void engine_peer_gone(swarm_engine_t *r, int p, const char *why, const char *line)
 {
     if (s_joiner_holds(r, p))
@@ -553,10 +554,9 @@ int engine_all_stages_ready(const swarm_engine_t *r)
 
 // Rebalancing judges each peer by its speed over the whole span since the
 // last check (work done over time busy, once it was busy a second), not by
-// the routing average, which follows the last second or so: on a shared
-// host that swings by a third from one second to the next, and a move
-// chosen on such a swing can leave the stage it takes from the new, worse
-// bottleneck.
+// the routing average, which follows the last second or so: on a shared host
+// that swings by a third from one second to the next, and a move chosen on
+// such a swing can leave the stage it takes from the new, worse bottleneck.
 static void s_views_checked(swarm_engine_t *r, swarm_peer_view_t *views)
 {
     int64_t now = r->now_ms;

@@ -59,11 +59,13 @@ typedef struct {
     int n;                   // of them asked
     int agree[AUDIT_VOTERS]; // each one's result matched the target's
     int counted[AUDIT_VOTERS]; // each one's sum was of the target's share
-    int dx_bads[AUDIT_VOTERS]; // each one's dx_bad
+    int dx_bads[AUDIT_VOTERS]; // each one's dx_bad and dx_fp
+    double dx_fps[AUDIT_VOTERS][3];
     int next;                // the next micro-batch of the share to send, G all sent
     int inflight;            // the current verifier's requests not answered yet
     int asked_sum;           // its STEP audit=1 is sent
     int dx_bad;              // an input gradient (or the last stage's loss) differed
+    double dx_fp[3];         // its input gradients' sum of squares and weighed sum, its losses' sum
     int abandoned;           // its target died: nothing more is sent, nothing judged
     int share;               // micro-batches of its share, when it was drawn
     int left;                // of them, the current verifier has still to answer
@@ -79,10 +81,9 @@ typedef struct {
 
 typedef struct engine_history engine_history_t;
 
-// A node sends a HEARTBEAT every beat_ms the router tells it (1 s until
-// told) and a HELLO every two seconds while it waits: a peer that sends
-// more than ROUTER_BURST unasked messages in a second floods the router,
-// and fails.
+// A node sends a HEARTBEAT every beat_ms the router tells it (1 s until told)
+// and a HELLO every two seconds while it waits: a peer that sends more than
+// ROUTER_BURST unasked messages in a second floods the router, and fails.
 #define ROUTER_BURST 100
 
 // Lines of peers joining and dying (engine_member_line): a peer's at once
@@ -189,9 +190,8 @@ typedef struct {
     // dead peer whose part still counts is not reused before the step ends)
     float *grad;             // its GRAD of this step (the largest stage's size: it may move);
                              // NULL once it is dead and no sum of its counts
-    float *audit_sums;       // as a target in a dispute: the verifiers' sums, kept while a
-                             // later one decides (AUDIT_VOTERS - 1 of the largest stage's
-                             // size; NULL none yet)
+    float *audit_sums;       // a dispute's target: its verifiers' sums, for a later one to
+                             // decide (AUDIT_VOTERS - 1 of the largest stage's; NULL none yet)
     int got_grad;            // its GRAD arrived
     int in_step;             // it was sent this step's STEP
     int norm_only;           // its stage has no other replica: it keeps its gradient

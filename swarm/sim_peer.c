@@ -230,8 +230,10 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
 }
 
 // An activation-shaped tensor of ones (made once), or as a liar sends it:
-// with a NaN in it, 1000 times too large, (an input gradient, dx) of
-// minus ones, or each 1.5 times the last (raw f32, past the encoder's
+// with a NaN in it, 1000 times too large, (an input gradient, dx) pointing
+// the other way (these two with a quarter of the signs flipped, in a
+// pattern of the liar's own: liars that lie alike are colluders,
+// SECURITY.md), or each 1.5 times the last (raw f32, past the encoder's
 // checks, as a lying node's); of SIM_TAINT when it is work of diverged
 // parameters (`tainted`).
 static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int tainted)
@@ -263,6 +265,9 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int taint
         if (how == SIM_LIE_NAN)
             (*x)[n / 2] = NAN;
     }
+    for (size_t j = 0; (how == SIM_LIE_DX || how == SIM_LIE_SCALE) && j < n; j++)
+        (*x)[j] = ((uint32_t) (j * 2654435761u + (size_t) (pe - s->peers) * 0x9e3779b9u) >> 30 ? 1.0f : -1.0f)
+                  * (how == SIM_LIE_DX ? -1.0f : 1000.0f);
     int raw = how && how != SIM_LIE_DRIFT; // a lie past the encoder's checks (drift's are plausible)
     if (!how && !s->ones_wire) { // the honest ones, encoded once
         s->ones_bytes = net_codec_bytes(s->c->wire, n);

@@ -240,6 +240,31 @@ fi
 sim_ok "a departure found after a plan moved its stage's other replicas away" --peers 90 \
     --stages 8 $CAMPAIGN $EVAL200 --batch 136 --liars 1 --audit 0.1 --audit-proven 0.01 \
     --grad-wire fp16 --lie-from 60 --lies grad --leave-rate 20 --save-every 10 --seed 1361
+# two liars on one stage that contradict an honest target differently in
+# its input gradients, their sums honest (seeds 8 and 54 of a lie
+# campaign; the sim's dx and scale liars each lie in a pattern of their
+# own): each found the target's input gradients wrong, and the router took
+# that for the two agreeing and expelled the target. Two verifiers agree
+# now only where fingerprints of the input gradients and losses they
+# recomputed match as well
+# shellcheck disable=SC2086
+sim_ok "two liars that contradict an honest target differently do not outvote it (seed 8)" \
+    --peers 24 --stages 4 $CAMPAIGN --batch 48 --iters 120 --eval-every 0 --liars 2 \
+    --lies scale,dx,nan --seed 8
+# shellcheck disable=SC2086
+sim_ok "two liars that contradict an honest target differently, with kills (seed 54)" \
+    --peers 46 --stages 2 $CAMPAIGN --batch 76 --iters 120 --eval-every 0 --liars 4 \
+    --lies scale,dx,nan --kill-every 20 --save-every 5 --seed 54
+# seed 70, 4 liars of 8 peers: a stage of a liar whose input gradients were
+# out of bound and one honest replica that contradicted it, no third to
+# decide; a liar that had been banned was joining the stage again, and the
+# step started over before its state came, for ever. A restart waits for
+# a joiner on its way now, and a target out of bound that its one verifier
+# contradicts fails when no other replica can come
+# shellcheck disable=SC2086
+sim_ok "a dispute of two with a joiner on its way, and with none to come" --peers 8 --stages 3 \
+    $CAMPAIGN --batch 24 --iters 120 --eval-every 0 --liars 4 --lies scale,dx,nan --verify 0.5 \
+    --seed 70
 # joiners that take their state, hold it 3 s and leave, again and again
 # (joinhold): each is banned when it leaves with its state on its way, 5 s
 # and then 10 s; the run finishes with every invariant held

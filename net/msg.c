@@ -96,8 +96,9 @@ const net_head_t *net_msg_head_const(const net_msg_t *self)
 
 // Check a shape the caller gives and open its frame: on 0, the next tensor
 // slot holds an initialised frame of the right size (not yet counted).
-static int s_tensor_open(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
-                         net_shape_t *shape)
+// A new tensor's shape, checked (its frame is not made yet).
+static int s_tensor_shape(const net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
+                          net_shape_t *shape)
 {
     if (self->frames >= NET_TENSORS_MAX || self->head.ntensors != self->frames || ndims < 1 ||
         ndims > NET_DIMS_MAX || dtype < 1 || dtype > NET_DTYPE_MAX)
@@ -114,6 +115,15 @@ static int s_tensor_open(net_msg_t *self, int dtype, const uint32_t *dims, int n
     shape->bytes = net_codec_bytes(dtype, numel);
     if (shape->bytes == 0 || shape->bytes > NET_PAYLOAD_MAX)
         return -EINVAL;
+    return 0;
+}
+
+static int s_tensor_open(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
+                         net_shape_t *shape)
+{
+    int rc = s_tensor_shape(self, dtype, dims, ndims, shape);
+    if (rc < 0)
+        return rc;
     if (zmq_msg_init_size(&self->tensor[self->frames], shape->bytes) != 0)
         return -ENOMEM;
     return 0;
@@ -158,6 +168,26 @@ int net_msg_add_raw(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
         return -EINVAL;
     }
     memcpy(zmq_msg_data(frame), data, bytes);
+    s_tensor_commit(self, &shape);
+    return 0;
+}
+
+int net_msg_add_shared(net_msg_t *self, const net_msg_t *src, int i, const uint32_t *dims,
+                       int ndims)
+{
+    if (i < 0 || (unsigned) i >= src->frames)
+        return -EINVAL;
+    net_shape_t shape;
+    int rc = s_tensor_shape(self, src->head.tensors[i].dtype, dims, ndims, &shape);
+    if (rc < 0)
+        return rc;
+    zmq_msg_t *frame = &self->tensor[self->frames], *from = (zmq_msg_t *) &src->tensor[i];
+    if (shape.bytes != zmq_msg_size(from))
+        return -EINVAL;
+    if (zmq_msg_init(frame) != 0 || zmq_msg_copy(frame, from) != 0) {
+        zmq_msg_close(frame);
+        return -ENOMEM;
+    }
     s_tensor_commit(self, &shape);
     return 0;
 }

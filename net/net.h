@@ -144,6 +144,12 @@ int net_msg_add_tensor(net_msg_t *self, int dtype, const uint32_t *dims, int ndi
 __attribute__((warn_unused_result))
 int net_msg_add_raw(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
                     const void *data, size_t bytes);
+// Append tensor i of src, of its dtype, as dims (its bytes must be what
+// dims make): the frame is shared (reference counted), not copied. Same
+// errors as net_msg_add_raw, and -EINVAL when src has no tensor i.
+__attribute__((warn_unused_result))
+int net_msg_add_shared(net_msg_t *self, const net_msg_t *src, int i, const uint32_t *dims,
+                       int ndims);
 // Set the meta text (no NUL inside; "key=value" lines by convention).
 // Replaces any earlier one. 0, -EINVAL (too long), -ENOMEM.
 __attribute__((warn_unused_result))

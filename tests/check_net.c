@@ -486,6 +486,55 @@ START_TEST(test_msg_tensors_decode_to_what_was_sent)
 }
 END_TEST
 
+// A tensor appended from another message shares its frame (no copy), keeps
+// its dtype under new dims, outlives the message it came from, and travels
+// as any other; what cannot be appended is refused.
+START_TEST(test_msg_shared_tensor_outlives_its_source)
+{
+    float x[256], y[256];
+    for (int i = 0; i < 256; i++)
+        x[i] = s_uniform() * 10.0f;
+    uint32_t d2[2] = {16, 16}, d1[1] = {256}, d3[3] = {2, 8, 16}, short1[1] = {255};
+    net_msg_t *src = net_msg_new(NET_MSG_RESULT), *m = net_msg_new(NET_MSG_FWD);
+    ck_assert_int_eq(net_msg_add_tensor(src, NET_DTYPE_F16, d2, 2, x), 0);
+    ck_assert_int_eq(net_msg_add_shared(m, src, 0, d3, 3), 0);
+    ck_assert_int_eq(net_msg_add_shared(m, src, 0, d1, 1), 0);
+    size_t a = 0, b = 0;
+    ck_assert_ptr_eq(net_msg_raw(m, 0, &a), net_msg_raw(src, 0, &b)); // the same bytes
+    ck_assert_uint_eq(a, b);
+    ck_assert_uint_eq(net_msg_head(m)->tensors[0].dtype, NET_DTYPE_F16);
+    ck_assert_uint_eq(net_msg_head(m)->tensors[0].ndims, 3);
+    ck_assert_uint_eq(net_msg_head(m)->tensors[0].dims[2], 16);
+    ck_assert_int_eq(net_msg_add_shared(m, src, 0, short1, 1), -EINVAL); // other bytes
+    ck_assert_int_eq(net_msg_add_shared(m, src, 1, d1, 1), -EINVAL);     // no tensor 1
+    ck_assert_int_eq(net_msg_add_shared(m, src, -1, d1, 1), -EINVAL);
+    ck_assert_uint_eq(net_msg_head(m)->ntensors, 2);
+    net_msg_t *want = net_msg_dup(src);
+    net_msg_destroy(&src); // m's tensors still hold the bytes
+    ck_assert_int_eq(net_msg_tensor(m, 1, y, 256), 0);
+    float z[256];
+    ck_assert_int_eq(net_msg_tensor(want, 0, z, 256), 0);
+    ck_assert_int_eq(memcmp(y, z, sizeof y), 0);
+    s_pair_t p;
+    s_pair_open(&p);
+    ck_assert_int_eq(net_send(p.a, &m), 0);
+    net_msg_t *got = NULL;
+    char err[256] = "";
+    zmq_pollitem_t item = {p.b, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&item, 1, 1000), 1);
+    ck_assert_msg(net_recv(p.b, &s_limits, &got, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(net_msg_head(got)->ntensors, 2);
+    ck_assert_int_eq(net_msg_tensor(got, 0, y, 256), 0);
+    ck_assert_int_eq(memcmp(y, z, sizeof y), 0);
+    for (int t = 0; t < NET_TENSORS_MAX - 2; t++)
+        ck_assert_int_eq(net_msg_add_shared(got, want, 0, d1, 1), 0);
+    ck_assert_int_eq(net_msg_add_shared(got, want, 0, d1, 1), -EINVAL); // full
+    net_msg_destroy(&got);
+    net_msg_destroy(&want);
+    s_pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_msg_builders_refuse_bad_input)
 {
     net_msg_t *m = net_msg_new(NET_MSG_FWD);
@@ -1780,6 +1829,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_msg_round_trips_every_type);
     tcase_add_test(tc, test_msg_tensors_decode_to_what_was_sent);
     tcase_add_test(tc, test_msg_builders_refuse_bad_input);
+    tcase_add_test(tc, test_msg_shared_tensor_outlives_its_source);
     tcase_add_test(tc, test_msg_meta_lookup);
     tcase_add_test(tc, test_msg_reply_keeps_ids);
     tcase_add_test(tc, test_msg_recv_rejects_raw_frames);

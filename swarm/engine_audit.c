@@ -581,8 +581,10 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     size_t n = engine_acts_count(r);
     if (s > 0 && b->dx_peer[s] == t && b->dy[s - 1]) {
         // what the target sent the stage before, decoded as that stage's BWD did
-        int bad = net_codec_decode(b->dy_dtype[s - 1], b->dy[s - 1],
-                                   (size_t) net_codec_bytes(b->dy_dtype[s - 1], n), r->audit_dx, n);
+        size_t bytes = 0;
+        const void *dy = net_msg_raw(b->dy[s - 1], 0, &bytes);
+        int bad = net_codec_decode(net_msg_head_const(b->dy[s - 1])->tensors[0].dtype, dy, bytes,
+                                   r->audit_dx, n);
         for (size_t j = 0; !bad && b->dy_pow2[s - 1] && j < n; j++)
             r->audit_dx[j] = ldexpf(r->audit_dx[j], -b->dy_pow2[s - 1]);
         if (bad || !engine_close(r->scratch, r->audit_dx, n, 1e-3))

@@ -118,12 +118,12 @@ static void s_eval_batch(swarm_engine_t *r)
     engine_mbs_clear(r);
     for (int i = 0; i < r->G; i++) {
         mb_t *b = &r->mbs[i];
-        b->in[0] = malloc(r->tok_bytes);
+        b->tokens = malloc(r->tok_bytes);
         b->targets = malloc(r->tok_bytes);
-        if (!b->in[0] || !b->targets)
+        if (!b->tokens || !b->targets)
             abort();
         swarm_data_draw(r->data, r->eval_split, &r->eval_state, r->hp.micro, r->hp.cfg.T,
-                        b->in[0], b->targets);
+                        b->tokens, b->targets);
         if (engine_fwd(r, i, 0) != 0)
             engine_mb_at(r, i, -2, 0, -1); // no peer now: s_eval_turn retries it
     }

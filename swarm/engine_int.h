@@ -281,9 +281,10 @@ typedef struct {
     int stage;               // stage it is at; -1 idle, S = done
     int backward;            // in backward
     int fwd_peer[SWARM_MAX_STAGES]; // who ran its forward at each stage
-    void *in[SWARM_MAX_STAGES + 1]; // wire bytes of each stage's input (stage 0: tokens)
-    int32_t *targets;        // (micro, T)
-    void *dy[SWARM_MAX_STAGES]; // wire bytes of the output gradient each stage's BWD got
+    int32_t *tokens, *targets; // stage 0's input and the last stage's targets (micro, T)
+    net_msg_t *in[SWARM_MAX_STAGES + 1]; // the RESULT whose tensor 0 is stage s's input (s > 0),
+                             // kept whole: a later request shares its frame (net_msg_add_shared)
+    net_msg_t *dy[SWARM_MAX_STAGES]; // the same of the output gradient each stage's BWD got
     int grad_peer[SWARM_MAX_STAGES]; // who accumulated its gradient at each stage, -1 none
     int dx_peer[SWARM_MAX_STAGES]; // who returned the input gradient of each stage (dy[s - 1])
     int owes;                // fwd_peer[0 .. owes - 1] owe its backward (counted in owed[])
@@ -293,10 +294,8 @@ typedef struct {
     int redo_next[SWARM_MAX_STAGES]; // the next in the stage's redo queue, -1 none
     float loss;              // from the last stage
     spot_t *spot;            // per stage, from its first check on (NULL: none yet)
-    uint8_t in_dtype[SWARM_MAX_STAGES + 1]; // NET_DTYPE_* of in[s] (s > 0)
-    int8_t in_pow2[SWARM_MAX_STAGES + 1];   // its 2^k scale (meta pow2_I)
-    uint8_t dy_dtype[SWARM_MAX_STAGES];     // NET_DTYPE_* of dy[s]
-    int8_t dy_pow2[SWARM_MAX_STAGES];       // its 2^k scale
+    int8_t in_pow2[SWARM_MAX_STAGES + 1];   // in[s]'s 2^k scale (meta pow2_I)
+    int8_t dy_pow2[SWARM_MAX_STAGES];       // dy[s]'s
 } mb_t;
 
 
@@ -599,8 +598,8 @@ void engine_speed_restart(peer_t *pe, int64_t now);
 uint64_t engine_payload(const net_msg_t *m);
 void engine_wire_count(const net_msg_t *m, uint64_t by[3]);
 size_t engine_acts_count(const swarm_engine_t *r);
-int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
-                    char *meta, size_t cap);
+int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const net_msg_t *src, int pow2, char *meta,
+                    size_t cap);
 int engine_send(swarm_engine_t *r, int p, net_msg_t **m, int kind, int mb, int stage);
 #define LINK_HEAD 64         // bytes of a message's header and meta, about
 // A reply to q came: q's bytes, and everything the router sent before

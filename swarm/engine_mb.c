@@ -143,7 +143,7 @@ int engine_mb_recount(const swarm_engine_t *r)
     for (int i = 0; i < r->G; i++) {
         const mb_t *b = &r->mbs[i];
         count[engine_mb_place(S, b->stage, b->backward)]++;
-        bad |= b->stage == -1 && !b->in[0] && i < r->mb_next;
+        bad |= b->stage == -1 && !b->tokens && i < r->mb_next;
         bad |= b->owes != s_owing(r, b);
         for (int k = 0; k < b->owes; k++)
             owed[b->fwd_peer[k]] += 2;
@@ -175,10 +175,11 @@ int engine_mb_recount(const swarm_engine_t *r)
 static void s_mb_free(swarm_engine_t *r, mb_t *b)
 {
     for (int s = 0; s <= r->stages; s++)
-        free(b->in[s]);
+        net_msg_destroy(&b->in[s]);
+    free(b->tokens);
     free(b->targets);
     for (int s = 0; s < r->stages; s++)
-        free(b->dy[s]);
+        net_msg_destroy(&b->dy[s]);
     for (int s = 0; b->spot && s < r->stages; s++) {
         r->spots_open -= b->spot[s].n > 0;
         for (int k = 0; k < 3; k++)
@@ -218,8 +219,8 @@ net_msg_t *engine_fwd_msg(swarm_engine_t *r, int i, int s)
     h->mb = (uint32_t) (r->evaluating ? EVAL_MB + i : i);
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
     char meta[256] = "";
-    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : engine_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->tokens, r->tok_bytes)
+                    : engine_acts_add(r, m, b->in[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0 && s == S - 1) {
         rc = net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->targets, r->tok_bytes);
         if (r->evaluating)
@@ -247,10 +248,10 @@ net_msg_t *engine_bwd_msg(swarm_engine_t *r, int i, int s)
     h->mb = (uint32_t) i;
     uint32_t tok_dims[2] = { (uint32_t) micro, (uint32_t) T };
     char meta[128] = "";
-    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->in[0], r->tok_bytes)
-                    : engine_acts_add(r, m, b->in[s], b->in_dtype[s], b->in_pow2[s], meta, sizeof meta);
+    int rc = s == 0 ? net_msg_add_raw(m, NET_DTYPE_I32, tok_dims, 2, b->tokens, r->tok_bytes)
+                    : engine_acts_add(r, m, b->in[s], b->in_pow2[s], meta, sizeof meta);
     if (rc == 0)
-        rc = engine_acts_add(r, m, b->dy[s], b->dy_dtype[s], b->dy_pow2[s], meta, sizeof meta);
+        rc = engine_acts_add(r, m, b->dy[s], b->dy_pow2[s], meta, sizeof meta);
     if (rc == 0 && meta[0])
         rc = engine_meta(m, "%s", meta);
     if (rc != 0)
@@ -457,12 +458,12 @@ int engine_mb_start(swarm_engine_t *r, int i)
 {
     mb_t *b = &r->mbs[i];
     int T = r->hp.cfg.T, micro = r->hp.micro;
-    b->in[0] = malloc(r->tok_bytes);
+    b->tokens = malloc(r->tok_bytes);
     b->targets = malloc(r->tok_bytes);
-    if (!b->in[0] || !b->targets)
+    if (!b->tokens || !b->targets)
         abort();
     swarm_data_train_batch(r->data, r->hp.seed, r->step, r->hp.batch, i * micro, micro, T,
-                           b->in[0], b->targets);
+                           b->tokens, b->targets);
     int rc = engine_fwd(r, i, 0);
     if (rc != 0) {
         engine_mb_at(r, i, -1, 0, -1);
@@ -471,11 +472,11 @@ int engine_mb_start(swarm_engine_t *r, int i)
     return rc;
 }
 
-// Keep tensor 0 of a FWD/BWD reply, activations or their gradient in any
-// float format, as its wire bytes in *dst (replacing what was there) with
-// its format and scale; the next stage decodes it. -EPROTO when it is not.
-static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, void **dst, uint8_t *dtype,
-                       int8_t *pow2)
+// Keep a FWD/BWD reply whose tensor 0 is activations or their gradient in
+// any float format in *dst (replacing what was there; its frames shared,
+// not copied), and its scale; the next stage decodes it. -EPROTO when it
+// is not.
+static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, net_msg_t **dst, int8_t *pow2)
 {
     const net_head_t *h = net_msg_head_const(m);
     size_t bytes = 0;
@@ -486,9 +487,9 @@ static int s_acts_keep(const swarm_engine_t *r, const net_msg_t *m, void **dst, 
     const void *p = net_msg_raw(m, 0, &bytes);
     if (!p || bytes != net_codec_bytes(dt, engine_acts_count(r)))
         return -EPROTO;
-    free(*dst);
-    *dst = engine_dup_bytes(p, bytes);
-    *dtype = (uint8_t) dt;
+    net_msg_destroy(dst);
+    if (!(*dst = net_msg_dup(m)))
+        abort(); // bookkeeping (STYLE.md: small allocations may abort)
     *pow2 = (int8_t) k;
     return 0;
 }
@@ -537,7 +538,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         return 0;
     }
     if (q->kind == R_FWD && s < S - 1) {
-        if (s_acts_keep(r, m, &b->in[s + 1], &b->in_dtype[s + 1], &b->in_pow2[s + 1]) != 0)
+        if (s_acts_keep(r, m, &b->in[s + 1], &b->in_pow2[s + 1]) != 0)
             return -EPROTO;
         engine_spot_begin(r, q, 0.0f); // (the scratch still holds the outputs)
         return engine_next(r, q->mb, R_FWD, s + 1);
@@ -551,7 +552,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
             engine_mb_at(r, q->mb, S, b->backward, -1);
             return 0;
         }
-        if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_dtype[S - 2], &b->dy_pow2[S - 2]) != 0)
+        if (s_acts_keep(r, m, &b->dy[S - 2], &b->dy_pow2[S - 2]) != 0)
             return -EPROTO;
         b->dx_peer[S - 1] = q->peer;
         return engine_next(r, q->mb, R_BWD, S - 2);
@@ -560,7 +561,7 @@ int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         engine_mb_at(r, q->mb, S, b->backward, -1); // through
         return 0;
     }
-    if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_dtype[s - 1], &b->dy_pow2[s - 1]) != 0)
+    if (s_acts_keep(r, m, &b->dy[s - 1], &b->dy_pow2[s - 1]) != 0)
         return -EPROTO;
     b->dx_peer[s] = q->peer;
     return engine_next(r, q->mb, R_BWD, s - 1);

@@ -17,12 +17,11 @@ static size_t s_mb_bytes(const swarm_engine_t *r, const mb_t *b)
     size_t n = 0, acts = engine_acts_count(r);
     for (int s = 0; s <= r->stages; s++)
         if (b->in[s])
-            n += s == 0 ? r->tok_bytes : (size_t) net_codec_bytes(b->in_dtype[s], acts);
-    if (b->targets)
-        n += r->tok_bytes;
+            n += (size_t) net_codec_bytes(net_msg_head_const(b->in[s])->tensors[0].dtype, acts);
+    n += (b->tokens ? r->tok_bytes : 0) + (b->targets ? r->tok_bytes : 0);
     for (int s = 0; s < r->stages; s++)
         if (b->dy[s])
-            n += (size_t) net_codec_bytes(b->dy_dtype[s], acts);
+            n += (size_t) net_codec_bytes(net_msg_head_const(b->dy[s])->tensors[0].dtype, acts);
     if (b->spot) {
         n += (size_t) r->stages * sizeof *b->spot;
         for (int s = 0; s < r->stages; s++)

@@ -245,16 +245,17 @@ size_t engine_acts_count(const swarm_engine_t *r)
     return (size_t) r->hp.micro * r->hp.cfg.T * r->hp.cfg.C;
 }
 
-// Append activations kept as wire bytes (dtype, 2^pow2 scale) to m as
-// tensor i: the pow2 goes into meta (*meta, appended).
-int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const void *bytes, int dtype, int pow2,
-                    char *meta, size_t cap)
+// Append activations kept in the message src that carried them (its tensor
+// 0, shared: no copy; 2^pow2 scale) to m as tensor i: the pow2 goes into
+// meta (*meta, appended).
+int engine_acts_add(const swarm_engine_t *r, net_msg_t *m, const net_msg_t *src, int pow2, char *meta,
+                    size_t cap)
 {
     uint32_t dims[3] = { (uint32_t) r->hp.micro, (uint32_t) r->hp.cfg.T, (uint32_t) r->hp.cfg.C };
     int i = net_msg_head_const(m)->ntensors;
     if (pow2 != 0)
         snprintf(meta + strlen(meta), cap - strlen(meta), "pow2_%d=%d\n", i, pow2);
-    return net_msg_add_raw(m, dtype, dims, 3, bytes, net_codec_bytes(dtype, engine_acts_count(r)));
+    return net_msg_add_shared(m, src, 0, dims, 3);
 }
 
 // ---- the router's own link ---------------------------------------------------

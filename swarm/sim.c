@@ -718,7 +718,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     for (int st = 0; st < c->stages; st++)
         free(s->step_sum[st]);
     free(s->ones);
-    free(s->ones_wire);
+    net_msg_destroy(&s->ones_wire);
     free(s->in);
     for (int k = 0; k < SIM_LIES; k++)
         free(s->lies[k]);

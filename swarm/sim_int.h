@@ -121,8 +121,7 @@ typedef struct {
     float *step_sum[SWARM_MAX_STAGES]; // a whole step's gradient sum at each stage, once made
     sim_applied_t applied[SWARM_MAX_STAGES]; // each stage's last exact update's hash
     float *ones;             // (micro, T, C) ones: every activation a peer sends
-    void *ones_wire;         // the same, encoded in --wire once (sent as it is)
-    size_t ones_bytes;
+    net_msg_t *ones_wire;    // the same as tensor 0, encoded in --wire once (its frame shared)
     float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
     float *in;               // the same shape: an input decoded, to read (sim_peer.c)
     struct churn_copy *copies; // --churn: each copy's place in the trace

@@ -13,12 +13,13 @@ static int s_lying(const sim_peer_t *pe, int how)
     return pe->lie == how && pe->step >= pe->lie_from;
 }
 
-// Micro-batch i's gradient at stage s, element j: a small integer, so that
-// any sum of them is exact in fp32, and positive, so that no sum of them
-// is zero (the router refuses a zero sum of work: engine_grad_plausible).
-static float s_grad_of(int i, int s, size_t j)
+// Micro-batch i's gradient at stage s, each element of it: a small
+// integer, so that any sum of them is exact in fp32, and positive, so that
+// no sum of them is zero (the router refuses a zero sum of work:
+// engine_grad_plausible).
+static float s_grad_of(int i, int s)
 {
-    return (float) ((i * 31u + j * 7u + (unsigned) s * 13u) % 7u + 1u);
+    return (float) ((i * 31u + (unsigned) s * 13u) % 7u + 1u);
 }
 
 // The sum of a whole step's micro-batches at stage st (the same every
@@ -31,7 +32,7 @@ static const float *s_step_sum(sim_t *s, int st)
             abort();
         for (size_t j = 0; j < n; j++)
             for (int i = 0; i < s->G; i++)
-                s->step_sum[st][j] += s_grad_of(i, st, j);
+                s->step_sum[st][j] += s_grad_of(i, st);
     }
     return s->step_sum[st];
 }
@@ -66,8 +67,9 @@ static int s_tainted(sim_t *s, const net_msg_t *req)
 static void s_grad_add(sim_t *s, const sim_peer_t *pe, float *g, int mb, int tainted)
 {
     size_t n = s->c->stage_n[pe->stage];
+    float x = s_grad_of(mb, pe->stage);
     for (size_t j = 0; j < n; j++)
-        g[j] += s_grad_of(mb, pe->stage, j);
+        g[j] += x;
     if (tainted && n > 0)
         g[0] += 0.5f;
 }
@@ -270,13 +272,12 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int taint
                   * (how == SIM_LIE_DX ? -1.0f : 1000.0f);
     int raw = how && how != SIM_LIE_DRIFT; // a lie past the encoder's checks (drift's are plausible)
     if (!how && !s->ones_wire) { // the honest ones, encoded once
-        s->ones_bytes = net_codec_bytes(s->c->wire, n);
-        if (!(s->ones_wire = malloc(s->ones_bytes))
-            || net_codec_encode(s->c->wire, s->ones, n, s->ones_wire, s->ones_bytes) != 0)
+        if (!(s->ones_wire = net_msg_new(NET_MSG_RESULT))
+            || net_msg_add_tensor(s->ones_wire, s->c->wire, dims, 3, s->ones) != 0)
             abort();
     }
     int rc = raw   ? net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, *x, n * sizeof(float))
-           : !how ? net_msg_add_raw(m, s->c->wire, dims, 3, s->ones_wire, s->ones_bytes)
+           : !how ? net_msg_add_shared(m, s->ones_wire, 0, dims, 3)
                   : net_msg_add_tensor(m, s->c->wire, dims, 3, *x);
     if (rc != 0)
         abort();

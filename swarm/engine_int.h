@@ -140,6 +140,7 @@ typedef struct {
     char device[128];        // node's device
     int stage;               // assigned stage, -1 before
     int state;               // P_*
+    int ready_k;             // its place among its stage's ready peers (engine_ready_at), once
     double tok_s;            // tokens per second, EMA over its requests
     int inflight;            // requests outstanding
     int working;             // of them FWD/BWD (its busy time runs while > 0)

@@ -52,6 +52,13 @@ static void s_ready_del(engine_ready_t *l, int p)
     l->n--;
 }
 
+// Ready peers of l from place k on were moved: each is told its place.
+static void s_ready_places(swarm_engine_t *r, const engine_ready_t *l, int k)
+{
+    for (; k < l->n; k++)
+        r->peers[l->peer[k]].ready_k = k;
+}
+
 static void s_route_forget(engine_route_t *rt, int p);
 static void s_list_del(engine_ready_t *l, int p);
 
@@ -66,6 +73,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         int k = s_ready_slot(l, p);
         memmove(&rt->view[k], &rt->view[k + 1], (size_t) (l->n - k - 1) * sizeof rt->view[0]);
         s_ready_del(l, p);
+        s_ready_places(r, l, k);
         s_route_forget(rt, p);
         rt->gen++;
         engine_audits_touch(r, pe->stage);
@@ -86,6 +94,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         rt->view = view;
         int k = s_ready_slot(l, p);
         memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
+        s_ready_places(r, l, k);
         engine_route_touch(r, p);
         engine_audits_touch(r, pe->stage);
     }
@@ -99,15 +108,21 @@ int engine_joining_to(const swarm_engine_t *r, int stage)
     return 0;
 }
 
-// Peer p's place among the ready peers of `stage`, or -1 when it is not one.
+// Peer p's place among the ready peers of `stage`, or -1 when it is not one:
+// the place it was given (s_ready_places), where it still holds, else a
+// binary search (a routing pick's peer is looked up several times a reply).
 int engine_ready_at(const swarm_engine_t *r, int stage, int p)
 {
     if (stage < 0 || stage >= r->stages || p < 0)
         return -1;
     const engine_ready_t *l = &r->ready[stage];
-    int k = s_ready_slot(l, p);
+    int k = r->peers[p].ready_k;
+    if (k >= 0 && k < l->n && l->peer[k] == p)
+        return k;
+    k = s_ready_slot(l, p);
     return k < l->n && l->peer[k] == p ? k : -1;
 }
+
 
 int engine_ready_count(const swarm_engine_t *r, int stage)
 {

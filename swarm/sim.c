@@ -33,33 +33,33 @@ void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m)
         if (!s->heap)
             abort();
     }
+    event_t ev = { t, s->seq++, type, peer, m };
     int i = s->nheap++;
-    s->heap[i] = (event_t) { t, s->seq++, type, peer, m };
-    while (i > 0 && s_before(&s->heap[i], &s->heap[(i - 1) / 2])) {
-        event_t tmp = s->heap[i];
-        s->heap[i] = s->heap[(i - 1) / 2];
-        s->heap[(i - 1) / 2] = tmp;
-        i = (i - 1) / 2;
-    }
+    for (; i > 0 && s_before(&ev, &s->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        s->heap[i] = s->heap[(i - 1) / 2]; // parents move down into the hole
+    s->heap[i] = ev;
 }
 
+// The earliest event. The hole at the top goes down the earlier child all
+// the way to a leaf (one comparison a level, not two: most of a big sim's
+// events are far from the first), then the last event rises into it from
+// there. Ties cannot happen (seq), so the order is the order of any heap.
 static event_t s_pop(sim_t *s)
 {
-    event_t top = s->heap[0];
-    s->heap[0] = s->heap[--s->nheap];
-    for (int i = 0;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < s->nheap && s_before(&s->heap[l], &s->heap[m]))
-            m = l;
-        if (r < s->nheap && s_before(&s->heap[r], &s->heap[m]))
-            m = r;
-        if (m == i)
-            break;
-        event_t tmp = s->heap[i];
-        s->heap[i] = s->heap[m];
-        s->heap[m] = tmp;
-        i = m;
+    event_t top = s->heap[0], last = s->heap[--s->nheap];
+    int i = 0, n = s->nheap;
+    if (n == 0)
+        return top;
+    for (int l = 1; l < n; l = 2 * i + 1) {
+        int c = l + 1 < n && s_before(&s->heap[l + 1], &s->heap[l]) ? l + 1 : l;
+        s->heap[i] = s->heap[c];
+        i = c;
     }
+    while (i > 0 && s_before(&last, &s->heap[(i - 1) / 2])) {
+        s->heap[i] = s->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    s->heap[i] = last;
     return top;
 }
 
@@ -720,6 +720,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
     free(s->ones);
     net_msg_destroy(&s->ones_wire);
     free(s->in);
+    free(s->sum);
     for (int k = 0; k < SIM_LIES; k++)
         free(s->lies[k]);
     free(s->copies);

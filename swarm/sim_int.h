@@ -124,6 +124,7 @@ typedef struct {
     net_msg_t *ones_wire;    // the same as tensor 0, encoded in --wire once (its frame shared)
     float *lies[SIM_LIES];   // the same shape, as a liar sends it (NaN, scale), once made
     float *in;               // the same shape: an input decoded, to read (sim_peer.c)
+    float *sum;              // [max_stage_n] an UPDATE's sum decoded (sim_peer.c)
     struct churn_copy *copies; // --churn: each copy's place in the trace
     int ncopies;
     double churn_f;          // machines of the trace to peers of a copy

@@ -25,8 +25,12 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
         // seconds until it is through everything it holds and this; the
         // peer holding the activations has the work counted already and
         // wins ties
-        double rate = p->tok_s > 1.0 ? p->tok_s : 1.0;
-        double t = (p->backlog + (i == prefer ? 0.0 : work)) / rate;
+        // (one clearly later than the best is passed over by a product,
+        // without the division: see swarm_policy_pick_fit)
+        double rate = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + (i == prefer ? 0.0 : work);
+        if (best >= 0 && x > best_t * rate * (1.0 + 0x1p-50))
+            continue;
+        double t = x / rate;
         if (best < 0 || t < best_t || (t == best_t && i == prefer)) {
             best = i;
             best_t = t;
@@ -58,14 +62,18 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
     }
     if (!replicas)
         return -1;
-    double end = (held + (left > 1 ? left : 1) * work) / rate;
+    double end = (held + (left > 1 ? left : 1) * work) / rate, lim = end * (1.0 + 1e-9);
     int dry = -1, fits = 0;
     for (int i = 0; i < n; i++) {
         const swarm_peer_view_t *p = &peers[i];
         if (!p->ready || p->stage != stage)
             continue;
-        double r = p->tok_s > 1.0 ? p->tok_s : 1.0;
-        if ((p->backlog + work) / r > end * (1.0 + 1e-9))
+        // done in time: (backlog + work) / r <= lim, as the division rounds,
+        // by a product where it is clear (both round within 2^-52, far
+        // inside 2^-50), by the division only where it is close (a pick
+        // reads every replica's row: a division each was most of its time)
+        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + work, y = lim * r;
+        if (x > y * (1.0 + 0x1p-50) || (x >= y * (1.0 - 0x1p-50) && x / r > lim))
             continue;
         fits++;
         if (s_dry(p) && (dry < 0 || p->inflight < peers[dry].inflight

@@ -12,7 +12,7 @@
 # own speed (CHURN_SCALE=20: twenty times faster), and a Poisson departure
 # a peer-hour. A benchmark: prints, asserts nothing (each run's own
 # invariants must hold, or it says which failed). At 10,000 peers a steady
-# step takes about 0.45 s of this machine's core, a step under churn 0.8-1.5.
+# step takes about 0.4 s of this machine's core, a step under churn 0.3-0.5.
 #   STEPS=1000 PEERS="100 1000 10000" CHURN="oobleck-g4dn.csv" scripts/sim-scale.sh build
 set -eu
 BUILD=${1:-build}

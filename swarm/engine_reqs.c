@@ -389,6 +389,18 @@ int engine_close(const float *a, const float *b, size_t n, double tol)
     return d <= tol * tol * (m > 1e-30 ? m : 1e-30);
 }
 
+double swarm_sumsq(const float *x, size_t n)
+{
+    double sq[4] = {0.0, 0.0, 0.0, 0.0};
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int k = 0; k < 4; k++)
+            sq[k] += (double) x[j + k] * x[j + k];
+    for (; j < n; j++)
+        sq[0] += (double) x[j] * x[j];
+    return (sq[0] + sq[1]) + (sq[2] + sq[3]);
+}
+
 int engine_loss_close(float a, float b)
 {
     return fabsf(a - b) <= 1e-4f * fmaxf(1.0f, fabsf(b));

@@ -428,16 +428,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         }
         pe->norm_only = s_meta_is(req, "norm_only");
         net_msg_t *r = net_msg_reply(req, NET_MSG_GRAD);
-        // (four sums, not one chain: a sum of halves and small integers
-        // is exact in any order, the same bits)
-        double sq[4] = {0.0, 0.0, 0.0, 0.0};
-        size_t j = 0;
-        for (; j + 4 <= n; j += 4)
-            for (int k = 0; k < 4; k++)
-                sq[k] += (double) pe->grad[j + k] * pe->grad[j + k];
-        for (; j < n; j++)
-            sq[0] += (double) pe->grad[j] * pe->grad[j];
-        double sumsq = (sq[0] + sq[1]) + (sq[2] + sq[3]);
+        double sumsq = swarm_sumsq(pe->grad, n); // (halves and small integers: exact)
         if (s_lying(pe, SIM_LIE_SUMSQ))
             sumsq = 1e300; // a norm that clips every stage's update to nothing
         char meta[128];

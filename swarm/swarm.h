@@ -37,6 +37,11 @@ int swarm_data_check(const swarm_data_t *self, int T, char *err, size_t errlen);
 
 // splitmix64: advance *state and return the next value.
 uint64_t swarm_splitmix64(uint64_t *state);
+// The sum of squares of x[0..n) in double, in four chains of adds (a
+// quarter of one chain's latency): the same as one chain's where every
+// square and partial sum is exact (small integers and halves, as the
+// sim's gradients), within rounding of it otherwise.
+double swarm_sumsq(const float *x, size_t n);
 
 // Windows [first, first + count) of training step `step` (B windows a step,
 // one stream from `seed` running on across steps): x, y are (count, T).

@@ -82,6 +82,11 @@ out_destroy:
     return NULL;
 }
 
+size_t net_msg_overhead(void)
+{
+    return sizeof(net_msg_t);
+}
+
 net_head_t *net_msg_head(net_msg_t *self)
 {
     return &self->head;

@@ -125,6 +125,8 @@ net_msg_t *net_msg_new(int type);
 net_msg_t *net_msg_reply(const net_msg_t *req, int type);
 // A copy that shares the payload frames (reference counted). NULL on OOM.
 net_msg_t *net_msg_dup(const net_msg_t *self);
+// Bytes a message takes besides its frames' (for memory accounts).
+size_t net_msg_overhead(void);
 void net_msg_destroy(net_msg_t **self_p);
 
 // The header: set type, flags, id, step, stage, mb through it; the rest is

@@ -11,17 +11,20 @@
 // ---- what the engine holds now ----
 
 // Bytes micro-batch b holds besides its mb_t: its tokens and targets,
-// each stage's input and output gradient as wire bytes, its spot checks.
+// each stage's input and output gradient as wire bytes (and the reply
+// that carried them, which it keeps), its spot checks.
 static size_t s_mb_bytes(const swarm_engine_t *r, const mb_t *b)
 {
     size_t n = 0, acts = engine_acts_count(r);
     for (int s = 0; s <= r->stages; s++)
         if (b->in[s])
-            n += (size_t) net_codec_bytes(net_msg_head_const(b->in[s])->tensors[0].dtype, acts);
+            n += (size_t) net_codec_bytes(net_msg_head_const(b->in[s])->tensors[0].dtype, acts)
+                 + net_msg_overhead();
     n += (b->tokens ? r->tok_bytes : 0) + (b->targets ? r->tok_bytes : 0);
     for (int s = 0; s < r->stages; s++)
         if (b->dy[s])
-            n += (size_t) net_codec_bytes(net_msg_head_const(b->dy[s])->tensors[0].dtype, acts);
+            n += (size_t) net_codec_bytes(net_msg_head_const(b->dy[s])->tensors[0].dtype, acts)
+                 + net_msg_overhead();
     if (b->spot) {
         n += (size_t) r->stages * sizeof *b->spot;
         for (int s = 0; s < r->stages; s++)
@@ -128,10 +131,11 @@ size_t engine_memory_bound(const swarm_engine_t *r, int live_peers)
     n += (4 + (r->o.save ? 3 : 0)) * N * sizeof(float) + 2 * A + r->max_stage_n * sizeof(float);
     // each micro-batch: its struct, tokens and targets, an input to each
     // stage after the first and an output gradient to each before the last
-    // (wire bytes: at most f32), a spot check at each stage, with three
-    // outputs at each stage but the last (which checks losses)
-    n += G * (sizeof(mb_t) + 2 * r->tok_bytes + 2 * (S - 1) * A + S * sizeof(spot_t)
-              + 3 * (S - 1) * A);
+    // (wire bytes: at most f32, with the reply that carried them), a spot
+    // check at each stage, with three outputs at each stage but the last
+    // (which checks losses)
+    n += G * (sizeof(mb_t) + 2 * r->tok_bytes + 2 * (S - 1) * (A + net_msg_overhead())
+              + S * sizeof(spot_t) + 3 * (S - 1) * A);
     // the peer table (with views, scratch, owed and the audits' hand-out
     // scratch, as large as the table when made) and its index by key: a new
     // entry is made only when fewer than PEERS_KEEP_DEAD are dead or none of

@@ -99,9 +99,8 @@ const net_head_t *net_msg_head_const(const net_msg_t *self)
 
 // ---- building --------------------------------------------------------------
 
-// Check a shape the caller gives and open its frame: on 0, the next tensor
-// slot holds an initialised frame of the right size (not yet counted).
-// A new tensor's shape, checked (its frame is not made yet).
+// Check a shape the caller gives for the next tensor (its frame is not
+// made yet).
 static int s_tensor_shape(const net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
                           net_shape_t *shape)
 {
@@ -123,6 +122,8 @@ static int s_tensor_shape(const net_msg_t *self, int dtype, const uint32_t *dims
     return 0;
 }
 
+// Check a shape the caller gives and open its frame: on 0, the next tensor
+// slot holds an initialised frame of the right size (not yet counted).
 static int s_tensor_open(net_msg_t *self, int dtype, const uint32_t *dims, int ndims,
                          net_shape_t *shape)
 {

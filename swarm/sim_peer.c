@@ -267,9 +267,10 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int taint
         if (how == SIM_LIE_NAN)
             (*x)[n / 2] = NAN;
     }
+    uint32_t own = (uint32_t) (pe - s->peers) * 0x9e3779b9u; // the liar's pattern
     for (size_t j = 0; (how == SIM_LIE_DX || how == SIM_LIE_SCALE) && j < n; j++)
-        (*x)[j] = ((uint32_t) (j * 2654435761u + (size_t) (pe - s->peers) * 0x9e3779b9u) >> 30 ? 1.0f : -1.0f)
-                  * (how == SIM_LIE_DX ? -1.0f : 1000.0f);
+        (*x)[j] = ((uint32_t) j * 2654435761u + own) >> 30 ? (how == SIM_LIE_DX ? -1.0f : 1000.0f)
+                                                          : (how == SIM_LIE_DX ? 1.0f : -1000.0f);
     int raw = how && how != SIM_LIE_DRIFT; // a lie past the encoder's checks (drift's are plausible)
     if (!how && !s->ones_wire) { // the honest ones, encoded once
         if (!(s->ones_wire = net_msg_new(NET_MSG_RESULT))

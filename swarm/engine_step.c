@@ -179,7 +179,7 @@ static net_msg_t *s_update_sum(const swarm_engine_t *r, int s, int *pow2)
 
 // UPDATE of `step` to peer p: its stage's summed gradient (sum, from
 // s_update_sum, with its pow2; NULL: its stage has one replica, which
-// kept its own) and the optimizer's scalars; others >= 0 (its own kept,
+// kept its own, and pow2 is not read) and the optimizer's scalars; others >= 0 (its own kept,
 // sent before its norm is known): the other stages' sum of squares and
 // the clip bound in place of the clip factor, which the node forms as the
 // router would. A pipelined UPDATE (the next step does not wait for it)
@@ -200,7 +200,7 @@ static int s_update_to(swarm_engine_t *r, int p, long step, double lr, float sca
         snprintf(clip, sizeof clip, "scale=%a", (double) scale);
     if ((sum && (rc = net_msg_add_shared(m, sum, 0, dims, 1)) != 0)
         || (rc = engine_meta(m, "lr=%a\n%s\nwd=%a\nt=%ld\npow2_0=%d\n", lr, clip,
-                             r->hp.weight_decay, step + 1, pow2)) != 0) {
+                             r->hp.weight_decay, step + 1, sum ? pow2 : 0)) != 0) {
         net_msg_destroy(&m);
         return rc;
     }
@@ -234,8 +234,7 @@ static void s_update_all(swarm_engine_t *r, int self, long step, double lr, floa
                 continue;
             if (to == 1 && !sum && !(sum = s_update_sum(r, s, &pow2)))
                 continue; // out of memory: as a send that failed
-            s_ignore(s_update_to(r, p, step, lr, scale, -1.0, to == 1 ? sum : NULL, to == 1 ? pow2 : 0,
-                                 pipelined));
+            s_ignore(s_update_to(r, p, step, lr, scale, -1.0, to == 1 ? sum : NULL, pow2, pipelined));
         }
         net_msg_destroy(&sum);
     }

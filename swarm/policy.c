@@ -14,6 +14,21 @@
 #include <math.h>
 #include <stddef.h>
 
+// x / r against t without the division where a product settles it: the
+// two round within 2^-52 of each other, far inside the margin of 2^-50, so
+// where neither of these holds the division decides, and every answer is
+// the division's. (A pick reads every replica's row: a division each was
+// most of its time.)
+static int s_surely_after(double x, double r, double t)
+{
+    return x > t * r * (1.0 + 0x1p-50);
+}
+
+static int s_surely_before(double x, double r, double t)
+{
+    return x < t * r * (1.0 - 0x1p-50);
+}
+
 int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double work)
 {
     int best = -1;
@@ -25,11 +40,9 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
         // seconds until it is through everything it holds and this; the
         // peer holding the activations has the work counted already and
         // wins ties
-        // (one clearly later than the best is passed over by a product,
-        // without the division: see swarm_policy_pick_fit)
         double rate = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + (i == prefer ? 0.0 : work);
-        if (best >= 0 && x > best_t * rate * (1.0 + 0x1p-50))
-            continue;
+        if (best >= 0 && s_surely_after(x, rate, best_t))
+            continue; // later than the best: neither earlier nor a tie
         double t = x / rate;
         if (best < 0 || t < best_t || (t == best_t && i == prefer)) {
             best = i;
@@ -68,13 +81,9 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
         const swarm_peer_view_t *p = &peers[i];
         if (!p->ready || p->stage != stage)
             continue;
-        // done in time: (backlog + work) / r <= lim, as the division rounds,
-        // by a product where it is clear (both round within 2^-52, far
-        // inside 2^-50), by the division only where it is close (a pick
-        // reads every replica's row: a division each was most of its time)
-        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + work, y = lim * r;
-        if (x > y * (1.0 + 0x1p-50) || (x >= y * (1.0 - 0x1p-50) && x / r > lim))
-            continue;
+        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + work;
+        if (s_surely_after(x, r, lim) || (!s_surely_before(x, r, lim) && x / r > lim))
+            continue; // not done in time
         fits++;
         if (s_dry(p) && (dry < 0 || p->inflight < peers[dry].inflight
                          || (p->inflight == peers[dry].inflight && r > peers[dry].tok_s)))

@@ -390,7 +390,7 @@ static void s_doubt_claim(swarm_engine_t *r, int p)
     int low = pe->samples == 0 && pe->node_tok_s > 0.0 && pe->node_tok_s < r->speed_floor;
     if (low && !pe->claim_low && engine_loud(r, pe->who.key, note, sizeof note)) {
         char held[96];
-        if (engine_claim_unbelieved(r, pe)) // (engine_peers.c: routed, and timed, as the fastest)
+        if (engine_claim_unbelieved(r, pe)) // (engine_route.c: routed, and timed, as the fastest)
             snprintf(held, sizeof held, "it is taken for its stage's fastest (%.0f tok/s), and so "
                      "are its deadlines", r->route[pe->stage].fastest);
         else

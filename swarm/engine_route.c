@@ -1,0 +1,339 @@
+/* engine_route.c - each stage's ready peers and the rows a routing pick
+ * reads: the ready lists kept in index order as peers come and go, the
+ * views the policy sees (of the whole table, or a stage's rows), a peer
+ * not measured yet routed at its guess, and why a stage's held forward is
+ * held still (swarm_hold_t) kept as its rows change.
+ */
+#include "engine_int.h"
+
+#include <assert.h>
+
+// ---- each stage's ready peers (engine_ready_t): kept in ascending index
+// as peers come and go, so that finding them costs O(replicas), not a scan
+// of the table ----
+
+// Where p is or would go in l: the first entry not below it.
+static int s_ready_slot(const engine_ready_t *l, int p)
+{
+    int lo = 0, hi = l->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->peer[mid] < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void engine_list_add(engine_ready_t *l, int p)
+{
+    int k = s_ready_slot(l, p);
+    if (k < l->n && l->peer[k] == p)
+        return;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        int *peer = realloc(l->peer, (size_t) cap * sizeof *peer);
+        if (!peer)
+            abort(); // bookkeeping (STYLE.md: small allocations may abort)
+        l->peer = peer;
+        l->cap = cap;
+    }
+    memmove(&l->peer[k + 1], &l->peer[k], (size_t) (l->n - k) * sizeof l->peer[0]);
+    l->peer[k] = p;
+    l->n++;
+}
+
+static void s_ready_del(engine_ready_t *l, int p)
+{
+    int k = s_ready_slot(l, p);
+    assert(k < l->n && l->peer[k] == p);
+    memmove(&l->peer[k], &l->peer[k + 1], (size_t) (l->n - k - 1) * sizeof l->peer[0]);
+    l->n--;
+}
+
+// Ready peers of l from place k on were moved: each is told its place.
+static void s_ready_places(swarm_engine_t *r, const engine_ready_t *l, int k)
+{
+    for (; k < l->n; k++)
+        r->peers[l->peer[k]].ready_k = k;
+}
+
+static void s_route_forget(engine_route_t *rt, int p);
+static void s_list_del(engine_ready_t *l, int p);
+
+void engine_peer_state(swarm_engine_t *r, int p, int state)
+{
+    peer_t *pe = &r->peers[p];
+    assert(pe->state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
+    assert(state != P_READY || (pe->stage >= 0 && pe->stage < r->stages));
+    if (pe->state == P_READY) {
+        engine_ready_t *l = &r->ready[pe->stage];
+        engine_route_t *rt = &r->route[pe->stage];
+        int k = s_ready_slot(l, p);
+        memmove(&rt->view[k], &rt->view[k + 1], (size_t) (l->n - k - 1) * sizeof rt->view[0]);
+        s_ready_del(l, p);
+        s_ready_places(r, l, k);
+        s_route_forget(rt, p);
+        rt->gen++;
+        engine_audits_touch(r, pe->stage);
+    }
+    if (pe->state == P_JOINING)
+        s_list_del(&r->joining, p);
+    if (state == P_JOINING)
+        engine_list_add(&r->joining, p);
+    pe->state = state;
+    if (state == P_READY) {
+        assert(engine_ready_at(r, pe->stage, p) < 0);
+        engine_ready_t *l = &r->ready[pe->stage];
+        engine_route_t *rt = &r->route[pe->stage];
+        engine_list_add(l, p);
+        swarm_peer_view_t *view = realloc(rt->view, (size_t) l->cap * sizeof *view);
+        if (!view)
+            abort(); // bookkeeping (STYLE.md: small allocations may abort)
+        rt->view = view;
+        int k = s_ready_slot(l, p);
+        memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
+        s_ready_places(r, l, k);
+        engine_route_touch(r, p);
+        engine_audits_touch(r, pe->stage);
+    }
+}
+
+// Peer p's place among the ready peers of `stage`, or -1 when it is not one:
+// the place it was given (s_ready_places), where it still holds, else a
+// binary search (a routing pick's peer is looked up several times a reply).
+int engine_ready_at(const swarm_engine_t *r, int stage, int p)
+{
+    if (stage < 0 || stage >= r->stages || p < 0)
+        return -1;
+    const engine_ready_t *l = &r->ready[stage];
+    int k = r->peers[p].ready_k;
+    if (k >= 0 && k < l->n && l->peer[k] == p)
+        return k;
+    k = s_ready_slot(l, p);
+    return k < l->n && l->peer[k] == p ? k : -1;
+}
+
+int engine_ready_count(const swarm_engine_t *r, int stage)
+{
+    if (stage >= 0)
+        return stage < r->stages ? r->ready[stage].n : 0;
+    int n = 0;
+    for (int s = 0; s < r->stages; s++)
+        n += r->ready[s].n;
+    return n;
+}
+
+// ---- the views the policy sees ----
+
+// What peer p holds, in training tokens (swarm_peer_view_t.backlog): its
+// FWD/BWD requests in flight and the backwards it owes for the forwards it
+// ran this step whose BWD is not sent yet (owed[], engine_mb_at).
+static double s_backlog(const swarm_engine_t *r, int p)
+{
+    return (double) r->hp.micro * r->hp.cfg.T * (r->peers[p].held_thirds + r->owed[p]) / 3.0;
+}
+
+// Peer p as the policy sees it, with its speed tok_s and backlog.
+static swarm_peer_view_t s_view(const peer_t *p, double tok_s, double backlog)
+{
+    return (swarm_peer_view_t) {
+        .stage = p->stage, .ready = p->state == P_READY && !p->failed,
+        .joining = p->state == P_JOINING, .inflight = p->inflight, .queue = p->queue,
+        .backlog = backlog, .rtt = p->rtt, .tok_s = tok_s, .moved_at = p->moved_at,
+        .memory = p->memory,
+        // the seconds of compute its requests in flight take, as it reports
+        // them (the router's own speed of a peer counts its link's time too)
+        .ahead = p->held_kind[0] * p->busy[0] + p->held_kind[1] * p->busy[1],
+    };
+}
+
+// A peer not measured yet is routed as fast as its stage's fastest measured
+// replica (or its own first guess, when higher), so that it is handed work
+// and measured: a guess a little low would lose every tie. But a guess
+// under 1/GUESS_NEAR of that fastest is believed: its HELLO's claim (the
+// node's benchmark) times the median, over the stage's measured replicas,
+// of measure over claim. A slow joiner then gets a forward only where it
+// is done by its stage's end of step (docs/scale.md, "A joiner far slower
+// than its stage"). One under 1/GUESS_FAR is a liar's (slowclaim says a
+// millionth of its speed): routed as the fastest, its work is held to the
+// fastest's deadline too (a peer not measured yet whose word is under the
+// deadlines' floor is timed as it is routed, engine_fail.c's s_work_ms),
+// not to that floor, which, 1/20 of the median measured, is no line between
+// the two (every CPU joining a stage of GPUs is under it).
+#define GUESS_NEAR 4.0
+#define GUESS_FAR 1000.0
+
+// Peer pe's first guess (not measured yet, on a stage).
+static double s_guess(const swarm_engine_t *r, const peer_t *pe)
+{
+    double ratio = r->route[pe->stage].ratio;
+    return ratio > 0.0 && pe->hello_tok_s > 0.0 ? pe->hello_tok_s * ratio : pe->tok_s;
+}
+
+double engine_routed_tok_s(const swarm_engine_t *r, const peer_t *pe, double fastest)
+{
+    if (pe->samples > 0 || pe->stage < 0)
+        return pe->tok_s;
+    double guess = s_guess(r, pe);
+    if (guess * GUESS_NEAR < fastest && guess * GUESS_FAR >= fastest)
+        return guess;
+    return fastest > pe->tok_s ? fastest : pe->tok_s;
+}
+
+int engine_claim_unbelieved(const swarm_engine_t *r, const peer_t *pe)
+{
+    if (pe->samples > 0 || pe->stage < 0 || pe->stage >= r->stages)
+        return 0;
+    return s_guess(r, pe) * GUESS_FAR < r->route[pe->stage].fastest;
+}
+
+int engine_route_held_back(swarm_engine_t *r, int p)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->state != P_READY || pe->samples > 0)
+        return 0;
+    int n;
+    const swarm_peer_view_t *rows = engine_route_views(r, pe->stage, &n); // (and the fastest)
+    return rows[engine_ready_at(r, pe->stage, p)].tok_s < r->route[pe->stage].fastest;
+}
+
+// The peer table as the policy sees it: for routing (optimistic), a peer
+// not measured yet at engine_routed_tok_s; rebalancing sees the speeds as
+// measured (a newcomer at its first guess). O(peers): for what runs per
+// event (admission, refills, rebalancing), not per request.
+void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic)
+{
+    double fastest[SWARM_MAX_STAGES] = {0};
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        if (p->state == P_READY && p->samples > 0 && p->stage >= 0 && p->tok_s > fastest[p->stage])
+            fastest[p->stage] = p->tok_s;
+    }
+    for (int i = 0; i < r->npeers; i++) {
+        const peer_t *p = &r->peers[i];
+        double tok_s = optimistic && p->stage >= 0 ? engine_routed_tok_s(r, p, fastest[p->stage])
+                                                   : p->tok_s;
+        v[i] = s_view(p, tok_s, s_backlog(r, i));
+    }
+}
+
+void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v)
+{
+    engine_views_as(r, v, 1);
+}
+
+// The speed a peer counts at in the bound (engine_stage_capacity): what
+// the node says it sustains, unless the router doubts it or has not heard
+// it yet (then the router's own measure, tok_s).
+double engine_bound_speed(const peer_t *pe)
+{
+    return !pe->claim_doubted && pe->node_tok_s > 0.0 ? pe->node_tok_s : pe->tok_s;
+}
+
+// ---- the rows a routing pick reads (engine_route_t) ----
+
+static void s_list_del(engine_ready_t *l, int p)
+{
+    int k = s_ready_slot(l, p);
+    if (k < l->n && l->peer[k] == p)
+        s_ready_del(l, p);
+}
+
+// p is no longer one of the stage's ready peers.
+static void s_route_forget(engine_route_t *rt, int p)
+{
+    s_list_del(&rt->unmeasured, p);
+    if (rt->fastest_peer == p)
+        rt->fastest_peer = -1;
+}
+
+void engine_route_touch(swarm_engine_t *r, int p)
+{
+    const peer_t *pe = &r->peers[p];
+    if (pe->state != P_READY)
+        return;
+    engine_route_t *rt = &r->route[pe->stage];
+    int k = engine_ready_at(r, pe->stage, p);
+    assert(k >= 0);
+    rt->view[k] = s_view(pe, pe->tok_s, s_backlog(r, p));
+    rt->gen++;
+    if (pe->samples == 0) {
+        engine_list_add(&rt->unmeasured, p);
+        if (rt->fastest_peer == p)
+            rt->fastest_peer = -1;
+        if (rt->fastest_peer == -1)
+            rt->rows_fastest = -1.0; // every row, once the fastest is found again
+        else
+            rt->view[k].tok_s = engine_routed_tok_s(r, pe, rt->fastest);
+        return;
+    }
+    s_list_del(&rt->unmeasured, p);
+    if (rt->fastest_peer != -1 && pe->tok_s >= rt->fastest) {
+        rt->fastest = pe->tok_s;
+        rt->fastest_peer = p;
+    } else if (rt->fastest_peer == p) {
+        rt->fastest_peer = -1; // slower now: another may be the fastest
+    }
+}
+
+swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
+{
+    *n = 0;
+    if (s < 0 || s >= r->stages)
+        return NULL;
+    const engine_ready_t *l = &r->ready[s];
+    engine_route_t *rt = &r->route[s];
+    *n = l->n;
+    if (rt->unmeasured.n == 0)
+        return rt->view;
+    if (rt->fastest_peer == -1) { // found again: O(replicas), once each time the fastest slows or goes
+        rt->fastest = 0.0;
+        rt->fastest_peer = -2; // none measured
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            if (pe->samples > 0 && pe->tok_s > rt->fastest) {
+                rt->fastest = pe->tok_s;
+                rt->fastest_peer = l->peer[k];
+            }
+        }
+    }
+    if (rt->rows_fastest == rt->fastest)
+        return rt->view;
+    for (int j = 0; j < rt->unmeasured.n; j++) {
+        int p = rt->unmeasured.peer[j];
+        rt->view[engine_ready_at(r, s, p)].tok_s = engine_routed_tok_s(r, &r->peers[p], rt->fastest);
+    }
+    rt->rows_fastest = rt->fastest;
+    return rt->view;
+}
+
+int engine_route_check(swarm_engine_t *r)
+{
+    int bad = 0;
+    for (int s = 0; s < r->stages; s++) {
+        int n;
+        const swarm_peer_view_t *v = engine_route_views(r, s, &n);
+        const engine_ready_t *l = &r->ready[s];
+        double fastest = 0.0;
+        int unmeasured = 0;
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            unmeasured += pe->samples == 0;
+            if (pe->samples > 0 && pe->tok_s > fastest)
+                fastest = pe->tok_s;
+        }
+        bad |= unmeasured != r->route[s].unmeasured.n;
+        for (int k = 0; k < l->n; k++) {
+            const peer_t *pe = &r->peers[l->peer[k]];
+            swarm_peer_view_t w = s_view(pe, engine_routed_tok_s(r, pe, fastest), s_backlog(r, l->peer[k]));
+            const swarm_peer_view_t *h = &v[k];
+            bad |= w.stage != h->stage || w.ready != h->ready || w.joining != h->joining
+                   || w.inflight != h->inflight || w.queue != h->queue || w.backlog != h->backlog
+                   || w.ahead != h->ahead || w.rtt != h->rtt || w.tok_s != h->tok_s
+                   || w.moved_at != h->moved_at || w.memory != h->memory;
+        }
+    }
+    return bad ? -EPROTO : 0;
+}

@@ -29,6 +29,12 @@ static int s_surely_before(double x, double r, double t)
     return x < t * r * (1.0 - 0x1p-50);
 }
 
+// A replica's tok_s as a pick reads it: at least 1.
+static double s_rate(const swarm_peer_view_t *p)
+{
+    return p->tok_s > 1.0 ? p->tok_s : 1.0;
+}
+
 int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int prefer, double work)
 {
     int best = -1;
@@ -40,7 +46,7 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
         // seconds until it is through everything it holds and this; the
         // peer holding the activations has the work counted already and
         // wins ties
-        double rate = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + (i == prefer ? 0.0 : work);
+        double rate = s_rate(p), x = p->backlog + (i == prefer ? 0.0 : work);
         if (best >= 0 && s_surely_after(x, rate, best_t))
             continue; // later than the best: neither earlier nor a tie
         double t = x / rate;
@@ -62,18 +68,22 @@ static int s_dry(const swarm_peer_view_t *p)
     return p->inflight < 2 || p->ahead < 2.0 * p->rtt;
 }
 
-int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left)
+void swarm_policy_sums(const swarm_peer_view_t *peers, int n, int stage, double *held, double *rate)
 {
-    double held = 0.0, rate = 0.0;
-    int replicas = 0;
+    *held = *rate = 0.0;
     for (int i = 0; i < n; i++) {
         if (peers[i].ready && peers[i].stage == stage) {
-            held += peers[i].backlog;
-            rate += peers[i].tok_s > 1.0 ? peers[i].tok_s : 1.0;
-            replicas++;
+            *held += peers[i].backlog;
+            *rate += s_rate(&peers[i]);
         }
     }
-    if (!replicas)
+}
+
+int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left)
+{
+    double held, rate;
+    swarm_policy_sums(peers, n, stage, &held, &rate);
+    if (rate == 0.0) // (each ready row adds at least 1)
         return -1;
     double end = (held + (left > 1 ? left : 1) * work) / rate, lim = end * (1.0 + 1e-9);
     int dry = -1, fits = 0;
@@ -81,7 +91,7 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
         const swarm_peer_view_t *p = &peers[i];
         if (!p->ready || p->stage != stage)
             continue;
-        double r = p->tok_s > 1.0 ? p->tok_s : 1.0, x = p->backlog + work;
+        double r = s_rate(p), x = p->backlog + work;
         if (s_surely_after(x, r, lim) || (!s_surely_before(x, r, lim) && x / r > lim))
             continue; // not done in time
         fits++;
@@ -95,6 +105,80 @@ int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, doub
         return SWARM_HOLD; // a replica in time is busy: it takes it when it runs dry
     int e = swarm_policy_pick(peers, n, stage, -1, work);
     return e >= 0 && !s_dry(&peers[e]) ? SWARM_HOLD : e;
+}
+
+// ---- picks over a stage's rows by speed (swarm_rows_t) ----
+//
+// Each reads the rows fastest first and stops at a row whose work alone,
+// work / rate, ends after what it looks for: that row's and every slower
+// row's (backlog + work) / rate, rounded as the division rounds, cannot be
+// less (backlog >= 0, and rounding keeps the order). Ties are settled as
+// a read in index order settles them, so every answer is the same.
+
+int swarm_policy_pick_in(const swarm_rows_t *rows, int stage, int prefer, double work)
+{
+    const swarm_peer_view_t *v = rows->view;
+    int best = -1;
+    double best_t = 0.0;
+    if (prefer >= 0 && prefer < rows->n && v[prefer].ready && v[prefer].stage == stage) {
+        best = prefer; // its work counted already: it wins ties
+        best_t = v[prefer].backlog / s_rate(&v[prefer]);
+    }
+    for (int j = 0; j < rows->n; j++) {
+        int i = rows->order[j];
+        const swarm_peer_view_t *p = &v[i];
+        double rate = s_rate(p);
+        if (best >= 0 && work / rate > best_t)
+            break; // it and every slower row: done later than the best
+        if (i == prefer || !p->ready || p->stage != stage)
+            continue;
+        double t = (p->backlog + work) / rate;
+        if (best < 0 || t < best_t || (t == best_t && best != prefer && i < best)) {
+            best = i;
+            best_t = t;
+        }
+    }
+    return best;
+}
+
+int swarm_policy_pick_fit_in(const swarm_rows_t *rows, int stage, double work, int left)
+{
+    const swarm_peer_view_t *v = rows->view;
+    if (!(rows->rate >= 0.5)) // no ready row, or sums worth nothing: all of them
+        return swarm_policy_pick_fit(v, rows->n, stage, work, left);
+    double num = rows->held + (left > 1 ? left : 1) * work;
+    double lim = num / rows->rate * (1.0 + 1e-9);
+    // how far lim may be from the one of the sums a read in index order
+    // makes: the kept sums' errors, that read's own (n additions of values
+    // >= 0: n half-ulps of each sum), and a few roundings of each division
+    double doubt = lim * (rows->held_err / num + rows->rate_err / rows->rate + rows->n * 0x1p-52 + 0x1p-48);
+    double lo = lim - doubt, hi = lim + doubt;
+    int dry = -1, fits = 0;
+    for (int j = 0; j < rows->n; j++) {
+        int i = rows->order[j];
+        const swarm_peer_view_t *p = &v[i];
+        double r = s_rate(p);
+        if (work / r > hi)
+            break; // it and every slower row: not done by the end of step
+        if (!p->ready || p->stage != stage)
+            continue;
+        double t = (p->backlog + work) / r;
+        if ((t > lo && t <= hi) || !(p->tok_s >= 1.0))
+            return swarm_policy_pick_fit(v, rows->n, stage, work, left); // in doubt
+        if (t > hi)
+            continue; // not done in time
+        fits++;
+        // fastest first, ties by index: the first dry row of the fewest in
+        // flight is the one a read in index order keeps (tok_s >= 1 here)
+        if (s_dry(p) && (dry < 0 || p->inflight < v[dry].inflight))
+            dry = i;
+    }
+    if (dry >= 0)
+        return dry;
+    if (fits)
+        return SWARM_HOLD;
+    int e = swarm_policy_pick_in(rows, stage, -1, work);
+    return e >= 0 && !s_dry(&v[e]) ? SWARM_HOLD : e;
 }
 
 int swarm_policy_holds(const swarm_peer_view_t *v, const double *need, int s)

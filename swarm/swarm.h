@@ -97,6 +97,26 @@ int swarm_policy_pick(const swarm_peer_view_t *peers, int n, int stage, int pref
 // the stage has no ready peer.
 #define SWARM_HOLD (-2)
 int swarm_policy_pick_fit(const swarm_peer_view_t *peers, int n, int stage, double work, int left);
+// A stage's rows for picks that read only the rows that could be chosen:
+// in the order of their speed, the fastest first, a pick stops at the first
+// row that is too slow to finish the work in time (or before the best
+// found) with nothing held, and every row after it is slower still. The
+// stage's sums are kept alongside, as the caller updates its rows.
+typedef struct {
+    const swarm_peer_view_t *view; // [n]
+    int n;
+    const int *order; // [n] the rows by max(tok_s, 1), fastest first; ties: the lower index first
+    double held;      // the ready rows' summed backlog and summed max(tok_s, 1) as
+    double rate;      // swarm_policy_sums gives them, each within err of it (absolute)
+    double held_err, rate_err;
+} swarm_rows_t;
+// The ready rows' sums of `stage`, in index order: backlog, max(tok_s, 1).
+void swarm_policy_sums(const swarm_peer_view_t *peers, int n, int stage, double *held, double *rate);
+// swarm_policy_pick and swarm_policy_pick_fit over rows->view, the same
+// answers (where the sums kept leave a row's fit in doubt, or a row's tok_s
+// is under 1, it reads them all).
+int swarm_policy_pick_in(const swarm_rows_t *rows, int stage, int prefer, double work);
+int swarm_policy_pick_fit_in(const swarm_rows_t *rows, int stage, double work, int left);
 // The stage a joining node `me` (its view, for its memory) should serve,
 // among those it can hold (need: bytes a node holds for each, NULL none):
 // least total throughput of its ready and joining peers, then fewest

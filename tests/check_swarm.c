@@ -608,6 +608,73 @@ START_TEST(test_pick_keeps_backward_on_the_forward_peer_when_close)
 }
 END_TEST
 
+// The rows of one stage in the order swarm_rows_t asks: by max(tok_s, 1),
+// the fastest first, ties by the lower index.
+static const swarm_peer_view_t *g_rows;
+static int s_cmp_speed(const void *a, const void *b)
+{
+    int i = *(const int *) a, j = *(const int *) b;
+    double ri = g_rows[i].tok_s > 1.0 ? g_rows[i].tok_s : 1.0;
+    double rj = g_rows[j].tok_s > 1.0 ? g_rows[j].tok_s : 1.0;
+    return ri > rj ? -1 : ri < rj ? 1 : i - j;
+}
+
+// A pick over a stage's rows by speed that stops early (swarm_policy_pick_in,
+// swarm_policy_pick_fit_in) answers what a read of every row answers: on
+// thousands of random stages whose speeds tie often (a few classes, and
+// some under 1 tok/s), with rows not ready, rows of another stage, backlogs
+// of whole micro-batches, every replica dry or busy, and the sums as the
+// caller keeps them (off by their stated errors, or nothing known).
+START_TEST(test_pick_by_speed_answers_as_reading_every_row)
+{
+    uint64_t x = 7;
+    double work = 768;
+    for (int trial = 0; trial < 20000; trial++) {
+        swarm_peer_view_t v[40];
+        int order[40], n = 1 + (int) (swarm_splitmix64(&x) % 40);
+        static const double speeds[] = { 0.5, 1.0, 25, 50, 100, 1000, 2000 };
+        for (int i = 0; i < n; i++) {
+            v[i] = s_view(swarm_splitmix64(&x) % 8 ? 0 : 1, swarm_splitmix64(&x) % 10 != 0, (int) (swarm_splitmix64(&x) % 4),
+                          trial % 3 ? speeds[swarm_splitmix64(&x) % 7] : 1 + (double) (swarm_splitmix64(&x) % 5000));
+            v[i].backlog = (double) (swarm_splitmix64(&x) % 6) * work / 3.0;
+            v[i].ahead = (double) (swarm_splitmix64(&x) % 100) / 100.0;
+            v[i].rtt = (double) (swarm_splitmix64(&x) % 60) / 100.0;
+            order[i] = i;
+        }
+        g_rows = v;
+        qsort(order, (size_t) n, sizeof order[0], s_cmp_speed);
+        swarm_rows_t rows = { .view = v, .n = n, .order = order };
+        swarm_policy_sums(v, n, 0, &rows.held, &rows.rate);
+        if (trial % 4 == 1) { // kept by differences: a little off, and said to be
+            rows.held_err = 1e-9 * rows.held;
+            rows.held += 0.5e-9 * rows.held;
+        } else if (trial % 4 == 2) {
+            rows.rate = 0.0; // nothing kept: read every row
+        }
+        for (int left = 1; left <= 40; left += 13) {
+            int whole = swarm_policy_pick_fit(v, n, 0, work, left);
+            int got = swarm_policy_pick_fit_in(&rows, 0, work, left);
+            ck_assert_msg(got == whole, "trial %d: a forward, %d left: %d, reading every row %d",
+                          trial, left, got, whole);
+        }
+        for (int prefer = -1; prefer < n; prefer += 1 + n / 4) {
+            int whole = swarm_policy_pick(v, n, 0, prefer, work);
+            int got = swarm_policy_pick_in(&rows, 0, prefer, work);
+            ck_assert_msg(got == whole, "trial %d: prefer %d: %d, reading every row %d", trial,
+                          prefer, got, whole);
+        }
+    }
+    // and it does stop: a row put after a far slower one (out of order,
+    // as no caller puts it) is not read, though it would finish first
+    swarm_peer_view_t v[3] = { s_view(0, 1, 0, 1000), s_view(0, 1, 0, 10), s_view(0, 1, 0, 500) };
+    v[0].backlog = 1232; // done at 2 s; the slow row's work alone takes 76.8 s
+    int wrong[3] = { 0, 1, 2 };
+    swarm_rows_t rows = { .view = v, .n = 3, .order = wrong };
+    ck_assert_int_eq(swarm_policy_pick(v, 3, 0, -1, work), 2);
+    ck_assert_int_eq(swarm_policy_pick_in(&rows, 0, -1, work), 0);
+}
+END_TEST
+
 START_TEST(test_assign_fills_the_weakest_stage)
 {
     swarm_peer_view_t p[4] = {
@@ -1550,6 +1617,7 @@ int main(void)
     tcase_add_test(tc, test_pick_prefers_earliest_projected_finish);
     tcase_add_test(tc, test_pick_balances_finish_times_of_uneven_replicas);
     tcase_add_test(tc, test_pick_keeps_backward_on_the_forward_peer_when_close);
+    tcase_add_test(tc, test_pick_by_speed_answers_as_reading_every_row);
     tcase_add_test(tc, test_assign_fills_the_weakest_stage);
     tcase_add_test(tc, test_assign_even_counts_peers_not_speeds);
     tcase_add_test(tc, test_assign_and_moves_keep_to_each_peers_memory);

@@ -29,7 +29,10 @@ MULTIARCH  := $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 
 ifeq ($(SANITIZER),asan)
 BUILD      := build-asan
-SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# SWARM_CHECK: the engine's picks over rows by speed checked against a
+# read of every row, each time
+SAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+              -DSWARM_CHECK
 endif
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-format-truncation -MMD -MP -fopenmp $(SAN_FLAGS)

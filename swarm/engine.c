@@ -107,6 +107,7 @@ void swarm_engine_destroy(swarm_engine_t **self_p)
     for (int s = 0; s < SWARM_MAX_STAGES; s++) {
         free(r->ready[s].peer);
         free(r->route[s].view);
+        free(r->route[s].order);
         free(r->route[s].unmeasured.peer);
         free(r->audited[s].peer);
     }

@@ -202,12 +202,10 @@ typedef struct {
     double memory_used;      // bytes its stage holds, as it says (HEARTBEAT), 0 unknown
     double rss;              // its process's resident bytes (HEARTBEAT), 0 unknown
     double memory_heap;      // heap it added since before any stage (HEARTBEAT), 0 unknown
-    double rss_grown;        // resident bytes it added since before any stage (HEARTBEAT), 0
-                             // unknown
+    double rss_grown;        // resident bytes added since before any stage (HEARTBEAT), 0 unknown
     double device_used;      // GPU memory it took (HEARTBEAT), 0 unknown or none
     int no_fit;              // it could hold no stage when it last asked (s_no_stage_fits)
-    int back_waits;          // dead, it spoke while its sum counted: heard once the sums
-                             // are in (engine_on_dead_peer)
+    int back_waits;          // dead, spoke while its sum counted: heard once sums are in
     audit_t audit;           // the audit of its sum of this step
     int audits_passed;       // audits passed in a row since it joined (SWARM_AUDIT_PROVEN)
     int share;               // engine_share's count of it at stage share_stage, valid
@@ -227,26 +225,28 @@ typedef struct {
     int cap;                 // allocated
 } engine_ready_t;
 
-// What a routing pick of one stage reads (engine_route_views): a row, the
+// What a routing pick of one stage reads (engine_route_rows): a row, the
 // peer's view, for each of its ready peers, view[k] of ready[s].peer[k],
 // rewritten whenever something of the peer the view shows changes
-// (engine_route_touch), so that a pick reads rows and builds nothing.
-// A row shows the peer's own tok_s; one not measured yet is shown as fast
-// as the fastest measured one, unless its claim puts it far slower
-// (engine_routed_tok_s): its row is rewritten when it changes, and all of
-// them when the fastest or the stage's ratio does. Checked against views
-// built afresh by engine_route_check.
+// (engine_route_touch), so that a pick reads rows and builds nothing; the
+// rows' order by speed and their sums follow. A row shows the peer's own
+// tok_s; one not measured yet is shown as fast as the fastest measured one,
+// unless its claim puts it far slower (engine_routed_tok_s): its row is
+// rewritten when it changes, and all of them when the fastest or the
+// stage's ratio does. Checked against views built afresh (engine_route_check).
 typedef struct {
     swarm_peer_view_t *view; // [ready[s].cap]
     engine_ready_t unmeasured; // its ready peers with no speed sample yet
     double fastest;          // the fastest measured ready peer's tok_s (0 none), unless fastest_peer is -1
-    double ratio;            // the median, over its measured ready peers, of tok_s over the HELLO's
-                             // claim (0 none); worked out once a second (engine_route_ratios)
+    double ratio;            // median of its measured ready peers' tok_s / HELLO claim (0 none)
     int fastest_peer;        // which; -1: to be found again, -2: none is measured
     double rows_fastest;     // the fastest the unmeasured rows were worked out with (-1: again)
     uint64_t gen;            // changes with every row and with the ready peers
     uint64_t held_gen;       // gen when a training forward was last held back
     int held_left;           // the forwards left then (-1 none): held again until either changes
+    int *order;              // [ready[s].cap] the rows fastest first (swarm_rows_t.order)
+    int order_ok, sums_ok;   // 0: sorted, summed afresh at the next pick (engine_route_rows)
+    swarm_rows_t rows;       // what a pick reads: the sums kept as each row changes
 } engine_route_t;
 
 typedef struct {
@@ -298,7 +298,6 @@ typedef struct {
     int8_t in_pow2[SWARM_MAX_STAGES + 1];   // in[s]'s 2^k scale (meta pow2_I)
     int8_t dy_pow2[SWARM_MAX_STAGES];       // dy[s]'s
 } mb_t;
-
 
 // ---- a message from a peer, decoded once (engine_decode.c) ----
 // Each meta field the engine reads, parsed and checked there; a handler
@@ -651,12 +650,13 @@ void engine_list_add(engine_ready_t *l, int p);
 void engine_views_as(const swarm_engine_t *r, swarm_peer_view_t *v, int optimistic);
 void engine_views(const swarm_engine_t *r, swarm_peer_view_t *v);
 double engine_bound_speed(const peer_t *pe);
-// Peer p changed in what its view shows (engine_route_t): its row follows.
-// O(log replicas); nothing for a peer that is not ready.
+// Peer p's view changed: its row follows (engine_route_t); nothing for one not ready.
 void engine_route_touch(swarm_engine_t *r, int p);
 // Stage s's rows, n of them, as engine_views (optimistic) would show its
-// ready peers; the policy's index k is ready[s].peer[k]. O(unmeasured).
+// ready peers; the policy's index k is ready[s].peer[k]. O(unmeasured). And
+// by speed with their sums for the picks: O(replicas) when sorted afresh.
 swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n);
+const swarm_rows_t *engine_route_rows(swarm_engine_t *r, int s);
 // The speed a routing pick takes peer pe at, `fastest` its stage's fastest
 // measured tok_s (0 none): its own measure once it has one; before, as
 // fast as `fastest`, or at its guess when that is far slower.

@@ -270,6 +270,7 @@ int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int
 {
     int n, was[4];
     swarm_peer_view_t *views = engine_route_views(r, s, &n);
+    const swarm_rows_t *rows = engine_route_rows(r, s); // (the same rows, by speed)
     assert(nnot <= (int) (sizeof was / sizeof was[0]));
     for (int k = 0; k < nnot; k++) { // out of this pick only
         int at = engine_ready_at(r, s, not[k]);
@@ -277,8 +278,11 @@ int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int
         if (at >= 0)
             views[at].ready = 0;
     }
-    int k = swarm_policy_pick(views, n, s, engine_ready_at(r, s, prefer),
-                              work * r->hp.micro * r->hp.cfg.T);
+    int k = swarm_policy_pick_in(rows, s, engine_ready_at(r, s, prefer), work * r->hp.micro * r->hp.cfg.T);
+#ifdef SWARM_CHECK
+    assert(k == swarm_policy_pick(views, n, s, engine_ready_at(r, s, prefer),
+                                  work * r->hp.micro * r->hp.cfg.T));
+#endif
     for (int j = nnot - 1; j >= 0; j--) {
         int at = engine_ready_at(r, s, not[j]);
         if (at >= 0)
@@ -308,9 +312,12 @@ static int s_pick_fit(swarm_engine_t *r, int s, int left)
     engine_route_t *rt = &r->route[s];
     if (rt->held_gen == rt->gen && rt->held_left == left)
         return -EAGAIN;
-    int n;
-    const swarm_peer_view_t *views = engine_route_views(r, s, &n);
-    int k = swarm_policy_pick_fit(views, n, s, r->hp.micro * r->hp.cfg.T, left);
+    const swarm_rows_t *rows = engine_route_rows(r, s);
+    double work = (double) r->hp.micro * r->hp.cfg.T;
+    int k = swarm_policy_pick_fit_in(rows, s, work, left);
+#ifdef SWARM_CHECK
+    assert(k == swarm_policy_pick_fit(rows->view, rows->n, s, work, left));
+#endif
     if (k == SWARM_HOLD) {
         rt->held_gen = rt->gen;
         rt->held_left = left;

@@ -67,7 +67,8 @@ size_t engine_memory(const swarm_engine_t *r)
     for (int s = 0; s < SWARM_MAX_STAGES; s++)
         n += (size_t) (r->ready[s].cap + r->audited[s].cap + r->route[s].unmeasured.cap)
                  * sizeof *r->ready[s].peer
-             + (r->route[s].view ? (size_t) r->ready[s].cap * sizeof *r->route[s].view : 0);
+             + (r->route[s].view ? (size_t) r->ready[s].cap * (sizeof *r->route[s].view + sizeof(int))
+                                 : 0); // (and its rows' order)
     // the request table: its blocks, the pointers to them, the free list (as
     // long as the blocks); a request holds no payload (its message is sent)
     size_t blocks = ((size_t) r->req_slots + REQ_BLOCK - 1) / REQ_BLOCK;

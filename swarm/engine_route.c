@@ -76,6 +76,7 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         s_ready_places(r, l, k);
         s_route_forget(rt, p);
         rt->gen++;
+        rt->order_ok = rt->sums_ok = 0; // the rows after it moved
         engine_audits_touch(r, pe->stage);
     }
     if (pe->state == P_JOINING)
@@ -89,9 +90,12 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         engine_route_t *rt = &r->route[pe->stage];
         engine_list_add(l, p);
         swarm_peer_view_t *view = realloc(rt->view, (size_t) l->cap * sizeof *view);
-        if (!view)
+        int *order = realloc(rt->order, (size_t) l->cap * sizeof *order);
+        if (!view || !order)
             abort(); // bookkeeping (STYLE.md: small allocations may abort)
         rt->view = view;
+        rt->order = order;
+        rt->order_ok = rt->sums_ok = 0;
         int k = s_ready_slot(l, p);
         memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
         s_ready_places(r, l, k);
@@ -249,6 +253,68 @@ static void s_route_forget(engine_route_t *rt, int p)
         rt->fastest_peer = -1;
 }
 
+// A row's tok_s as the policy's picks read it (at least 1), and whether a
+// row of speed ra and index a comes before one of rb and b in their order:
+// the faster, then the lower index.
+static double s_rate(const swarm_peer_view_t *v)
+{
+    return v->tok_s > 1.0 ? v->tok_s : 1.0;
+}
+
+static int s_before(double ra, int a, double rb, int b)
+{
+    return ra > rb || (ra == rb && a < b);
+}
+
+// The place in order[0..n) of the first row not before (r, k), row k of
+// them at the speed it is sorted by, r_k (its row may show a new one).
+static int s_order_at(const engine_route_t *rt, int n, double r, int k, double r_k)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, m = rt->order[mid];
+        if (s_before(m == k ? r_k : s_rate(&rt->view[m]), m, r, k))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+// x + now - was, its rounding added to *err: each step's at most half an
+// ulp of a value no larger than |x| + |was| + |now|.
+static double s_sum_follow(double x, double was, double now, double *err)
+{
+    *err += (fabs(x) + fabs(was) + fabs(now)) * 0x1p-52;
+    return x - was + now;
+}
+
+// Row k of stage rt was *was: its place in the order (found by its old
+// speed, moved to its new one: O(log replicas) and a move of the rows
+// between) and the sums follow it.
+static void s_row_changed(const swarm_engine_t *r, engine_route_t *rt, int k,
+                          const swarm_peer_view_t *was)
+{
+    const swarm_peer_view_t *now = &rt->view[k];
+    int n = r->ready[now->stage].n;
+    double r_was = s_rate(was), r_now = s_rate(now);
+    if (rt->order_ok && r_now != r_was) {
+        int from = s_order_at(rt, n, r_was, k, r_was);
+        assert(from < n && rt->order[from] == k);
+        memmove(&rt->order[from], &rt->order[from + 1], (size_t) (n - 1 - from) * sizeof *rt->order);
+        int to = s_order_at(rt, n - 1, r_now, k, r_now); // (k is out of it)
+        memmove(&rt->order[to + 1], &rt->order[to], (size_t) (n - 1 - to) * sizeof *rt->order);
+        rt->order[to] = k;
+    }
+    if (rt->sums_ok) {
+        swarm_rows_t *w = &rt->rows;
+        w->held = s_sum_follow(w->held, was->ready ? was->backlog : 0.0,
+                               now->ready ? now->backlog : 0.0, &w->held_err);
+        w->rate = s_sum_follow(w->rate, was->ready ? r_was : 0.0, now->ready ? r_now : 0.0,
+                               &w->rate_err);
+    }
+}
+
 void engine_route_touch(swarm_engine_t *r, int p)
 {
     const peer_t *pe = &r->peers[p];
@@ -257,6 +323,7 @@ void engine_route_touch(swarm_engine_t *r, int p)
     engine_route_t *rt = &r->route[pe->stage];
     int k = engine_ready_at(r, pe->stage, p);
     assert(k >= 0);
+    swarm_peer_view_t was = rt->view[k];
     rt->view[k] = s_view(pe, pe->tok_s, s_backlog(r, p));
     rt->gen++;
     if (pe->samples == 0) {
@@ -267,8 +334,10 @@ void engine_route_touch(swarm_engine_t *r, int p)
             rt->rows_fastest = -1.0; // every row, once the fastest is found again
         else
             rt->view[k].tok_s = engine_routed_tok_s(r, pe, rt->fastest);
+        s_row_changed(r, rt, k, &was);
         return;
     }
+    s_row_changed(r, rt, k, &was);
     s_list_del(&rt->unmeasured, p);
     if (rt->fastest_peer != -1 && pe->tok_s >= rt->fastest) {
         rt->fastest = pe->tok_s;
@@ -302,11 +371,86 @@ swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
     if (rt->rows_fastest == rt->fastest)
         return rt->view;
     for (int j = 0; j < rt->unmeasured.n; j++) {
-        int p = rt->unmeasured.peer[j];
-        rt->view[engine_ready_at(r, s, p)].tok_s = engine_routed_tok_s(r, &r->peers[p], rt->fastest);
+        int p = rt->unmeasured.peer[j], k = engine_ready_at(r, s, p);
+        swarm_peer_view_t was = rt->view[k];
+        rt->view[k].tok_s = engine_routed_tok_s(r, &r->peers[p], rt->fastest);
+        s_row_changed(r, rt, k, &was);
     }
     rt->rows_fastest = rt->fastest;
     return rt->view;
+}
+
+static int s_cmp_rows(const void *a, const void *b, void *view)
+{
+    int i = *(const int *) a, j = *(const int *) b;
+    double ri = s_rate((const swarm_peer_view_t *) view + i), rj = s_rate((const swarm_peer_view_t *) view + j);
+    return s_before(ri, i, rj, j) ? -1 : s_before(rj, j, ri, i) ? 1 : 0;
+}
+
+// The sums kept by differences are summed afresh in index order once
+// their roundings since may come to more than this (of the held work, or
+// of a micro-batch's at least, and of the summed speed): a pick in doubt
+// of a row's fit by as little reads every row.
+#define ROWS_ERR 1e-12
+
+const swarm_rows_t *engine_route_rows(swarm_engine_t *r, int s)
+{
+    static const swarm_rows_t none = { 0 };
+    int n;
+    const swarm_peer_view_t *view = engine_route_views(r, s, &n); // (may rewrite rows)
+    if (!view)
+        return &none; // no such stage
+    engine_route_t *rt = &r->route[s];
+    swarm_rows_t *w = &rt->rows;
+    if (!rt->order_ok && n > 0) { // O(replicas log replicas): a row came, went or was rewritten
+        for (int k = 0; k < n; k++)
+            rt->order[k] = k;
+        qsort_r(rt->order, (size_t) n, sizeof *rt->order, s_cmp_rows, (void *) view);
+    }
+    rt->order_ok = 1;
+    double micro = (double) r->hp.micro * r->hp.cfg.T, u = n * 0x1p-53;
+    if (!rt->sums_ok || w->held_err > (u + ROWS_ERR) * fmax(w->held, micro)
+        || w->rate_err > (u + ROWS_ERR) * w->rate) {
+        swarm_policy_sums(view, n, s, &w->held, &w->rate);
+        // in index order, n additions: each sum within n half-ulps of the
+        // true one (as the sums afresh a pick would read are of theirs)
+        w->held_err = u * w->held;
+        w->rate_err = u * w->rate;
+        rt->sums_ok = 1;
+    }
+    w->view = view;
+    w->n = n;
+    w->order = rt->order;
+    return w;
+}
+
+// Stage s's order, where it is kept, sorted and each row once; its sums
+// within their errors of the sums afresh. 0 or 1.
+static int s_rows_check(swarm_engine_t *r, int s)
+{
+    const engine_route_t *rt = &r->route[s];
+    int n = r->ready[s].n, bad = 0;
+    if (rt->order_ok) {
+        char *seen = calloc((size_t) n + 1, 1);
+        if (!seen)
+            abort();
+        for (int j = 0; j < n; j++) {
+            int k = rt->order[j];
+            bad |= k < 0 || k >= n || seen[k]++;
+            if (!bad && j > 0)
+                bad |= !s_before(s_rate(&rt->view[rt->order[j - 1]]), rt->order[j - 1],
+                                 s_rate(&rt->view[k]), k);
+        }
+        free(seen);
+    }
+    if (rt->sums_ok) {
+        double held, rate;
+        swarm_policy_sums(rt->view, n, s, &held, &rate);
+        double u = n * 0x1p-53; // the sum afresh's own rounding, at most
+        bad |= !(fabs(held - rt->rows.held) <= rt->rows.held_err + u * held)
+               || !(fabs(rate - rt->rows.rate) <= rt->rows.rate_err + u * rate);
+    }
+    return bad;
 }
 
 int engine_route_check(swarm_engine_t *r)
@@ -334,6 +478,7 @@ int engine_route_check(swarm_engine_t *r)
                    || w.ahead != h->ahead || w.rtt != h->rtt || w.tok_s != h->tok_s
                    || w.moved_at != h->moved_at || w.memory != h->memory;
         }
+        bad |= s_rows_check(r, s);
     }
     return bad ? -EPROTO : 0;
 }

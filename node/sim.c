@@ -492,10 +492,24 @@ static double s_wall(const struct timespec *t0)
     return (double) (t.tv_sec - t0->tv_sec) + 1e-9 * (double) (t.tv_nsec - t0->tv_nsec);
 }
 
+static struct timespec s_wall0; // when the sim started
+
+// A step ended: the progress line, its ETA in this machine's seconds (the
+// engine's is of the swarm's virtual ones: 958 s at step 30 of a 10,000-peer
+// run of 150 steps that ended a minute later).
+static void s_stepped(void *ctx, const swarm_engine_step_t *st)
+{
+    swarm_engine_step_t wall = *st;
+    long done = st->step + 1;
+    wall.eta_s = done > 0 && st->iters > done ? s_wall(&s_wall0) / (double) done * (double) (st->iters - done)
+                                              : 0.0;
+    router_io_stepped(ctx, &wall);
+}
+
 int cmd_sim(int argc, char **argv)
 {
-    struct timespec wall0;
-    clock_gettime(CLOCK_MONOTONIC, &wall0);
+    clock_gettime(CLOCK_MONOTONIC, &s_wall0);
+    struct timespec wall0 = s_wall0;
     char err[1024] = "";
     sim_flags_t f = { 0 };
     router_t *r = calloc(1, sizeof *r);
@@ -558,7 +572,7 @@ int cmd_sim(int argc, char **argv)
         swarm_engine_io_t model = { .ctx = r, .log = f.verbose ? s_log : NULL,
                                     .lr_at = router_io_lr_at,
                                     .clip_scale = router_io_clip_scale,
-                                    .stepped = router_io_stepped,
+                                    .stepped = s_stepped,
                                     .trace = r->trace ? router_io_trace : NULL,
                                     .checksum = s_checksum };
         if (rc == 0) {

@@ -820,6 +820,31 @@ START_TEST(test_codec_int8_bound_holds_at_midpoints)
 }
 END_TEST
 
+// The fp32 decoder's check is vectorised: a non-finite value at any place
+// of a tensor of any length, the vectors' tail included, is refused, and
+// the largest finite values and subnormals are not.
+START_TEST(test_codec_f32_decode_refuses_non_finite_anywhere)
+{
+    static const uint32_t bad[4] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xff800001u};
+    static const uint32_t fine[3] = {0x7f7fffffu, 0x80000001u, 0x00000000u};
+    uint8_t buf[4 * 40];
+    float y[40];
+    for (size_t n = 1; n <= 40; n++) {
+        for (size_t i = 0; i < n; i++)
+            net_put32(buf + 4 * i, fine[i % 3]);
+        ck_assert_int_eq(net_codec_decode(NET_DTYPE_F32, buf, 4 * n, y, n), 0);
+        for (size_t at = 0; at < n; at++) {
+            for (int b = 0; b < 4; b++) {
+                net_put32(buf + 4 * at, bad[b]);
+                ck_assert_msg(net_codec_decode(NET_DTYPE_F32, buf, 4 * n, y, n) == -EPROTO,
+                              "%08x at %zu of %zu taken", bad[b], at, n);
+            }
+            net_put32(buf + 4 * at, fine[at % 3]);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_codec_encoders_refuse_non_finite)
 {
     static const int dtypes[3] = {NET_DTYPE_F32, NET_DTYPE_F16, NET_DTYPE_I8};
@@ -1844,6 +1869,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_codec_int8_error_bound);
     tcase_add_test(tc, test_codec_int8_bound_holds_at_midpoints);
     tcase_add_test(tc, test_codec_encoders_refuse_non_finite);
+    tcase_add_test(tc, test_codec_f32_decode_refuses_non_finite_anywhere);
     suite_add_tcase(s, tc);
     tc = tcase_create("key");
     tcase_add_test(tc, test_key_files_round_trip);

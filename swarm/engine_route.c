@@ -61,6 +61,8 @@ static void s_ready_places(swarm_engine_t *r, const engine_ready_t *l, int k)
 
 static void s_route_forget(engine_route_t *rt, int p);
 static void s_list_del(engine_ready_t *l, int p);
+static void s_row_out(engine_route_t *rt, int n, int k);
+static void s_row_in(engine_route_t *rt, int n, int k);
 
 void engine_peer_state(swarm_engine_t *r, int p, int state)
 {
@@ -71,12 +73,12 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
         engine_ready_t *l = &r->ready[pe->stage];
         engine_route_t *rt = &r->route[pe->stage];
         int k = s_ready_slot(l, p);
+        s_row_out(rt, l->n, k);
         memmove(&rt->view[k], &rt->view[k + 1], (size_t) (l->n - k - 1) * sizeof rt->view[0]);
         s_ready_del(l, p);
         s_ready_places(r, l, k);
         s_route_forget(rt, p);
         rt->gen++;
-        rt->order_ok = rt->sums_ok = 0; // the rows after it moved
         engine_audits_touch(r, pe->stage);
     }
     if (pe->state == P_JOINING)
@@ -95,11 +97,12 @@ void engine_peer_state(swarm_engine_t *r, int p, int state)
             abort(); // bookkeeping (STYLE.md: small allocations may abort)
         rt->view = view;
         rt->order = order;
-        rt->order_ok = rt->sums_ok = 0;
         int k = s_ready_slot(l, p);
         memmove(&view[k + 1], &view[k], (size_t) (l->n - 1 - k) * sizeof view[0]);
+        view[k] = (swarm_peer_view_t) { .stage = pe->stage }; // not ready: in no sum, at speed 1
+        s_row_in(rt, l->n, k);
         s_ready_places(r, l, k);
-        engine_route_touch(r, p);
+        engine_route_touch(r, p); // (and its place in the order, and the sums)
         engine_audits_touch(r, pe->stage);
     }
 }
@@ -289,6 +292,38 @@ static double s_sum_follow(double x, double was, double now, double *err)
     return x - was + now;
 }
 
+// Row k of n leaves: out of the order (the rows after it are renumbered)
+// and out of the sums. O(replicas), no sort.
+static void s_row_out(engine_route_t *rt, int n, int k)
+{
+    const swarm_peer_view_t *was = &rt->view[k];
+    if (rt->order_ok) {
+        int from = s_order_at(rt, n, s_rate(was), k, s_rate(was));
+        assert(from < n && rt->order[from] == k);
+        memmove(&rt->order[from], &rt->order[from + 1], (size_t) (n - 1 - from) * sizeof *rt->order);
+        for (int j = 0; j < n - 1; j++)
+            rt->order[j] -= rt->order[j] > k;
+    }
+    if (rt->sums_ok && was->ready) {
+        swarm_rows_t *w = &rt->rows;
+        w->held = s_sum_follow(w->held, was->backlog, 0.0, &w->held_err);
+        w->rate = s_sum_follow(w->rate, s_rate(was), 0.0, &w->rate_err);
+    }
+}
+
+// Row k of n is new, a row not ready at speed 1 (the rows from k on were
+// renumbered): into the order. O(replicas), no sort.
+static void s_row_in(engine_route_t *rt, int n, int k)
+{
+    if (!rt->order_ok)
+        return;
+    for (int j = 0; j < n - 1; j++)
+        rt->order[j] += rt->order[j] >= k;
+    int to = s_order_at(rt, n - 1, 1.0, k, 1.0);
+    memmove(&rt->order[to + 1], &rt->order[to], (size_t) (n - 1 - to) * sizeof *rt->order);
+    rt->order[to] = k;
+}
+
 // Row k of stage rt was *was: its place in the order (found by its old
 // speed, moved to its new one: O(log replicas) and a move of the rows
 // between) and the sums follow it.
@@ -380,10 +415,12 @@ swarm_peer_view_t *engine_route_views(swarm_engine_t *r, int s, int *n)
     return rt->view;
 }
 
-static int s_cmp_rows(const void *a, const void *b, void *view)
+// qsort_r's order of rows i and j of `rows`.
+static int s_cmp_rows(const void *a, const void *b, void *rows)
 {
+    const swarm_peer_view_t *view = rows;
     int i = *(const int *) a, j = *(const int *) b;
-    double ri = s_rate((const swarm_peer_view_t *) view + i), rj = s_rate((const swarm_peer_view_t *) view + j);
+    double ri = s_rate(&view[i]), rj = s_rate(&view[j]);
     return s_before(ri, i, rj, j) ? -1 : s_before(rj, j, ri, i) ? 1 : 0;
 }
 

@@ -278,10 +278,11 @@ int engine_pick_but(swarm_engine_t *r, int s, int prefer, double work, const int
         if (at >= 0)
             views[at].ready = 0;
     }
-    int k = swarm_policy_pick_in(rows, s, engine_ready_at(r, s, prefer), work * r->hp.micro * r->hp.cfg.T);
+    int holder = engine_ready_at(r, s, prefer);
+    double tokens = work * r->hp.micro * r->hp.cfg.T;
+    int k = swarm_policy_pick_in(rows, s, holder, tokens);
 #ifdef SWARM_CHECK
-    assert(k == swarm_policy_pick(views, n, s, engine_ready_at(r, s, prefer),
-                                  work * r->hp.micro * r->hp.cfg.T));
+    assert(k == swarm_policy_pick(views, n, s, holder, tokens));
 #endif
     for (int j = nnot - 1; j >= 0; j--) {
         int at = engine_ready_at(r, s, not[j]);

@@ -151,7 +151,8 @@ int swarm_policy_pick_fit_in(const swarm_rows_t *rows, int stage, double work, i
     // how far lim may be from the one of the sums a read in index order
     // makes: the kept sums' errors, that read's own (n additions of values
     // >= 0: n half-ulps of each sum), and a few roundings of each division
-    double doubt = lim * (rows->held_err / num + rows->rate_err / rows->rate + rows->n * 0x1p-52 + 0x1p-48);
+    double doubt = lim * (rows->held_err / num + rows->rate_err / rows->rate + rows->n * 0x1p-52
+                          + 0x1p-48);
     double lo = lim - doubt, hi = lim + doubt;
     int dry = -1, fits = 0;
     for (int j = 0; j < rows->n; j++) {

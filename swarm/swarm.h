@@ -107,7 +107,7 @@ typedef struct {
     int n;
     const int *order; // [n] the rows by max(tok_s, 1), fastest first; ties: the lower index first
     double held;      // the ready rows' summed backlog and summed max(tok_s, 1) as
-    double rate;      // swarm_policy_sums gives them, each within err of it (absolute)
+    double rate;      // swarm_policy_sums gives them, within held_err and rate_err
     double held_err, rate_err;
 } swarm_rows_t;
 // The ready rows' sums of `stage`, in index order: backlog, max(tok_s, 1).

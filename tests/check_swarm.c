@@ -634,8 +634,11 @@ START_TEST(test_pick_by_speed_answers_as_reading_every_row)
         int order[40], n = 1 + (int) (swarm_splitmix64(&x) % 40);
         static const double speeds[] = { 0.5, 1.0, 25, 50, 100, 1000, 2000 };
         for (int i = 0; i < n; i++) {
-            v[i] = s_view(swarm_splitmix64(&x) % 8 ? 0 : 1, swarm_splitmix64(&x) % 10 != 0, (int) (swarm_splitmix64(&x) % 4),
-                          trial % 3 ? speeds[swarm_splitmix64(&x) % 7] : 1 + (double) (swarm_splitmix64(&x) % 5000));
+            int stage = swarm_splitmix64(&x) % 8 ? 0 : 1, ready = swarm_splitmix64(&x) % 10 != 0;
+            int inflight = (int) (swarm_splitmix64(&x) % 4);
+            double tok_s = trial % 3 ? speeds[swarm_splitmix64(&x) % 7]
+                                     : 1 + (double) (swarm_splitmix64(&x) % 5000);
+            v[i] = s_view(stage, ready, inflight, tok_s);
             v[i].backlog = (double) (swarm_splitmix64(&x) % 6) * work / 3.0;
             v[i].ahead = (double) (swarm_splitmix64(&x) % 100) / 100.0;
             v[i].rtt = (double) (swarm_splitmix64(&x) % 60) / 100.0;

@@ -1,8 +1,8 @@
 /* engine_route.c - each stage's ready peers and the rows a routing pick
  * reads: the ready lists kept in index order as peers come and go, the
  * views the policy sees (of the whole table, or a stage's rows), a peer
- * not measured yet routed at its guess, and why a stage's held forward is
- * held still (swarm_hold_t) kept as its rows change.
+ * not measured yet routed at its guess, and the rows' order by speed and
+ * their sums (swarm_rows_t), kept as the rows change.
  */
 #include "engine_int.h"
 

@@ -589,6 +589,43 @@ START_TEST(test_engine_status_hides_names_from_an_open_swarms_strangers)
 }
 END_TEST
 
+static int s_allowed_but(void *ctx, const char *key)
+{
+    return strcmp(key, ctx) != 0;
+}
+
+// A key removed from the allow-list (SIGHUP) while its node is banned: the
+// node is told as a live one is (it would otherwise wait for its ban to end
+// and be refused without a word for good), once, and the dead entry's key
+// leaves the index (added again, the key joins as a newcomer).
+START_TEST(test_engine_removed_key_of_a_banned_peer_is_told)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine(&w, 2000);
+    s_hello(e, 1000, 1);
+    s_hello(e, 1001, 2);
+    net_peer_t one = s_who(1), two = s_who(2);
+    int p = engine_peer_find(e, &one);
+    engine_peer_fail(e, p, "missed the deadline of a STATE_GET request");
+    ck_assert_int_eq(e->peers[p].state, P_DEAD);
+    int errors = w.sent[NET_MSG_ERROR];
+    swarm_engine_drop_unless(e, 1002, s_allowed_but, one.key);
+    ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 1);
+    ck_assert_str_eq(w.last_to, one.key);
+    ck_assert_msg(strstr(w.error, "removed from the swarm's allow-list"), "%s", w.error);
+    ck_assert_msg(strstr(w.log, "(crowd1) was removed from the allow-list: dropped (it was dead: "),
+                  "%s", w.log);
+    ck_assert_int_eq(engine_peer_find(e, &one), -1);
+    swarm_engine_drop_unless(e, 1003, s_allowed_but, one.key); // told once
+    ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 1);
+    swarm_engine_drop_unless(e, 1004, s_allowed_but, two.key); // a live one: dropped, as before
+    ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 2);
+    ck_assert_int_eq(e->peers[engine_peer_find(e, &two)].state, P_DEAD);
+    ck_assert_msg(strstr(w.log, "(crowd2) was removed from the allow-list: dropped"), "%s", w.log);
+    s_close(&w, &e);
+}
+END_TEST
+
 START_TEST(test_engine_status_is_json_for_every_peer_state)
 {
     world_t w = { 0 };
@@ -1790,6 +1827,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_joins_and_deaths_are_rate_limited);
     tcase_add_test(tc, test_engine_reuses_the_entries_of_the_dead_and_keeps_64);
     tcase_add_test(tc, test_engine_status_is_json_for_every_peer_state);
+    tcase_add_test(tc, test_engine_removed_key_of_a_banned_peer_is_told);
     tcase_add_test(tc, test_engine_status_hides_names_from_an_open_swarms_strangers);
     tcase_add_test(tc, test_engine_status_history_after_a_cursor);
     tcase_add_test(tc, test_engine_history_thins_and_rolls_back);

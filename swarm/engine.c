@@ -159,20 +159,19 @@ void swarm_engine_drop_unless(swarm_engine_t *r, int64_t now_ms,
     r->now_ms = now_ms;
     for (int p = 0; p < r->npeers; p++) {
         peer_t *pe = &r->peers[p];
-        // a dead entry is told too, once (its key then leaves the index): a
-        // node banned a moment before waits to be let back, and would wait
-        // for good, its connections refused without a word
-        if (allowed(ctx, pe->who.key) || (pe->state == P_DEAD && engine_peer_find(r, &pe->who) != p))
+        // each is told once, a dead entry too (its key then leaves the
+        // index): a node banned a moment before waits to be let back, and
+        // would wait for good, its connections refused without a word
+        if (allowed(ctx, pe->who.key) || engine_peer_find(r, &pe->who) != p)
             continue;
         net_msg_t *bye = net_msg_new(NET_MSG_ERROR);
         engine_meta(bye, "reason=this node's key was removed from the swarm's allow-list\nfatal=1");
         s_ignore(engine_emit(r, &pe->who, &bye));
-        if (pe->state != P_DEAD) {
+        if (pe->state != P_DEAD)
             engine_peer_dead(r, p, "was removed from the allow-list: dropped");
-            continue;
-        }
-        engine_member_line(r, p, 1, "swarm router: peer %d (%s) was removed from the allow-list: dropped "
-                           "(it was dead: %s)\n", pe->id, pe->name, pe->why);
+        else
+            engine_member_line(r, p, 1, "swarm router: peer %d (%s) was removed from the allow-list: "
+                               "dropped (it was dead: %s)\n", pe->id, pe->name, pe->why);
         engine_key_del(r, p);
     }
 }

@@ -445,8 +445,8 @@ void swarm_engine_bad_message(swarm_engine_t *self, int64_t now_ms, const char *
                               const char *why);
 // The transport says the connection of who is gone.
 void swarm_engine_gone(swarm_engine_t *self, int64_t now_ms, const net_peer_t *who);
-// Peers whose key allowed() no longer accepts are told and dropped; a dead
-// one (banned, say) is told once, and its entry forgets its key.
+// Peers whose key allowed() no longer accepts are told, once, and dropped
+// (a dead one too: banned, say); their entries forget their keys.
 void swarm_engine_drop_unless(swarm_engine_t *self, int64_t now_ms,
                               int (*allowed)(void *ctx, const char *key), void *ctx);
 // Time passes: deadlines, probes, and every phase that is ready now.

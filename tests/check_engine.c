@@ -605,7 +605,7 @@ START_TEST(test_engine_removed_key_of_a_banned_peer_is_told)
     s_hello(e, 1000, 1);
     s_hello(e, 1001, 2);
     net_peer_t one = s_who(1), two = s_who(2);
-    int p = engine_peer_find(e, &one);
+    int p = engine_peer_find(e, &one), q = engine_peer_find(e, &two);
     engine_peer_fail(e, p, "missed the deadline of a STATE_GET request");
     ck_assert_int_eq(e->peers[p].state, P_DEAD);
     int errors = w.sent[NET_MSG_ERROR];
@@ -620,8 +620,11 @@ START_TEST(test_engine_removed_key_of_a_banned_peer_is_told)
     ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 1);
     swarm_engine_drop_unless(e, 1004, s_allowed_but, two.key); // a live one: dropped, as before
     ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 2);
-    ck_assert_int_eq(e->peers[engine_peer_find(e, &two)].state, P_DEAD);
+    ck_assert_int_eq(engine_peer_find(e, &two), -1);
+    ck_assert_int_eq(e->peers[q].state, P_DEAD);
     ck_assert_msg(strstr(w.log, "(crowd2) was removed from the allow-list: dropped"), "%s", w.log);
+    swarm_engine_drop_unless(e, 1005, s_allowed_but, two.key); // and told once too
+    ck_assert_int_eq(w.sent[NET_MSG_ERROR], errors + 2);
     s_close(&w, &e);
 }
 END_TEST

@@ -23,6 +23,7 @@
 #define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
+enum { GRAD_KEPT = 1, GRAD_NONE }; // a GRAD's values kept; none sent (a sum of none, or norm only)
 enum { R_FWD = 1, R_BWD, R_STEP, R_UPDATE, R_STATE_GET, R_STATE, R_ASSIGN, R_VERIFY, R_DISCARD,
        R_AUDIT, R_AUDIT_SUM };
 // A request a node computes a FWD or BWD for (its queue serves BWDs first).
@@ -189,11 +190,10 @@ typedef struct {
     int held_kind[2];        // its FWD [0] and BWD [1] requests in flight
     // its part in the current step (a fresh entry has none; the entry of a
     // dead peer whose part still counts is not reused before the step ends)
-    float *grad;             // its GRAD of this step (the largest stage's size: it may move);
-                             // NULL once it is dead and no sum of its counts
+    float *grad;             // its GRAD's values (the largest stage's size); NULL: dead, uncounted
     float *audit_sums;       // a dispute's target: its verifiers' sums, for a later one to
                              // decide (AUDIT_VOTERS - 1 of the largest stage's; NULL none yet)
-    int got_grad;            // its GRAD arrived
+    int got_grad;            // its GRAD arrived: GRAD_KEPT, its values in grad; GRAD_NONE, none
     int in_step;             // it was sent this step's STEP
     int norm_only;           // its stage has no other replica: it keeps its gradient
     double sumsq;            // with norm_only: its gradient's sum of squares

@@ -167,6 +167,12 @@ static int s_check_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e, ch
         }
         return engine_grad_plausible(r, s, y->samples, y->sumsq, 1, why, wn) ? -EPROTO : 0;
     }
+    if (net_msg_head_const(e->msg)->ntensors == 0) {
+        if (y->samples == 0)
+            return 0; // a sum of none: zero by its count (engine_on_grad marks it)
+        snprintf(why, wn, "sent a gradient sum of %ld micro-batches without its values", y->samples);
+        return -EPROTO;
+    }
     // the largest stage's size: a peer may move between stages
     if (!pe->grad && !(pe->grad = malloc(r->max_stage_n * sizeof(float))))
         abort();

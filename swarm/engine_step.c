@@ -132,7 +132,8 @@ int engine_on_grad(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     if (r->peers[q->peer].norm_only && e->reply.has_sumsq) // (s_check_reply made sure)
         r->peers[q->peer].sumsq = e->reply.sumsq;
-    r->peers[q->peer].got_grad = 1;
+    // a sum sent as its count alone (s_check_grad: of no micro-batches) is zero
+    r->peers[q->peer].got_grad = net_msg_head_const(e->msg)->ntensors ? GRAD_KEPT : GRAD_NONE;
     r->pending--;
     return 0;
 }
@@ -155,7 +156,9 @@ static double s_grad_reduce(swarm_engine_t *r)
         float *dst = r->grad_sum + r->stage_off[s];
         if (!summed[s]++)
             memset(dst, 0, r->stage_n[s] * sizeof(float));
-        for (size_t j = 0; j < r->stage_n[s]; j++)
+        // a zero sum adds nothing: from +0, a float sum is never -0, so
+        // the bits are those of adding its zeros
+        for (size_t j = 0; r->peers[p].got_grad == GRAD_KEPT && j < r->stage_n[s]; j++)
             dst[j] += r->peers[p].grad[j];
     }
     // the stages whose gradients came here

@@ -429,7 +429,9 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         }
         pe->norm_only = s_meta_is(req, "norm_only");
         net_msg_t *r = net_msg_reply(req, NET_MSG_GRAD);
-        double sumsq = swarm_sumsq(pe->grad, n); // (halves and small integers: exact)
+        // a sum of no micro-batches is zero, sent as its count alone (as a node does)
+        int none = pe->counted == 0 && !pe->norm_only && !s_lying(pe, SIM_LIE_GRAD);
+        double sumsq = none ? 0.0 : swarm_sumsq(pe->grad, n); // (halves and small integers: exact)
         if (s_lying(pe, SIM_LIE_SUMSQ))
             sumsq = 1e300; // a norm that clips every stage's update to nothing
         char meta[128];
@@ -442,7 +444,8 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         }
         if (net_msg_set_meta(r, meta) != 0)
             abort();
-        s_add_grad(s, pe, r, pe->grad, n);
+        if (!none)
+            s_add_grad(s, pe, r, pe->grad, n);
         pe->grad_sent = pe->step;
         return r;
     }

@@ -73,6 +73,9 @@ typedef struct {
     // is)
     unsigned char drift[ANSWER_KEYS], diverged[ANSWER_KEYS], taint[ANSWER_KEYS];
     int tainted_updates;         // UPDATEs that carried such a sum
+    unsigned char bare[ANSWER_KEYS]; // peer i sends its gradient sums without their values
+    int bare_sums;               // gradient sums sent as a count alone (of none: as a node's)
+    int short_updates;           // UPDATEs whose sum is not of the step's G micro-batches
     int live;                    // peers connected
     int64_t now;                 // ms, of the round
     int64_t died[ANSWER_KEYS];   // [ndied] when each peer that died did, in order
@@ -161,8 +164,13 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
     int off = (t == NET_MSG_FWD || t == NET_MSG_BWD)
               && (w->diverged[i] || s_tainted(req, sizeof s_ones / sizeof s_ones[0], 0));
     w->taint[i] |= off;
-    if (t == NET_MSG_UPDATE)
+    if (t == NET_MSG_UPDATE) {
         w->tainted_updates += s_tainted(req, stage[0], 1);
+        float sum[ANSWER_STAGE_N]; // its first value: the micro-batches in it (and a taint)
+        if (net_msg_head_const(req)->ntensors > 0)
+            w->short_updates += net_msg_tensor(req, 0, sum, stage[0]) != 0
+                                || floorf(sum[0]) != (float) w->e->G;
+    }
     float grad[ANSWER_STAGE_N] = { (float) w->acc[i] + (w->taint[i] ? 1.0f / 1024 : 0.0f) };
     char samples[32];
     snprintf(samples, sizeof samples, "samples=%d\n", w->acc[i]);
@@ -195,8 +203,12 @@ static net_msg_t *s_answer(world_t *w, int i, const net_msg_t *req)
              meta ? meta : "");
     if (text[0])
         ck_assert_int_eq(net_msg_set_meta(a, text), 0);
-    if (!meta && t == NET_MSG_STEP && !discard)
-        s_add(a, grad, stage, 1); // its gradient sum
+    if (!meta && t == NET_MSG_STEP && !discard) {
+        if (grad[0] != 0.0f && !w->bare[i])
+            s_add(a, grad, stage, 1); // its gradient sum
+        else
+            w->bare_sums++;
+    }
     if (t == NET_MSG_STATE_GET) {
         net_msg_head(a)->step = (uint64_t) w->e->step; // the state the step about to start needs
         for (int k = 0; k < 3; k++)
@@ -1468,6 +1480,38 @@ START_TEST(test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums)
 }
 END_TEST
 
+// A replica that did no work in a step answers its STEP with its count
+// alone, no stage-sized zeros; the router keeps no buffer for such a sum,
+// and each UPDATE's sum still holds every micro-batch of the step once. A
+// sum of some micro-batches without its values is refused by name, and
+// its work is redone.
+START_TEST(test_engine_a_sum_of_no_work_is_its_count_alone)
+{
+    world_t w = { 0 };
+    swarm_engine_t *e = s_engine_answered(&w, 18); // six replicas a stage, 4 micro-batches
+    s_rounds_to_step(&w, e, 30);
+    ck_assert_int_gt(w.bare_sums, 0);
+    int unkept = 0;
+    for (int p = 0; p < e->npeers; p++)
+        unkept += e->peers[p].state == P_READY && !e->peers[p].grad;
+    ck_assert_int_gt(unkept, 0); // (the idle ones': never given values to keep)
+    ck_assert_int_eq(w.short_updates, 0);
+    int liar = 1;
+    while (s_peer_of(e, liar)->state != P_READY || s_peer_of(e, liar)->stage != 1)
+        liar++;
+    w.bare[liar] = 1;
+    for (int round = 0; round < 100000 && s_peer_of(e, liar)->state != P_DEAD; round++) {
+        w.now += 10;
+        s_round(&w, e);
+    }
+    ck_assert_msg(strstr(w.log, " micro-batches without its values"), "%s", w.log);
+    s_rounds_to_step(&w, e, e->step + 10);
+    ck_assert_int_eq(w.short_updates, 0);
+    ck_assert_int_eq(w.tainted_updates, 0);
+    s_close(&w, &e);
+}
+END_TEST
+
 // A replica's audit rate is --audit until it has passed SWARM_AUDIT_PROVEN
 // audits in a row, --audit-proven from then on, and --audit again once it
 // dies (whoever comes back with its key starts a new record); the step's
@@ -1845,6 +1889,7 @@ static Suite *s_suite(void)
     tcase_add_test(tc, test_engine_an_honest_spike_of_input_gradients_is_not_refused);
     tcase_add_test(tc, test_engine_a_step_that_used_a_diverged_replica_starts_over);
     tcase_add_test(tc, test_engine_a_replica_whose_sum_is_in_joins_again_after_the_sums);
+    tcase_add_test(tc, test_engine_a_sum_of_no_work_is_its_count_alone);
     tcase_add_test(tc, test_engine_a_proven_replica_is_audited_at_the_proven_rate);
     tcase_add_test(tc, test_engine_replicas_that_moved_vote_on_the_stage_they_left);
     tcase_add_test(tc, test_engine_a_tie_goes_to_the_replica_with_standing);

@@ -22,7 +22,7 @@ SWARM="$BUILD/swarm"
 . tests/lib.sh
 
 head -c 60000 "$BUILD/corpus.txt" >"$TMP/data.txt"
-MODEL="--layers 3 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 20 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+MODEL="--layers 3 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 14 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086
 "$SWARM" train $MODEL --threads 1 --quiet --loss-log "$TMP/train.txt" >/dev/null 2>&1 \
     || bad "swarm train failed"
@@ -89,8 +89,8 @@ done
 wait_exit "$router" 120 || bad "router still running after 120 s"
 wait "$router"
 rc=$?
-if clean_run $rc "$log"; then ok "router finished 20 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
-check_losses "$TMP/swarm.txt" "$TMP/train.txt" 20 "(nodes of 28 and 96 MiB)"
+if clean_run $rc "$log"; then ok "router finished 14 steps"; else bad "router exit $rc"; tail -5 "$log"; fi
+check_losses "$TMP/swarm.txt" "$TMP/train.txt" 14 "(nodes of 28 and 96 MiB)"
 if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after the run)"; else bad "small left"; fi
 
 # ---- --stages auto: a model about 3x what any node may hold ----
@@ -98,7 +98,7 @@ if kill -0 "$small" 2>/dev/null; then ok "small waits (it is still there after t
 # join first: no plan they can hold (the router says what it would need);
 # once four have, 4 stages of about 20 MiB each, and the losses are swarm
 # train's
-MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 30 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
+MODEL2="--layers 4 --heads 4 --embd 256 --block 64 --batch 8 --micro-batch 4 --iters 18 --warmup 2 --lr 1e-3 --eval-every 0 --data $TMP/data.txt"
 # shellcheck disable=SC2086
 "$SWARM" train $MODEL2 --threads 1 --quiet --loss-log "$TMP/train2.txt" >/dev/null 2>&1 \
     || bad "swarm train (the larger model) failed"
@@ -166,11 +166,11 @@ wait_exit "$router" 120 || bad "--stages auto: router still running after 120 s"
 wait "$router"
 rc=$?
 if [ -n "$a4_stage" ] && clean_run $rc "$TMP/auto.log" && grep -q "(a5, .*) joins stage $a4_stage$" "$TMP/auto.log"; then
-    ok "--stages auto: a5 took a4's stage $a4_stage and the router finished 30 steps"
+    ok "--stages auto: a5 took a4's stage $a4_stage and the router finished 18 steps"
 else
     bad "--stages auto: exit $rc"; tail -5 "$TMP/auto.log"
 fi
-check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 30 "(--stages auto, 4 nodes of 24 MiB, one replaced)"
+check_losses "$TMP/swarm2.txt" "$TMP/train2.txt" 18 "(--stages auto, 4 nodes of 24 MiB, one replaced)"
 
 # ---- --stages auto cuts the model again ----
 # the same model on two nodes of 40 MiB: 2 stages of about 37 MiB. Two of
@@ -200,7 +200,7 @@ if wait_grep "$TMP/recut.log" "stage $b1_stage of 2 has no node that can hold it
 else
     bad "b1 killed: the model was not cut again"; tail -8 "$TMP/recut.log"
 fi
-wait_grep "$TMP/recut.log" "^step 25/" 90
+wait_grep "$TMP/recut.log" "^step 12/" 90
 "$SWARM" status "$endpoint" --router-key "$TMP/router.pub" --json >"$TMP/status3.json" 2>/dev/null
 over=$(jq '[.peers[] | select(.state == "ready") | select(.memory_used == null or .memory_used > .memory)] | length' "$TMP/status3.json")
 held=$(jq -r '[.peers[] | select(.state == "ready") | "\(.name) stage \(.stage) \((.memory_used // 0) / 1048576 | floor) of \(.memory / 1048576 | floor) MiB"] | join(", ")' "$TMP/status3.json")
@@ -214,12 +214,12 @@ wait_exit "$router" 120 || bad "the new cut: router still running after 120 s"
 wait "$router"
 rc=$?
 if clean_run $rc "$TMP/recut.log"; then
-    ok "the new cut: the router finished 30 steps"
+    ok "the new cut: the router finished 18 steps"
 else
     bad "the new cut: exit $rc"; tail -5 "$TMP/recut.log"
 fi
 check_log "the new cut: no node but b1 lost, one rollback" "$TMP/recut.log" 1 b1
-check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 30 "(--stages auto, cut again from 2 stages into 3)"
+check_losses "$TMP/swarm3.txt" "$TMP/train2.txt" 18 "(--stages auto, cut again from 2 stages into 3)"
 
 # ---- --stages auto cuts within unequal budgets ----
 # nodes of 56 and 24 MiB: the model cut by compute into 2 stages (about 37
@@ -250,8 +250,8 @@ fi
 wait_exit "$router" 120 || bad "uneven budgets: router still running after 120 s"
 wait "$router"
 rc=$?
-if clean_run $rc "$TMP/uneven.log"; then ok "uneven budgets: the router finished 30 steps"; else bad "uneven budgets: exit $rc"; tail -5 "$TMP/uneven.log"; fi
-check_losses "$TMP/swarm5.txt" "$TMP/train2.txt" 30 "(2 stages cut within budgets of 56 and 24 MiB)"
+if clean_run $rc "$TMP/uneven.log"; then ok "uneven budgets: the router finished 18 steps"; else bad "uneven budgets: exit $rc"; tail -5 "$TMP/uneven.log"; fi
+check_losses "$TMP/swarm5.txt" "$TMP/train2.txt" 18 "(2 stages cut within budgets of 56 and 24 MiB)"
 
 # ---- --stages auto buys a spare replica before fewer stages ----
 # one node of 80 MiB holds the whole model (70.7 MiB), but with three of

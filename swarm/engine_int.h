@@ -190,7 +190,7 @@ typedef struct {
     int held_kind[2];        // its FWD [0] and BWD [1] requests in flight
     // its part in the current step (a fresh entry has none; the entry of a
     // dead peer whose part still counts is not reused before the step ends)
-    float *grad;             // its GRAD's values (the largest stage's size); NULL: dead, uncounted
+    float *grad;             // its GRAD's values (the largest stage's size); NULL: none came, or died
     float *audit_sums;       // a dispute's target: its verifiers' sums, for a later one to
                              // decide (AUDIT_VOTERS - 1 of the largest stage's; NULL none yet)
     int got_grad;            // its GRAD arrived: GRAD_KEPT, its values in grad; GRAD_NONE, none

@@ -158,7 +158,9 @@ static double s_grad_reduce(swarm_engine_t *r)
             memset(dst, 0, r->stage_n[s] * sizeof(float));
         // a zero sum adds nothing: from +0, a float sum is never -0, so
         // the bits are those of adding its zeros
-        for (size_t j = 0; r->peers[p].got_grad == GRAD_KEPT && j < r->stage_n[s]; j++)
+        if (r->peers[p].got_grad == GRAD_NONE)
+            continue;
+        for (size_t j = 0; j < r->stage_n[s]; j++)
             dst[j] += r->peers[p].grad[j];
     }
     // the stages whose gradients came here

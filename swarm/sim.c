@@ -105,12 +105,13 @@ int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent)
 {
     sim_peer_t *pe = &s->peers[p];
     const swarm_sim_opts_t *o = s->o;
-    int64_t start = sent > pe->wire_free[way] ? sent : pe->wire_free[way];
+    double free_at = (double) sent > pe->wire_free[way] ? (double) sent : pe->wire_free[way];
     if (pe->bandwidth_mbit > 0) {
         size_t bytes = engine_payload(m) + 64; // the header and meta, about
-        start += (int64_t) ceil((double) bytes * 8.0 / (pe->bandwidth_mbit * 1e3));
+        free_at += (double) bytes * 8.0 / (pe->bandwidth_mbit * 1e3);
     }
-    pe->wire_free[way] = start;
+    pe->wire_free[way] = free_at;
+    int64_t start = (int64_t) ceil(free_at);
     // the router's link, shared by all (with --direct, the tensors of a
     // FWD, a BWD and their RESULT go from node to node: only their headers
     // are the router's)

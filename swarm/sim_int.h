@@ -59,7 +59,9 @@ typedef struct {
     void *node;              // --numeric: its node (swarm_sim_nodes_t)
     int64_t latency_ms;      // its link's, one way
     double bandwidth_mbit;   // its link's, each way; 0 unlimited
-    int64_t wire_free[2];    // ms: each direction of its link is free to send from then
+    double wire_free[2];     // ms: each direction of its link is free to send from then
+                             // (fractions kept: a message's time on the wire is not
+                             // rounded up to a whole ms, only its arrival)
     int64_t last_in[2];      // ms: the last arrival each way (a stream keeps its order)
     int stage;               // from ASSIGN, -1 none
     int ready;               // a state is loaded
@@ -69,6 +71,8 @@ typedef struct {
     int drift_copy;          // its state came from a drift liar that no replica could contradict
     int outvoted;            // an honest replica a diverged drift liar outvoted one against one
     double speed;            // training tokens a second on a stage of mean cost
+    double work_owed_ms;     // the fraction of a ms its last work took beyond the whole
+                             // ms it was given: the next work takes it (sim_serve)
     double beat_tok;         // the tok_s its last HEARTBEAT said, and as text (%.6g
     char beat_tok_text[24];  // was a twentieth of a 10,000-peer run under churn: kept)
     double memory;           // bytes it may hold for a stage (its HELLO's); 0 unknown

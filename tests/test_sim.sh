@@ -8,7 +8,8 @@
 # numeric ones' losses equal swarm train's; the seeds that found bugs are
 # kept as regression runs; slow, jittery and lossy links; churn from each
 # trace of ../shared/data/traces/
-# (when it is there); the same seed gives the same bytes; a crowd of 300
+# (when it is there); a peer's work and its links take the time its speed
+# and bandwidth say; the same seed gives the same bytes; a crowd of 300
 # peers runs; bad flags and bad churn files get one line naming the
 # problem; memory budgets of a volunteer mix. Ends with "N passed, N failed".
 BUILD=${1:-build}
@@ -213,8 +214,9 @@ sim_ok "an honest replica a drifter outvotes one against one: the vote's, not a 
 # yet, were timed at the speed routing sends them work (the stage's
 # fastest) though their own word was a slow CPU's the floor allows: honest,
 # each missed a deadline and was banned, of the 13 audits one was handed
-# (seed 2058), of a forward (2028, kills every 15 s; 1339, a churn trace
-# at 20 times its speed and gradient liars)
+# (seed 2058), of a forward (2013, kills every 15 s; 1356, a churn trace
+# at 20 times its speed and gradient liars); the build before the fix
+# fails each
 EVAL200="--iters 200 --eval-every 50 --eval-iters 1"
 # shellcheck disable=SC2086
 sim_ok "a slow CPU moved onto a GPU's stage, handed 13 audits, timed at its own word" \
@@ -222,13 +224,13 @@ sim_ok "a slow CPU moved onto a GPU's stage, handed 13 audits, timed at its own 
     --kill-every 20 --stall-every 15 --stall 3 --save-every 5 --seed 2058
 # shellcheck disable=SC2086
 sim_ok "slow CPUs moved onto GPUs' stages under kills" --peers 45 --stages 8 $CAMPAIGN $EVAL200 \
-    --batch 76 --audit 0.5 --audit-proven 0.1 --kill-every 15 --save-every 10 --seed 2028
+    --batch 76 --audit 0.5 --audit-proven 0.1 --kill-every 15 --save-every 10 --seed 2013
 BAMBOO=../shared/data/traces/bamboo-p2-us-east-1e.csv
 if [ -f "$BAMBOO" ]; then
     # shellcheck disable=SC2086
     sim_ok "slow CPUs moved onto GPUs' stages under churn, with gradient liars" --peers 52 \
         --stages 8 $CAMPAIGN $EVAL200 --batch 84 --liars 2 --audit-proven 0.3 --grad-wire fp16 \
-        --lie-from 20 --lies grad --churn "$BAMBOO" --churn-scale 20 --save-every 10 --seed 1339
+        --lie-from 20 --lies grad --churn "$BAMBOO" --churn-scale 20 --save-every 10 --seed 1356
 fi
 # seed 1361, departures at 20 a peer-hour: a plan moved a stage's other
 # replicas away while the router still held one that had left ready (its
@@ -645,6 +647,34 @@ else
     bad "no uneven cut: $(grep "^sim: a peer holds" "$TMP/sim.out")"
 fi
 check_losses "$TMP/uneven.txt" "$TMP/train4.txt" 20 "(numeric sim, a cut within budgets of 2 and 1 MiB)"
+
+# the sim's clock is whole ms, but a fast peer's work and a message's time
+# on a link are not: what each takes beyond its whole ms is carried, not
+# rounded up (a micro-batch of 128 tokens at 24,000 tok/s is 5.3 ms, and
+# rounded up to 6 it cost bench-hetero's peers a tenth of their bound in
+# the sim). One peer that is the whole model, at no latency: its tok/s is
+# its speed. Two peers of no compute time: their links are all the time
+# there is, and half the bandwidth makes half the tok/s.
+# sim_tok_s FLAGS...: the tok/s of swarm sim FLAGS
+sim_tok_s() {
+    SWARM_PLAIN=1 "$SWARM" sim "$@" --layers 2 --heads 4 --embd 128 --block 64 --batch 192 \
+        --micro-batch 2 --eval-every 0 --iters 50 --latency 0 --audit 0 --verify 0 2>&1 \
+        | sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*invariants ok$/\1/p'
+}
+one=$(sim_tok_s --peers 1 --stages 1 --speeds 24000)
+if [ -n "$one" ] && awk -v t="$one" 'BEGIN { exit !(t >= 0.99 * 24000 && t <= 1.01 * 24000) }'; then
+    ok "one peer of 24000 tok/s that is the whole model makes $one tok/s"
+else
+    bad "one peer of 24000 tok/s makes '$one' tok/s, not its speed"
+fi
+fast=$(sim_tok_s --peers 2 --stages 2 --speeds 100000000 --bandwidth 100)
+slow=$(sim_tok_s --peers 2 --stages 2 --speeds 100000000 --bandwidth 50)
+if [ -n "$fast" ] && [ -n "$slow" ] \
+    && awk -v f="$fast" -v s="$slow" 'BEGIN { exit !(f >= 1.96 * s && f <= 2.04 * s) }'; then
+    ok "links of 100 and 50 Mbit/s and nothing else: $fast and $slow tok/s"
+else
+    bad "links of 100 and 50 Mbit/s: '$fast' and '$slow' tok/s, not twice"
+fi
 
 # the same seed, the same run: every byte but the engine's CPU time and the wall's
 for i in 1 2; do

@@ -602,14 +602,16 @@ int cmd_sim(int argc, char **argv)
                "engine memory at most %.1f MB (its formula: %.1f)%s\n",
                f.numeric ? "numeric" : "synthetic", res.kills, res.stalls, f.o.liars,
                res.liars_caught, res.joins, res.memory / 1e6, res.memory_bound / 1e6, lies);
-        if (f.o.nmemories > 0) {
+        if (f.o.nmemories > 0)
             printf("sim: --memory: %d live peer%s at the end held no stage (none fits its "
                    "memory; best counts them out)\n", res.idle, res.idle == 1 ? "" : "s");
-            printf("sim: --memory: at the end the engine's assignment's bound was %.0f, %.3f of "
-                   "the best split the policy finds within the peers' memory (%.0f)\n",
-                   res.bound_end, res.best_held > 0 ? res.bound_end / res.best_held : 0.0,
-                   res.best_held);
-        }
+        // (best, below, is the whole swarm's speed spread as if a peer could
+        // be cut: a few uneven peers cannot reach it, and this tells how
+        // near the best whole split the router's was)
+        printf("sim: %sat the end the engine's assignment's bound was %.0f, %.3f of the best "
+               "split the policy finds%s (%.0f)\n", f.o.nmemories > 0 ? "--memory: " : "",
+               res.bound_end, res.best_held > 0 ? res.bound_end / res.best_held : 0.0,
+               f.o.nmemories > 0 ? " within the peers' memory" : "", res.best_held);
         if (r->c.audit > 0.0) // (a step started over, or run again after a rollback, is drawn again)
             printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "

@@ -685,9 +685,8 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
             sim_violate(s, "%d replicas disagreed with their stage", sum.checksum_mismatches);
     }
     double secs = s->train_from >= 0 ? (double) (s->now - s->train_from) / 1000.0 : 0.0;
-    int loose = 0, idle = 0, held = 0;
+    int loose = 0, idle = 0;
     for (int p = 0; p < s->npeers; p++) {
-        held |= s->peers[p].memory > 0;
         loose += s->peers[p].first_lie >= 0 && !s->peers[p].caught;
         idle += s->peers[p].alive && s->peers[p].stage < 0;
     }
@@ -705,7 +704,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .catch_steps = s->catch_steps, .liars_loose = loose, .audits = sum.audits,
         .audit_steps = sum.audit_steps, .copies = s->ncopies, .memory = s->memory,
         .memory_bound = s->memory_bound, .idle = idle,
-        .bound_end = s_bound(s), .best_held = held ? s_best_held(s) : 0.0,
+        .bound_end = s_bound(s), .best_held = s_best_held(s),
     };
     snprintf(res->violation, sizeof res->violation, "%s", s->violation);
     while (s->nheap > 0) {

@@ -567,8 +567,8 @@ typedef struct {
     int copies;              // --churn: copies of the trace tiled over the peers
     int idle;                // live peers at the end that hold no stage (--memory: none fits)
     double bound_end;        // the engine's assignment's bound at the end
-    double best_held;        // --memory: the policy's best split of the live peers at the end
-                             // within their memory (swarm_policy_best), 0 without budgets
+    double best_held;        // the policy's best split of the live peers at the end, within
+                             // their memory where it is known (swarm_policy_best)
     size_t memory;           // the engine's bytes at its fullest
     size_t memory_bound;     // what its formula allowed then
     char violation[512];     // the first invariant broken, "" none

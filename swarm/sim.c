@@ -152,8 +152,14 @@ static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
     int p = s_peer_of(s, to);
     s->requests++;
     if (p < 0 || !s->peers[p].alive) {
+        // its connection is gone, and the engine learns of the death now,
+        // maybe before the transport says so (EV_GONE): what the death
+        // leaves is judged here too (swarm sim seed 1491: a plan had moved
+        // the stage's other replica away)
+        if (p >= 0 && !s->peers[p].left_empty)
+            s->peers[p].left_empty = sim_leaves(s, p);
         net_msg_destroy(m);
-        return -EHOSTUNREACH; // its connection is gone
+        return -EHOSTUNREACH;
     }
     int64_t at = sim_arrival(s, p, LINK_DOWN, *m, s->now);
     size_t meta = 0;

@@ -242,6 +242,14 @@ fi
 sim_ok "a departure found after a plan moved its stage's other replicas away" --peers 90 \
     --stages 8 $CAMPAIGN $EVAL200 --batch 136 --liars 1 --audit 0.1 --audit-proven 0.01 \
     --grad-wire fp16 --lie-from 60 --lies grad --leave-rate 20 --save-every 10 --seed 1361
+# seed 1491 of the same swarm: the router learned of such a death when a
+# send to the peer failed, before the transport said the connection was
+# gone, and the sim judged the stage only at the latter
+# shellcheck disable=SC2086
+sim_ok "a departure found by a failed send after a plan moved its stage's other replica away" \
+    --peers 90 --stages 8 $CAMPAIGN $EVAL200 --batch 136 --liars 1 --audit 0.1 \
+    --audit-proven 0.01 --grad-wire fp16 --lie-from 60 --lies grad --leave-rate 20 \
+    --save-every 10 --seed 1491
 # two liars on one stage that contradict an honest target differently in
 # its input gradients, their sums honest (seeds 8 and 54 of a lie
 # campaign; the sim's dx and scale liars each lie in a pattern of their

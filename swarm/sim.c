@@ -146,20 +146,26 @@ static int s_peer_of(const sim_t *s, const net_peer_t *who)
     return p >= 0 && p < s->npeers && !strcmp(s->peers[p].who.conn, who->conn) ? (int) p : -1;
 }
 
+// The engine learns of dead peer p's death now (the transport found its
+// connection gone, or a send to it failed): a plan may have moved its
+// stage's other replicas away since it died (the engine held it ready),
+// and the stage is empty from here (swarm sim seeds 1361 and 1491).
+static void s_death_learned(sim_t *s, int p)
+{
+    if (!s->peers[p].left_empty)
+        s->peers[p].left_empty = sim_leaves(s, p);
+}
+
 static int s_io_send(void *ctx, const net_peer_t *to, net_msg_t **m)
 {
     sim_t *s = ctx;
     int p = s_peer_of(s, to);
     s->requests++;
     if (p < 0 || !s->peers[p].alive) {
-        // its connection is gone, and the engine learns of the death now,
-        // maybe before the transport says so (EV_GONE): what the death
-        // leaves is judged here too (swarm sim seed 1491: a plan had moved
-        // the stage's other replica away)
-        if (p >= 0 && !s->peers[p].left_empty)
-            s->peers[p].left_empty = sim_leaves(s, p);
+        if (p >= 0) // (maybe before the transport finds it gone: seed 1491)
+            s_death_learned(s, p);
         net_msg_destroy(m);
-        return -EHOSTUNREACH;
+        return -EHOSTUNREACH; // its connection is gone
     }
     int64_t at = sim_arrival(s, p, LINK_DOWN, *m, s->now);
     size_t meta = 0;
@@ -492,11 +498,7 @@ static void s_event(sim_t *s, event_t ev)
         sim_churn_event(s, ev.peer);
         break;
     case EV_GONE:
-        // the engine learns of the death now: a plan may have moved the
-        // stage's other replicas away since (it held the dead one ready),
-        // and the stage is empty from here (swarm sim seed 1361)
-        if (!pe->left_empty)
-            pe->left_empty = sim_leaves(s, ev.peer);
+        s_death_learned(s, ev.peer);
         swarm_engine_gone(s->e, s->now, &pe->who);
         break;
     case EV_LEAVE:

@@ -214,7 +214,8 @@ static const gauge_t s_tops[] = {
     {NULL, "tok_s", "swarm_tokens_per_second", "Training tokens a second over the run's steps."},
     {NULL, "bound_tok_s", "swarm_bound_tokens_per_second",
      "The least over stages of what its replicas sustain: the swarm's bound."},
-    {NULL, "eta_s", "swarm_eta_seconds", "Seconds to the end of the schedule."},
+    {NULL, "eta_s", "swarm_eta_seconds",
+     "Seconds to the end of this run: the schedule's, or sooner with --steps."},
 };
 static const gauge_t s_tables[] = {
     {"stages", "replicas", "swarm_stage_replicas", "Ready replicas of the stage."},

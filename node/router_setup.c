@@ -53,12 +53,15 @@ void router_io_stepped(void *ctx, const swarm_engine_step_t *st)
     if (r->curve && st->step < r->hp.iters)
         r->curve[st->step] = st->loss;
     long done = st->step + 1;
+    char to[40] = ""; // --steps ends this run before the schedule does
+    if (st->stop < st->iters)
+        snprintf(to, sizeof to, " to step %ld", st->stop);
     if (router_tty())
-        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s",
-                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
-    else if (done % r->o.log_every == 0 || done == st->iters)
-        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s\n",
-                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s);
+        fprintf(stderr, "\r\033[Kstep %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s%s",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s, to);
+    else if (done % r->o.log_every == 0 || done == st->stop)
+        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | peers %d | ETA %.0f s%s\n",
+                done, st->iters, st->loss, st->lr, st->tok_s, st->ready, st->eta_s, to);
 }
 
 // --wire, --grad-wire, --window: 1 when `a` is one of them (set from v),

@@ -501,8 +501,8 @@ static void s_stepped(void *ctx, const swarm_engine_step_t *st)
 {
     swarm_engine_step_t wall = *st;
     long done = st->step + 1;
-    if (done > 0 && st->iters > done)
-        wall.eta_s = s_wall(&s_wall0) / (double) done * (double) (st->iters - done);
+    if (done > 0 && st->stop > done)
+        wall.eta_s = s_wall(&s_wall0) / (double) done * (double) (st->stop - done);
     else
         wall.eta_s = 0.0;
     router_io_stepped(ctx, &wall);

@@ -60,7 +60,7 @@ typedef struct {
     double loss_avg;                // moving average of the loss
     double tok_s;                   // tokens per second of the swarm
     double bound_tok_s;             // the least over stages of what its replicas sustain
-    double eta_s;                   // seconds to the end of the schedule
+    double eta_s;                   // seconds to the end of this run (--steps, else iters)
     char state[STATUS_TEXT_MAX];    // waiting, training, done
     status_stage_t stages[STATUS_STAGES_MAX]; // nstages used
     size_t nstages;                 // stages kept

@@ -105,23 +105,33 @@ out_free:
     return rc;
 }
 
+// The step this run ends at: the schedule's end, or sooner with --steps.
+static long s_stop(const run_t *r)
+{
+    const node_train_opts_t *o = &r->o;
+    return o->steps > 0 && r->first + o->steps < o->iters ? r->first + o->steps : o->iters;
+}
+
 static void s_progress(run_t *r, float loss, double lr)
 {
     const node_train_opts_t *o = &r->o;
-    long step = node_trainer_step(r->trainer);
+    long step = node_trainer_step(r->trainer), stop = s_stop(r);
     double tps = s_tokens_per_s(r);
-    double eta = tps > 0 ? (o->iters - step) * (double) o->batch * o->cfg.T / tps : 0;
+    double eta = tps > 0 ? (stop - step) * (double) o->batch * o->cfg.T / tps : 0;
+    char to[40] = "";
+    if (stop < o->iters)
+        snprintf(to, sizeof to, " to step %ld", stop);
     if (r->tty) {
         int width = 30, done = o->iters ? (int) (width * step / o->iters) : width;
         char bar[64];
         for (int i = 0; i < width; i++)
             bar[i] = i < done ? '#' : '.';
         bar[width] = '\0';
-        fprintf(stderr, "\r\033[K[%s] step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s",
-                bar, step, o->iters, loss, lr, tps, eta);
-    } else if (step % o->log_every == 0 || step == o->iters) {
-        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s\n",
-                step, o->iters, loss, lr, tps, eta);
+        fprintf(stderr, "\r\033[K[%s] step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s%s",
+                bar, step, o->iters, loss, lr, tps, eta, to);
+    } else if (step % o->log_every == 0 || step == stop) {
+        fprintf(stderr, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | ETA %.0f s%s\n",
+                step, o->iters, loss, lr, tps, eta, to);
     }
 }
 
@@ -156,7 +166,7 @@ static int s_train_loop(run_t *r)
     int rc = 0;
     if (o->eval_every > 0 && r->first == 0)
         rc = s_eval(r);
-    long stop = o->steps > 0 && r->first + o->steps < o->iters ? r->first + o->steps : o->iters;
+    long stop = s_stop(r);
     while (rc == 0 && node_trainer_step(r->trainer) < stop) {
         rc = s_one_step(r);
         long step = node_trainer_step(r->trainer);

@@ -4,20 +4,29 @@
  */
 #include "engine_int.h"
 
-// Training tokens a second over the steps run so far.
-static double s_tok_s(const swarm_engine_t *r)
+double engine_tok_s(const swarm_engine_t *r)
 {
     long steps = r->step - r->first;
     return r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
 }
 
+long engine_stop(const swarm_engine_t *r)
+{
+    return r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps : r->hp.iters;
+}
+
+double engine_eta_s(const swarm_engine_t *r)
+{
+    double tps = engine_tok_s(r);
+    return tps > 0 ? (engine_stop(r) - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
+}
+
 // The caller logs the step that ended (the loss log, the progress line).
 static void s_progress(swarm_engine_t *r, double lr)
 {
-    double tps = s_tok_s(r);
     swarm_engine_step_t st = {
-        .step = r->step - 1, .iters = r->hp.iters, .loss = r->last_loss, .lr = lr, .tok_s = tps,
-        .eta_s = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0,
+        .step = r->step - 1, .iters = r->hp.iters, .stop = engine_stop(r), .loss = r->last_loss,
+        .lr = lr, .tok_s = engine_tok_s(r), .eta_s = engine_eta_s(r),
         .ready = engine_ready_count(r, -1),
     };
     if (r->io.stepped)
@@ -105,9 +114,7 @@ void engine_step_end(swarm_engine_t *r)
     r->step++;
     engine_history_step(r, step_s);
     s_progress(r, lr);
-    long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
-                                                                      : r->hp.iters;
-    r->done = r->step >= stop;
+    r->done = r->step >= engine_stop(r);
     r->want_ckpt = r->o.save && (r->done || (r->o.save_every > 0 && r->step % r->o.save_every == 0));
     r->want_eval = r->o.eval_every > 0 && (r->step % r->o.eval_every == 0 || r->step == r->hp.iters);
     r->phase = PH_WAIT;

@@ -556,10 +556,7 @@ enum { WIN_FIXED = SWARM_WINDOW_FIXED, WIN_AUTO = SWARM_WINDOW_AUTO, WIN_ALL = S
 enum { W_ACTS = 0, W_GRADS, W_STATE }; // activations and their gradients; gradient sums; state
 
 // For a call whose failure is reported where it happens (or is harmless).
-static inline void s_ignore(int rc)
-{
-    (void) rc;
-}
+static inline void s_ignore(int rc) { (void) rc; }
 
 // ---- across the router's files ----
 
@@ -586,9 +583,12 @@ void engine_sanitize(char *text);
 
 int engine_loud(swarm_engine_t *r, const char *key, char *note, size_t cap);
 double engine_secs(const swarm_engine_t *r);
+long engine_stop(const swarm_engine_t *r); // the step this run ends at (--steps, else iters)
+double engine_tok_s(const swarm_engine_t *r); // training tokens a second over the steps so far
+double engine_eta_s(const swarm_engine_t *r); // s to engine_stop at that rate (0: no rate yet)
 int engine_emit(swarm_engine_t *r, const net_peer_t *to, net_msg_t **m);
-void engine_say(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void engine_warn(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void engine_say(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3))),
+    engine_warn(const swarm_engine_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void engine_trace(const swarm_engine_t *r, const char *event, int kind, int mb, int stage, int peer);
 req_t *engine_req_at(const swarm_engine_t *r, int k);
 req_t *engine_req_find(swarm_engine_t *r, uint64_t id);

@@ -103,16 +103,14 @@ static json_t *s_status_counters(const swarm_engine_t *r)
 // events of the log (they name peers); "names_hidden" says so.
 static json_t *s_status_doc(const swarm_engine_t *r, uint64_t since, int full)
 {
-    long steps = r->step - r->first;
-    double tps = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0;
-    double eta = tps > 0 ? (r->hp.iters - r->step) * (double) r->hp.batch * r->hp.cfg.T / tps : 0;
+    double tps = engine_tok_s(r);
     int known = r->step > r->first; // a loss before the first step is not known
     json_t *doc = json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:[], s:[], s:i}",
                             "step", (json_int_t) r->step, "iters", (json_int_t) r->hp.iters,
                             "loss", engine_json_num(known ? r->last_loss : NAN, 4),
                             "loss_avg", engine_json_num(known ? r->loss_avg : NAN, 4),
                             "tok_s", engine_json_num(tps, 1), "bound_tok_s", engine_json_num(engine_bound(r), 1),
-                            "eta_s", engine_json_num(r->started && !r->done && tps > 0 ? eta : NAN, 1),
+                            "eta_s", engine_json_num(r->started && !r->done && tps > 0 ? engine_eta_s(r) : NAN, 1),
                             "state", r->done ? "done" : r->started ? "training" : "waiting",
                             "stages", "peers", "peers_omitted", 0);
     json_t *history = doc ? engine_history_json(r, since) : NULL;

@@ -13,9 +13,7 @@
 // last step: the run would end before them.
 static int s_update_pipelined(const swarm_engine_t *r)
 {
-    long stop = r->o.steps > 0 && r->first + r->o.steps < r->hp.iters ? r->first + r->o.steps
-                                                                      : r->hp.iters;
-    return r->step + 1 < stop && r->update_pending == 0 && r->self_peer < 0;
+    return r->step + 1 < engine_stop(r) && r->update_pending == 0 && r->self_peer < 0;
 }
 
 // A STEP of this step to stage s with meta (or none); NULL if it cannot be

@@ -372,10 +372,11 @@ typedef struct {
 typedef struct {
     long step;               // the step that ended (0-based: step + 1 are done)
     long iters;              // steps of the schedule
+    long stop;               // the step this run ends at: iters, or fewer with --steps
     float loss;              // the step's mean loss
     double lr;               // its learning rate
     double tok_s;            // training tokens a second since the run started
-    double eta_s;            // s to iters at that rate
+    double eta_s;            // s to stop at that rate
     int ready;               // ready peers
 } swarm_engine_step_t;
 

@@ -92,6 +92,16 @@ sim_ok "regression: a dead replica's gradient sum stays in the update" \
 sim_ok "stalls: a peer stopped for 2 s every 3 s, 6 peers on 3 stages" \
     --peers 6 --stages 3 --layers 3 --heads 4 --embd 32 --block 16 --batch 12 --micro-batch 2 \
     --iters 60 --eval-every 0 --stall-every 3 --stall 2 --speeds 2000,4000 --seed 3
+# --steps ends the run before its schedule: the progress counts to there
+sim_ok "30 steps of a schedule of 2000 (--steps)" --peers 12 --stages 3 --steps 30 --log-every 10
+wall=$(sed -n 's/.*| wall \([0-9.]*\) s |.*/\1/p' "$TMP/sim.out")
+eta=$(sed -n 's/^step 10\/2000 |.*| ETA \([0-9]*\) s to step 30$/\1/p' "$TMP/sim.out")
+if [ -n "$eta" ] && grep -q "^step 30/2000 |.*| ETA 0 s to step 30$" "$TMP/sim.out" \
+    && awk -v e="$eta" -v w="$wall" 'BEGIN { exit !(e <= 3 * w + 1) }'; then
+    ok "its progress: an ETA of $eta s to step 30 at step 10, in a run of $wall s"
+else
+    bad "the progress of a run of 30 steps of 2000 (wall $wall s):"; grep "^step" "$TMP/sim.out"
+fi
 sim_ok "liars: 3 of 10 send NaNs or let their parameters drift, every forward verified" \
     --peers 10 --stages 2 $TINY --batch 8 --iters 40 --liars 3 --lies nan,drift --verify 1 --seed 4
 if grep -q "3 liars (3 caught)" "$TMP/sim.out"; then

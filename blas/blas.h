@@ -120,4 +120,10 @@ int blas_cpu_count(void);
 // The OpenBLAS build in use, for logs (e.g. "OpenBLAS 0.3.21 Haswell MAX_THREADS=64").
 const char *blas_cpu_info(void);
 
+// The OpenBLAS core to ask for (OPENBLAS_CORETYPE, read when the library
+// loads) where OpenBLAS fell back to its SSE3 core on a CPU it does not
+// know and the CPU runs a newer one, named by the features the CPU and the
+// OS give it; NULL where OpenBLAS's own pick stands or the user chose one.
+const char *blas_cpu_core_pick(void);
+
 #endif

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 // provided by every OpenBLAS build
@@ -445,6 +446,35 @@ const char *blas_cpu_info(void)
     static char info[256];
     snprintf(info, sizeof info, "%s (core %s)", openblas_get_config(), openblas_get_corename());
     return info;
+}
+
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels by the CPU's model number, and
+// one newer than its release falls back to Prescott (SSE3): Debian's 0.3.21
+// on an Emerald Rapids Xeon (family 6, model 207) ran swarm train 3.5x
+// slower there than on the Cooperlake kernels the CPU runs
+// (docs/performance.md). The pick goes by features instead, which
+// __builtin_cpu_supports reads from cpuid and, for AVX and AVX-512, from
+// what the OS saves (xgetbv): a CPU without them keeps Prescott.
+const char *blas_cpu_core_pick(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core || strcasecmp(core, "prescott") != 0)
+        return NULL;
+    __builtin_cpu_init();
+    int skx = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd")
+              && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+              && __builtin_cpu_supports("avx512vl");
+    if (skx && __builtin_cpu_supports("avx512bf16"))
+        return "Cooperlake";
+    if (skx)
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    if (__builtin_cpu_supports("avx"))
+        return "Sandybridge";
+#endif
+    return NULL;
 }
 
 static blas_backend_t s_cpu = {

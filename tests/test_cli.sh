@@ -66,6 +66,22 @@ mkdir -p "$TMP/cut" && head -c 5000 "$TMP/ck/checkpoint.bin" >"$TMP/cut/checkpoi
 expect_error "truncated checkpoint" "checksum mismatch" train --resume "$TMP/cut" --data "$TMP/data.txt"
 # wrong model shape against an existing checkpoint
 expect_error "shape flag against checkpoint" "--layers 3 does not match" train --resume "$TMP/ck" --layers 3 --data "$TMP/data.txt"
+# the OpenBLAS kernels: a CPU whose OS gives it AVX runs AVX kernels, also
+# where the library is older than the CPU and would fall back to Prescott
+# (SSE3: 3.5x slower on an Emerald Rapids Xeon); a core the user names stands
+core_of() { # ENV...: the core swarm train reports
+    env "$@" "$SWARM" train $TINY --data "$TMP/data.txt" --iters 1 2>&1 |
+        sed -n 's/.*OpenBLAS core \([A-Za-z0-9]*\).*/\1/p' | head -n 1
+}
+core=$(core_of)
+case "$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | grep -cw avx) $core" in
+    "1 Prescott" | "1 Core2" | "1 Penryn" | "1 Dunnington" | "1 Nehalem" | "1 Atom" | *" ")
+        bad "this CPU has AVX and runs OpenBLAS core '$core'" ;;
+    *) ok "OpenBLAS core $core on this CPU" ;;
+esac
+core=$(core_of OPENBLAS_CORETYPE=Prescott)
+[ "$core" = Prescott ] && ok "OPENBLAS_CORETYPE=Prescott stands" \
+    || bad "OPENBLAS_CORETYPE=Prescott gave core '$core'"
 # stop after 6 steps of the 12-step schedule, then resume to the end
 # (its progress, which --quiet hides, counts to step 6, where this run ends)
 if SWARM_PLAIN=1 "$SWARM" train ${TINY% --quiet} --data "$TMP/data.txt" --iters 12 --steps 6 --save "$TMP/six" \

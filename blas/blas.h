@@ -126,4 +126,9 @@ const char *blas_cpu_info(void);
 // OS give it; NULL where OpenBLAS's own pick stands or the user chose one.
 const char *blas_cpu_core_pick(void);
 
+// First thing in main: restart the program once (argv, through
+// /proc/self/exe) with passive OpenMP waiting and blas_cpu_core_pick's
+// core, unless the user set a waiting policy and no core needs picking.
+void blas_cpu_restart(char **argv);
+
 #endif

@@ -477,6 +477,35 @@ const char *blas_cpu_core_pick(void)
     return NULL;
 }
 
+// OpenMP and OpenBLAS read their settings from the environment when they
+// load, before main. By default idle worker threads spin; on a desktop
+// that also runs anything else, a spinning thread waits for a partner that
+// the kernel has preempted, and a step ran 6x slower beside one busy process
+// (docs/performance.md). And OpenBLAS runs its SSE3 kernels on a CPU newer
+// than itself (blas_cpu_core_pick). Unless the user chose a policy and a
+// core, restart once with passive waiting and the CPU's kernels.
+void blas_cpu_restart(char **argv)
+{
+    const char *core = blas_cpu_core_pick();
+    if (getenv("OMP_WAIT_POLICY") && !core)
+        return;
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        if (!getenv("OPENBLAS_THREAD_TIMEOUT"))
+            setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    }
+    if (core)
+        setenv("OPENBLAS_CORETYPE", core, 1);
+    // exec the file itself, not /proc/self/exe, so ps and top still say "swarm"
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    // no /proc: carry on with the default policy and core
+}
+
 static blas_backend_t s_cpu = {
     .api_version = BLAS_API_VERSION,
     .name = "cpu",

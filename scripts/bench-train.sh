@@ -8,6 +8,9 @@
 set -eu
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
+for f in "$SWARM" "$BUILD/bench_gemm"; do
+    [ -x "$f" ] || { echo "bench-train.sh: $f missing; run make bench" >&2; exit 1; }
+done
 ITERS=${ITERS:-150}
 THREADS=${THREADS:-$(nproc)}
 SHARED=${SWARM_SHARED:-../shared}

@@ -45,6 +45,7 @@ static double s_gflops(int M, int N, int K, double seconds)
 
 int main(int argc, char **argv)
 {
+    blas_cpu_restart(argv); // the kernels swarm runs
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     blas_backend_t *be = blas_cpu_backend(threads);
     printf("device %s\n", be->device);

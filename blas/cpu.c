@@ -478,20 +478,26 @@ const char *blas_cpu_core_pick(void)
 }
 
 // OpenMP and OpenBLAS read their settings from the environment when they
-// load, before main. By default idle worker threads spin; on a desktop
-// that also runs anything else, a spinning thread waits for a partner that
-// the kernel has preempted, and a step ran 6x slower beside one busy process
-// (docs/performance.md). And OpenBLAS runs its SSE3 kernels on a CPU newer
-// than itself (blas_cpu_core_pick). Unless the user chose a policy and a
-// core, restart once with passive waiting and the CPU's kernels.
+// load, before main. By default an idle libgomp worker spins 300,000 times
+// (about a millisecond) before it sleeps; on a desktop that also runs
+// anything else, a spinning thread waits for a partner that the kernel has
+// preempted: two 2-thread runs at once on two cores made 6,500 tok/s in
+// all, against 30,600 waiting passively. Never spinning
+// (OMP_WAIT_POLICY=PASSIVE) costs a quiet machine a quarter: a worker put
+// to sleep at every barrier wakes late. A short spin (GOMP_SPINCOUNT=1000)
+// keeps most of both (docs/performance.md, "Threads"). And OpenBLAS runs
+// its SSE3 kernels on a CPU newer than itself (blas_cpu_core_pick). Unless
+// the user chose how to wait and a core, restart once with the short spin
+// and the CPU's kernels.
 void blas_cpu_restart(char **argv)
 {
     const char *core = blas_cpu_core_pick();
-    if (getenv("OMP_WAIT_POLICY") && !core)
+    int wait = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT");
+    if (!wait && !core)
         return;
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        if (!getenv("OPENBLAS_THREAD_TIMEOUT"))
+    if (wait) {
+        setenv("GOMP_SPINCOUNT", "1000", 1);
+        if (!getenv("OPENBLAS_THREAD_TIMEOUT")) // (its pthread build's threads)
             setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
     }
     if (core)
@@ -503,7 +509,7 @@ void blas_cpu_restart(char **argv)
         self[n] = '\0';
         execv(self, argv);
     }
-    // no /proc: carry on with the default policy and core
+    // no /proc: carry on with libgomp's spin and OpenBLAS's core
 }
 
 static blas_backend_t s_cpu = {

@@ -79,23 +79,43 @@ if [ $have_torch = 1 ]; then
     best_torch_plain=$(tok_s "$TMP/torch_plain")
 fi
 
-# One knob, no oversubscription: swarm waits passively unless told
-# otherwise; against a busy neighbour (a niced busy loop, like any other
-# program on a volunteer's desktop) spinning pools collapse.
-echo "== threads: swarm's default (passive waiting) against spinning (OMP_WAIT_POLICY=ACTIVE)"
-run_short() {  # LABEL ENV...
-    label=$1; shift
+# One knob, no oversubscription: how idle threads wait. swarm's default is
+# a short spin (GOMP_SPINCOUNT=1000); against it, never spinning
+# (PASSIVE), libgomp's own default (a spin of 300,000, about a ms) and
+# spinning for good (ACTIVE). Quiet, beside a niced busy loop, beside a busy
+# loop of the same priority (any other program on a volunteer's desktop),
+# and beside a second swarm train of as many threads (the two's sum).
+echo "== threads: how idle threads wait (tok/s, 40 steps each)"
+WAYS="swarm|SWARM_BENCH=1 PASSIVE|OMP_WAIT_POLICY=PASSIVE libgomp|GOMP_SPINCOUNT=300000 ACTIVE|OMP_WAIT_POLICY=ACTIVE"
+short() {  # OUT ENV...
+    out=$1; shift
     # shellcheck disable=SC2086
-    env "$@" "$SWARM" train $BABY $DATA $INIT --iters 40 --threads "$THREADS" --quiet >"$TMP/short" 2>&1
-    printf "   %-44s %6.0f tok/s\n" "$label" "$(tok_s "$TMP/short")"
+    env "$@" "$SWARM" train $BABY $DATA $INIT --iters 40 --threads "$THREADS" --quiet >"$out" 2>&1
 }
-run_short "default, quiet machine" SWARM_BENCH=1
-run_short "OMP_WAIT_POLICY=ACTIVE, quiet machine" OMP_WAIT_POLICY=ACTIVE
-nice -n 19 sh -c 'while :; do :; done' &
-busy=$!
-run_short "default, beside a niced busy loop" SWARM_BENCH=1
-run_short "OMP_WAIT_POLICY=ACTIVE, beside a niced busy loop" OMP_WAIT_POLICY=ACTIVE
-kill $busy
+printf "   %-26s" ""
+for w in $WAYS; do printf " %9s" "${w%%|*}"; done
+echo
+for beside in quiet "niced loop" "loop" "a second run"; do
+    busy=""
+    case $beside in
+        "niced loop") nice -n 19 sh -c 'while :; do :; done' & busy=$! ;;
+        loop) sh -c 'while :; do :; done' & busy=$! ;;
+    esac
+    printf "   %-26s" "$beside"
+    for w in $WAYS; do
+        if [ "$beside" = "a second run" ]; then
+            short "$TMP/short2" ${w#*|} &
+            short "$TMP/short" ${w#*|}
+            wait $!
+            printf " %9.0f" "$(awk -v a="$(tok_s "$TMP/short")" -v b="$(tok_s "$TMP/short2")" 'BEGIN { print a + b }')"
+        else
+            short "$TMP/short" ${w#*|}
+            printf " %9.0f" "$(tok_s "$TMP/short")"
+        fi
+    done
+    echo
+    [ -n "$busy" ] && kill "$busy"
+done
 
 echo
 echo "== summary (best of 2 rounds, $ITERS steps, $THREADS threads)"

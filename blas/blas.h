@@ -127,8 +127,9 @@ const char *blas_cpu_info(void);
 const char *blas_cpu_core_pick(void);
 
 // First thing in main: restart the program once (argv, through
-// /proc/self/exe) with passive OpenMP waiting and blas_cpu_core_pick's
-// core, unless the user set a waiting policy and no core needs picking.
+// /proc/self/exe) with a short OpenMP spin (GOMP_SPINCOUNT) and
+// blas_cpu_core_pick's core, unless the user chose how threads wait
+// (OMP_WAIT_POLICY or GOMP_SPINCOUNT) and no core needs picking.
 void blas_cpu_restart(char **argv);
 
 #endif

@@ -451,8 +451,8 @@ const char *blas_cpu_info(void)
 // OpenBLAS (DYNAMIC_ARCH) picks its kernels by the CPU's model number, and
 // one newer than its release falls back to Prescott (SSE3): Debian's 0.3.21
 // on an Emerald Rapids Xeon (family 6, model 207) ran swarm train 3.5x
-// slower there than on the Cooperlake kernels the CPU runs
-// (docs/performance.md). The pick goes by features instead, which
+// slower on one thread (2.2x on two) than on the Cooperlake kernels the
+// CPU runs (docs/performance.md). The pick goes by features instead, which
 // __builtin_cpu_supports reads from cpuid and, for AVX and AVX-512, from
 // what the OS saves (xgetbv): a CPU without them keeps Prescott.
 const char *blas_cpu_core_pick(void)

@@ -37,7 +37,7 @@ static void s_help(FILE *out)
         "usage: swarm sim --peers N [--stages S|auto] [--steps K] [--seed X] [--numeric]\n"
         "                 [--speeds LIST] [--latency MS] [--bandwidth MBIT] [--jitter MS]\n"
         "                 [--loss F] [--kill-every S] [--leave-rate R] [--stall-every S]\n"
-        "                 [--router-bandwidth MBIT] [--direct]\n"
+        "                 [--router-bandwidth MBIT] [--direct] [--speed-noise F]\n"
         "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
         "                 [--memory LIST] [--as-params N]\n"
         "                 [router and training flags of swarm router]\n"
@@ -78,6 +78,8 @@ static void s_help(FILE *out)
         "                     FWD, a BWD and their RESULT take the peers' links, not\n"
         "                     the router's\n"
         "  --jitter MS        up to this much more latency a message, in order (default 0)\n"
+        "  --speed-noise F    each peer runs at 1 +/- F of its speed, drawn again every\n"
+        "                     10 virtual s, and says so (a machine shared with others)\n"
         "  --loss F           the fraction of messages that lose a segment and wait 200 ms,\n"
         "                     with what follows them on the link (default 0)\n"
         "  --kill-every S     kill a random peer every S virtual seconds; a new one joins\n"
@@ -200,6 +202,7 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         "--kill-every", "--limit", "--stall-every", "--stall", "--liars", "--lies", "--churn",
         "--lie-from",
         "--churn-scale", "--sim-seed", "--bandwidth", "--jitter", "--loss", "--leave-rate",
+        "--speed-noise",
         "--router-bandwidth", "--memory", "--as-params" };
     f->o.latency_ms = 20;
     f->o.limit_s = 36000;
@@ -285,6 +288,10 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             if (!number || x < 0 || x > 10000)
                 return s_bad(err, n, a, v, "milliseconds, 0..10000");
             f->o.jitter_ms = (int64_t) x;
+        } else if (!strcmp(a, "--speed-noise")) {
+            if (!number || !(x >= 0 && x <= 0.9))
+                return s_bad(err, n, a, v, "a fraction, 0..0.9 (0.2: each peer at 0.8-1.2 of its speed)");
+            f->o.speed_noise = x;
         } else if (!strcmp(a, "--loss")) {
             if (!number || x < 0 || x > 0.5)
                 return s_bad(err, n, a, v, "a fraction of messages, 0..0.5");

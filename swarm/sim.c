@@ -68,6 +68,21 @@ double sim_uniform(sim_t *s)
     return (double) (swarm_splitmix64(&s->rng) >> 11) * 0x1p-53;
 }
 
+// --speed-noise: the factor pe runs at now, drawn again every SIM_NOISE_MS
+// (uniform in 1 +/- the noise: its mean speed is its speed). Drawn as its
+// work and its HEARTBEATs need it; without the flag no draw is made, and a
+// run is what it was.
+double sim_noise(sim_t *s, sim_peer_t *pe)
+{
+    if (s->o->speed_noise <= 0.0)
+        return 1.0;
+    if (pe->noise <= 0.0 || s->now >= pe->noise_until) {
+        pe->noise = 1.0 + s->o->speed_noise * (2.0 * sim_uniform(s) - 1.0);
+        pe->noise_until = s->now + SIM_NOISE_MS;
+    }
+    return pe->noise;
+}
+
 void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sim_violate(sim_t *s, const char *fmt, ...)
 {

@@ -12,6 +12,7 @@
 #define SIM_JOINHOLD_MS 3000  // a joinhold liar holds its state this long, then leaves
 #define SIM_STATE_FLOATS 3   // a replica's state: the first 3 floats of its stage
 #define SIM_RTO_MS 200       // a lost segment's retransmission (Linux's least RTO)
+#define SIM_NOISE_MS 10000   // --speed-noise: a peer's speed factor is drawn this often
 
 enum { EV_TO_ENGINE = 1, EV_TO_PEER, EV_PEER_FREE, EV_TICK, EV_HEARTBEAT, EV_KILL, EV_JOIN, EV_GONE,
        EV_STALL, EV_RESUME, EV_CHURN, EV_LEAVE, EV_BACK };
@@ -71,6 +72,8 @@ typedef struct {
     int drift_copy;          // its state came from a drift liar that no replica could contradict
     int outvoted;            // an honest replica a diverged drift liar outvoted one against one
     double speed;            // training tokens a second on a stage of mean cost
+    double noise;            // --speed-noise: what it runs at now, a factor of speed (1 none)
+    int64_t noise_until;     // ms: its factor is drawn again from then
     double work_owed_ms;     // the fraction of a ms its last work took beyond the whole
                              // ms it was given: the next work takes it (sim_serve)
     double beat_tok;         // the tok_s its last HEARTBEAT said, and as text (%.6g
@@ -163,6 +166,7 @@ void sim_push(sim_t *s, int64_t t, int type, int peer, net_msg_t *m);
 // When m, sent at `sent` on peer p's link one way (LINK_*), arrives
 int64_t sim_arrival(sim_t *s, int p, int way, const net_msg_t *m, int64_t sent);
 double sim_uniform(sim_t *s);
+double sim_noise(sim_t *s, sim_peer_t *pe); // --speed-noise: pe's speed factor now
 void sim_violate(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // The checksum a simulated peer reports for its state (the first
 // SIM_STATE_FLOATS floats of what its STATE_GET sends)

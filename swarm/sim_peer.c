@@ -500,7 +500,7 @@ static net_msg_t *s_answer(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
 // peers in the sim kept 0.80-0.92 of their bound for it); what the
 // rounding down leaves is owed by its next work, so that its work over a
 // run takes what its speed says.
-static int64_t s_cost_ms(const sim_t *s, sim_peer_t *pe, const net_msg_t *req)
+static int64_t s_cost_ms(sim_t *s, sim_peer_t *pe, const net_msg_t *req)
 {
     const net_head_t *h = net_msg_head_const(req);
     double thirds = h->type == NET_MSG_BWD ? 2
@@ -510,7 +510,7 @@ static int64_t s_cost_ms(const sim_t *s, sim_peer_t *pe, const net_msg_t *req)
         return 0;
     double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
     double tokens = (double) s->c->micro * s->c->shape.T * thirds / 3.0;
-    double ms = 1000.0 * tokens * cost / pe->speed + pe->work_owed_ms;
+    double ms = 1000.0 * tokens * cost / (pe->speed * sim_noise(s, pe)) + pe->work_owed_ms;
     int64_t took = (int64_t) ms;
     pe->work_owed_ms = ms - (double) took;
     return took;
@@ -619,7 +619,7 @@ void sim_heartbeat(sim_t *s, int p)
     // as a node says it: its speed on the stage it serves (a stage's cost
     // scales it), the HELLO's yardstick before it has one
     double cost = pe->stage >= 0 ? s->c->stage_cost[pe->stage] / s->mean_cost : 1.0;
-    double tok = pe->speed / cost * s_claimed(pe, 1);
+    double tok = pe->speed * sim_noise(s, pe) / cost * s_claimed(pe, 1);
     if (tok != pe->beat_tok || !pe->beat_tok_text[0]) {
         pe->beat_tok = tok;
         snprintf(pe->beat_tok_text, sizeof pe->beat_tok_text, "%.6g", tok);

@@ -530,6 +530,8 @@ typedef struct {
                              // peers' links, not the router's (a projection of that design)
     int64_t jitter_ms;       // up to this much more latency, drawn per message (a link
                              // keeps its order: one TCP stream)
+    double speed_noise;      // each peer's speed drifts: a factor drawn in 1 +/- this
+                             // every SIM_NOISE_MS (a machine that others share); 0 none
     double loss;             // the fraction of messages that lose a segment: they and
                              // what follows them on the link wait a retransmission
     double kill_every_s;     // a random live peer is killed this often (and a new one

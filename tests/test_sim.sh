@@ -673,10 +673,10 @@ check_losses "$TMP/uneven.txt" "$TMP/train4.txt" 20 "(numeric sim, a cut within 
 # the sim). One peer that is the whole model, at no latency: its tok/s is
 # its speed. Two peers of no compute time: their links are all the time
 # there is, and half the bandwidth makes half the tok/s.
-# sim_tok_s FLAGS...: the tok/s of swarm sim FLAGS
+# sim_tok_s FLAGS...: the tok/s of swarm sim FLAGS (which come last: they win)
 sim_tok_s() {
-    SWARM_PLAIN=1 "$SWARM" sim "$@" --layers 2 --heads 4 --embd 128 --block 64 --batch 192 \
-        --micro-batch 2 --eval-every 0 --iters 50 --latency 0 --audit 0 --verify 0 2>&1 \
+    SWARM_PLAIN=1 "$SWARM" sim --layers 2 --heads 4 --embd 128 --block 64 --batch 192 \
+        --micro-batch 2 --eval-every 0 --iters 50 --latency 0 --audit 0 --verify 0 "$@" 2>&1 \
         | sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*invariants ok$/\1/p'
 }
 one=$(sim_tok_s --peers 1 --stages 1 --speeds 24000)
@@ -684,6 +684,17 @@ if [ -n "$one" ] && awk -v t="$one" 'BEGIN { exit !(t >= 0.99 * 24000 && t <= 1.
     ok "one peer of 24000 tok/s that is the whole model makes $one tok/s"
 else
     bad "one peer of 24000 tok/s makes '$one' tok/s, not its speed"
+fi
+# --speed-noise: a peer's speed swings by a draw every 10 s, about the speed
+# it has (one of 24000 tok/s at 1 +/- 0.3, 400 steps of 12 micro-batches,
+# 20 draws)
+quiet=$(sim_tok_s --peers 1 --stages 1 --speeds 24000 --micro-batch 16 --iters 400)
+noisy=$(sim_tok_s --peers 1 --stages 1 --speeds 24000 --micro-batch 16 --iters 400 --speed-noise 0.3)
+if [ -n "$quiet" ] && [ -n "$noisy" ] && awk -v q="$quiet" -v n="$noisy" \
+        'BEGIN { exit !(n >= 0.85 * 24000 && n <= 1.15 * 24000 && (n < 0.995 * q || n > 1.005 * q)) }'; then
+    ok "one peer of 24000 tok/s at 1 +/- 0.3 of it makes $noisy tok/s ($quiet without the noise)"
+else
+    bad "one peer of 24000 tok/s at 1 +/- 0.3 of it: '$noisy' tok/s ('$quiet' without)"
 fi
 fast=$(sim_tok_s --peers 2 --stages 2 --speeds 100000000 --bandwidth 100)
 slow=$(sim_tok_s --peers 2 --stages 2 --speeds 100000000 --bandwidth 50)
@@ -748,6 +759,8 @@ expect_error "a latency range upside down" "--latency 100-20: expected milliseco
     --peers 4 --stages 2 --latency 100-20 $TINY
 expect_error "a bandwidth range from nothing" "--bandwidth 0-100: expected Mbit/s" \
     --peers 4 --stages 2 --bandwidth 0-100 $TINY
+expect_error "a speed noise past its range" "--speed-noise 1.5: expected a fraction, 0..0.9" \
+    --peers 4 --stages 2 --speed-noise 1.5 $TINY
 expect_error "two ways to kill peers" "--leave-rate and --kill-every: give one of them" \
     --peers 4 --stages 2 --leave-rate 1 --kill-every 2 $TINY
 head -c 4096 "$BUILD/swarm" >"$TMP/binary.csv"

@@ -112,7 +112,7 @@ fi
 # the RMS bound alone (no spot checks, no audits): liars whose activations
 # grow 1.5x a tensor, each inside 100x of a bound that once learned from
 # them (0 of 3 caught then), are refused once 100x the stage's median
-sim_ok "regression: two walkers up the RMS bound audit an honest target alike only if they collude" \
+sim_ok "regression: two walkers up the RMS bound do not outvote an honest target (soak seed)" \
     --peers 71 --stages 7 --layers 8 --heads 2 --embd 8 --block 16 --micro-batch 4 --batch 56 \
     --iters 60 --eval-every 0 --save-every 10 --speeds 25x6,50x6,100x6,1000,2000 \
     --latency 20-100 --bandwidth 10-100 --liars 2 --leave-rate 1 --stall-every 40 \

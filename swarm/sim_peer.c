@@ -238,22 +238,23 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
 // SECURITY.md), or each 1.5 times the last, signed in the liar's pattern too
 // (raw f32, past the encoder's checks, as a lying node's); of SIM_TAINT
 // when it is work of diverged parameters (`tainted`).
+static float s_own_sign(const sim_t *s, const sim_peer_t *pe, size_t j) // (a quarter -1)
+{
+    return ((uint32_t) j * 2654435761u + (uint32_t) (pe - s->peers) * 0x9e3779b9u) >> 30 ? 1.0f : -1.0f;
+}
+
 static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int tainted)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,
                          (uint32_t) s->c->shape.C };
     size_t n = (size_t) dims[0] * dims[1] * dims[2];
-    uint32_t own = (uint32_t) (pe - s->peers) * 0x9e3779b9u; // the liar's pattern
     if (s_lying(pe, SIM_LIE_RMSWALK)) {
-        // two walkers' audits of one honest target once recomputed the same
-        // input gradients, step for step, and expelled it (a soak's seed
-        // 609125826): liars alike, which no vote tells from honest replicas
         pe->walk = pe->walk > 0.0 ? fmin(1.5 * pe->walk, 1e30) : 1.5; // finite
         float *x = malloc(n * sizeof(float));
         if (!x)
             abort();
         for (size_t j = 0; j < n; j++)
-            x[j] = ((uint32_t) j * 2654435761u + own) >> 30 ? (float) pe->walk : (float) -pe->walk;
+            x[j] = s_own_sign(s, pe, j) * (float) pe->walk;
         if (net_msg_add_raw(m, NET_DTYPE_F32, dims, 3, x, n * sizeof(float)) != 0)
             abort();
         free(x);
@@ -272,8 +273,7 @@ static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int taint
             (*x)[n / 2] = NAN;
     }
     for (size_t j = 0; (how == SIM_LIE_DX || how == SIM_LIE_SCALE) && j < n; j++)
-        (*x)[j] = ((uint32_t) j * 2654435761u + own) >> 30 ? (how == SIM_LIE_DX ? -1.0f : 1000.0f)
-                                                          : (how == SIM_LIE_DX ? 1.0f : -1000.0f);
+        (*x)[j] = s_own_sign(s, pe, j) * (how == SIM_LIE_DX ? -1.0f : 1000.0f);
     int raw = how && how != SIM_LIE_DRIFT; // a lie past the encoder's checks (drift's are plausible)
     if (!how && !s->ones_wire) { // the honest ones, encoded once
         if (!(s->ones_wire = net_msg_new(NET_MSG_RESULT))

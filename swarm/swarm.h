@@ -224,7 +224,9 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
 // The moves of plan `to` (swarm_policy_plan's, for the same peers) that
 // start now, its first wave: to[i] of each move that must wait for the
 // newcomers of the stage it leaves to be ready is set back to the peer's
-// stage. How many wait; -1 (and none start) when some never could.
+// stage; of the moves between two stages the lightest start first, so a
+// stage keeps its heaviest leavers while it waits. How many wait; -1 (and
+// none start) when some never could.
 int swarm_policy_wave(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan, int *to);
 
 // Refilling: the ready peer to move into stage `empty`, which has lost every

@@ -962,6 +962,36 @@ START_TEST(test_plan_moves_a_stages_only_replica_in_waves)
 }
 END_TEST
 
+// A stage whose leavers must keep one of them until its stand-in comes
+// keeps its heaviest meanwhile: the lightest go first. (It kept the one
+// that came last by index: scripts/bench-hetero.sh's stage of four kept
+// its slowest, a sixth of its speed, through two steps 3-5 times as long.)
+START_TEST(test_plan_waves_keep_the_heaviest)
+{
+    const double cost[3] = { 1.0, 1.0, 1.0 };
+    swarm_plan_t plan = { .stages = 3, .cost = cost, .now = 100.0, .hold = 30.0, .margin = 0.05,
+                          .horizon = 300.0 };
+    // the fast peer to stage 1, stage 1's to stage 2, stage 2's four to
+    // stage 0: stage 2 keeps one of its own until stage 1's comes, which
+    // waits for the fast one's stand-ins on stage 0
+    for (int heavy = 2; heavy < 6; heavy++) {
+        swarm_peer_view_t p[6] = {
+            s_view(0, 1, 0, 20), s_view(1, 1, 0, 10), s_view(2, 1, 0, 2),
+            s_view(2, 1, 0, 4), s_view(2, 1, 0, 3), s_view(2, 1, 0, 2),
+        };
+        p[heavy].tok_s = 8;
+        for (int i = 0; i < 6; i++)
+            p[i].moved_at = -1e30;
+        int to[6] = { 1, 2, 0, 0, 0, 0 };
+        ck_assert_int_eq(swarm_policy_wave(p, 6, &plan, to), 3);
+        for (int i = 2; i < 6; i++) // the heaviest stays, the other three go now
+            ck_assert_int_eq(to[i], i == heavy ? 2 : 0);
+        ck_assert_int_eq(to[0], 0); // (the fast one and stage 1's wait their turns)
+        ck_assert_int_eq(to[1], 1);
+    }
+}
+END_TEST
+
 // Whether the moves from where the peers are to `at` can be made in
 // waves (swarm.h): a move starts while its stage keeps, ready without it,
 // two of the peers ready there when they are three or more, else one, or
@@ -1628,6 +1658,7 @@ int main(void)
     tcase_add_test(tc, test_plan_counts_stage_cost);
     tcase_add_test(tc, test_plan_swaps_and_moves_several_where_one_move_cannot);
     tcase_add_test(tc, test_plan_moves_a_stages_only_replica_in_waves);
+    tcase_add_test(tc, test_plan_waves_keep_the_heaviest);
     tcase_add_test(tc, test_plan_equals_brute_force_up_to_10_peers_and_4_stages);
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_audit_time_is_the_largest_share_by_the_first_to_finish_it);

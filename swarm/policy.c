@@ -6,13 +6,17 @@
  * assignment puts a joining node on the stage with the least total
  * throughput; refilling moves one peer into a stage that lost every
  * replica (rebalancing, the best split, is policy_plan.c's); a cut of the
- * model fits the nodes' memory when each stage has a node to hold it; the
+ * model fits the nodes' memory when each stage has a node to hold it, and
+ * of the cuts that fit, the one chosen has the highest best split's bound
+ * (within CUT_GAIN: two replicas a stage first, then fewer stages); the
  * window is how many micro-batches keep every stage busy.
  */
 #include "swarm.h"
 
 #include <math.h>
 #include <stddef.h>
+
+#define CUT_GAIN 0.10 // cuts whose bounds are this near count as equal (cut_choose)
 
 // x / r against t without the division where a product settles it: the
 // two round within 2^-52 of each other, far inside the margin of 2^-50, so
@@ -220,6 +224,41 @@ int swarm_policy_cut_fits(const double *need, int S, int replicas, const double 
         to[node] = s;
     }
     return 1;
+}
+
+int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
+                            swarm_cut_need_fn need_of, void *ctx, int *replicas, int *to,
+                            double *bounds)
+{
+    double need[SWARM_MAX_STAGES], cost[SWARM_MAX_STAGES], bound[SWARM_MAX_STAGES + 1];
+    unsigned char two[SWARM_MAX_STAGES + 1] = { 0 };
+    double top = 0.0;
+    most = most < n ? most : n;
+    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
+    for (int S = 1; S <= most; S++) {
+        bound[S] = -1.0; // (no such cut, or the nodes hold no replica of a stage of it)
+        if (need_of(ctx, S, need, cost) != 0 || !swarm_policy_cut_fits(need, S, 1, mem, n, to))
+            continue;
+        swarm_plan_t plan = { .stages = S, .cost = cost, .need = need };
+        bound[S] = swarm_policy_best_of(mem, w, NULL, n, &plan);
+        two[S] = (unsigned char) swarm_policy_cut_fits(need, S, 2, mem, n, to);
+        top = bound[S] > top ? bound[S] : top;
+    }
+    for (int S = 1; bounds && S <= SWARM_MAX_STAGES; S++)
+        bounds[S - 1] = S <= most ? bound[S] : -1.0;
+    // of the cuts within CUT_GAIN of the highest bound: two replicas a
+    // stage before one, then the fewest stages
+    int chosen = -1;
+    for (int k = 2; k >= 1 && chosen < 0; k--)
+        for (int S = 1; S <= most && chosen < 0; S++)
+            if (bound[S] >= 0.0 && bound[S] * (1.0 + CUT_GAIN) >= top && (k == 1 || two[S]))
+                chosen = S;
+    *replicas = 0;
+    if (chosen < 0 || need_of(ctx, chosen, need, cost) != 0)
+        return -1;
+    *replicas = two[chosen] ? 2 : 1;
+    swarm_policy_cut_fits(need, chosen, *replicas, mem, n, to);
+    return chosen;
 }
 
 int swarm_policy_assign(const swarm_peer_view_t *peers, int n, int stages, const double *need,

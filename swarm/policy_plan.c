@@ -46,7 +46,6 @@
 #define PLAN_EXACT_NODES 2000000  // its search nodes at most (then the best found)
 #define PLAN_SEARCH_STEPS 4096    // improvements of one local search at most
 #define PLAN_KEEP 2               // a stage of more ready replicas keeps this many of them
-#define CUT_GAIN 0.10             // cuts whose bounds are this near count as equal (cut_choose)
 
 typedef struct wi {
     double w;
@@ -698,7 +697,7 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     return worth ? moves : 0;
 }
 
-// A move of the first wave: its stages, its weight, its peer.
+// A move of a plan: the stage it leaves, the one it goes to, its weight, its peer.
 typedef struct {
     int f, d;
     double w;
@@ -779,39 +778,4 @@ double swarm_policy_best_of(const double *mem, const double *w, const int *from,
     double bound = swarm_policy_best(v, n, plan, NULL);
     free(v);
     return bound;
-}
-
-int swarm_policy_cut_choose(int most, const double *mem, const double *w, int n,
-                            swarm_cut_need_fn need_of, void *ctx, int *replicas, int *to,
-                            double *bounds)
-{
-    double need[SWARM_MAX_STAGES], cost[SWARM_MAX_STAGES], bound[SWARM_MAX_STAGES + 1];
-    unsigned char two[SWARM_MAX_STAGES + 1] = { 0 };
-    double top = 0.0;
-    most = most < n ? most : n;
-    most = most < SWARM_MAX_STAGES ? most : SWARM_MAX_STAGES;
-    for (int S = 1; S <= most; S++) {
-        bound[S] = -1.0; // (no such cut, or the nodes hold no replica of a stage of it)
-        if (need_of(ctx, S, need, cost) != 0 || !swarm_policy_cut_fits(need, S, 1, mem, n, to))
-            continue;
-        swarm_plan_t plan = { .stages = S, .cost = cost, .need = need };
-        bound[S] = swarm_policy_best_of(mem, w, NULL, n, &plan);
-        two[S] = (unsigned char) swarm_policy_cut_fits(need, S, 2, mem, n, to);
-        top = bound[S] > top ? bound[S] : top;
-    }
-    for (int S = 1; bounds && S <= SWARM_MAX_STAGES; S++)
-        bounds[S - 1] = S <= most ? bound[S] : -1.0;
-    // of the cuts within CUT_GAIN of the highest bound: two replicas a
-    // stage before one, then the fewest stages
-    int chosen = -1;
-    for (int k = 2; k >= 1 && chosen < 0; k--)
-        for (int S = 1; S <= most && chosen < 0; S++)
-            if (bound[S] >= 0.0 && bound[S] * (1.0 + CUT_GAIN) >= top && (k == 1 || two[S]))
-                chosen = S;
-    *replicas = 0;
-    if (chosen < 0 || need_of(ctx, chosen, need, cost) != 0)
-        return -1;
-    *replicas = two[chosen] ? 2 : 1;
-    swarm_policy_cut_fits(need, chosen, *replicas, mem, n, to);
-    return chosen;
 }

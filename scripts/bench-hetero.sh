@@ -29,14 +29,19 @@
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
 # A benchmark: prints ratios, asserts nothing.
+# With BASE (another build's folder), each run is made with both builds,
+# one right after the other (the order alternating from run to run, as
+# the machine drifts), its rows NAME and NAME@base: side by side in one run.
 # Every run checkpoints every SAVE_EVERY steps (default 1: a rollback
 # replays one step at most, ~2.7 s here, as two of batch 96 did; a
 # checkpoint rides behind the step's updates and stalls no step); the
 # chaos line counts rollbacks too.
-#   SECONDS_RUN=60 SLOW=2 SAVE_EVERY=1 [ONLY="default-long chaos"] scripts/bench-hetero.sh build
+#   SECONDS_RUN=60 SLOW=2 SAVE_EVERY=1 [ONLY="default-long chaos"] scripts/bench-hetero.sh [BUILD [BASE]]
 set -eu
 BUILD=${1:-build}
+BASE=${2:-}
 SWARM="$BUILD/swarm"
+[ -z "$BASE" ] || [ -x "$BASE/swarm" ] || { echo "bench-hetero.sh: $BASE/swarm missing (BASE: the folder of the build to compare with)" >&2; exit 1; }
 RUN=${SECONDS_RUN:-60}
 SLOW=${SLOW:-2}
 SAVE_EVERY=${SAVE_EVERY:-1}
@@ -82,11 +87,12 @@ best_bound() {
             printf "%.0f", best }'
 }
 
-# run NAME DURATION ENV... -- ROUTER FLAGS: a local swarm for DURATION s
-run() {
-    name=$1 dur=$2
-    shift 2
-    case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
+# run_one BUILD NAME DURATION ENV... -- ROUTER FLAGS: a local swarm of
+# BUILD's binary for DURATION s, its row NAME
+run_one() {
+    build=$1 name=$2 dur=$3
+    shift 3
+    SWARM="$build/swarm"
     envs=""
     while [ "$1" != "--" ]; do envs="$envs $1"; shift; done
     shift
@@ -95,7 +101,7 @@ run() {
     # checkpoints: a stage that loses every replica (a kill of the last
     # one) rolls back SAVE_EVERY steps at most, not to the start
     # ORDERED: nodes join in order, so the even split is the same every run
-    env KEEP=1 ORDERED=1 $envs sh scripts/local-swarm.sh --build "$BUILD" -n 6 -s 3 --speeds "$SPEEDS" \
+    env KEEP=1 ORDERED=1 $envs sh scripts/local-swarm.sh --build "$build" -n 6 -s 3 --speeds "$SPEEDS" \
         $BABY --save "$OUT/ckpt-$name" --save-every "$SAVE_EVERY" --trace "$OUT/$name.trace" "$@" \
         >"$OUT/$name.log" 2>&1 &
     pid=$!
@@ -126,15 +132,37 @@ run() {
     done
     tok=$(tok_s "$OUT/$name.trace" "$bt")
     echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
-    printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
+    printf "%-17s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
         "$(awk -v x="$tok" -v y="${bound:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
         "$(awk -v x="$tok" -v y="${best:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
         "$moves" "$kills"
 }
 
+# run NAME DURATION ENV... -- ROUTER FLAGS: run_one of BUILD, and of BASE
+# (NAME@base) before or after it, the order turning at every run
+turn=0
+run() {
+    case " ${ONLY:-$1} " in *" $1 "*) ;; *) return 0 ;; esac
+    if [ -z "$BASE" ]; then
+        run_one "$BUILD" "$@"
+        return 0
+    fi
+    name=$1
+    shift
+    turn=$((1 - turn))
+    if [ "$turn" = 1 ]; then
+        run_one "$BUILD" "$name" "$@"
+        run_one "$BASE" "$name@base" "$@"
+    else
+        run_one "$BASE" "$name@base" "$@"
+        run_one "$BUILD" "$name" "$@"
+    fi
+    SWARM="$BUILD/swarm"
+}
+
 echo "== baby GPT over 3 stages, 6 nodes of speeds $SPEEDS (x this machine's core), $(nproc) cores"
 echo "   tok/s over the second half of each ${RUN}-second run"
-printf "%-10s %10s %10s %10s %8s %8s %6s %6s\n" run "tok/s" bound "best" "/bound" "/best" moves kills
+printf "%-17s %10s %10s %10s %8s %8s %6s %6s\n" run "tok/s" bound "best" "/bound" "/best" moves kills
 run even "$RUN" -- --assign even --rebalance-every 0
 run speed "$RUN" -- --rebalance-every 0
 run rebalance "$RUN" -- --assign even
@@ -150,6 +178,8 @@ run halfbatch "$RUN" -- --batch $((BATCH / 2))
 CHAOS=$((RUN * 3 / 2))
 run default-long "$CHAOS" --
 run chaos "$CHAOS" CHAOS_EVERY=20 CHAOS_STALL=0 -- --chaos 11
-awk '$1 == "default-long" { d = $2 } $1 == "chaos" { c = $2 }
-     END { if (d > 0) printf "chaos retained %.2f of the throughput without it (goal >= 0.85, no rollback but where a stage lost every replica)\n", c / d }' "$OUT/results"
+for b in "" @base; do
+    awk -v b="$b" '$1 == "default-long" b { d = $2 } $1 == "chaos" b { c = $2 }
+        END { if (d > 0) printf "chaos%s retained %.2f of the throughput without it (goal >= 0.85, no rollback but where a stage lost every replica)\n", b, c / d }' "$OUT/results"
+done
 echo "(goal: the defaults >= 0.9 of the bound and of the best split of these nodes)"

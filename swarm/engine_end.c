@@ -183,6 +183,17 @@ static void s_eval_turn(swarm_engine_t *r)
     r->phase = PH_WAIT;
 }
 
+// Every stage has a ready replica, and (before the first step) --min-nodes
+// have joined: a step may start.
+int engine_all_stages_ready(const swarm_engine_t *r)
+{
+    for (int s = 0; s < r->stages; s++)
+        if (engine_ready_count(r, s) == 0)
+            return 0;
+    // --min-nodes gates the start only: later the swarm trains on what it has
+    return r->started || r->rollbacks > 0 || engine_ready_count(r, -1) >= r->min_nodes;
+}
+
 void engine_turn(swarm_engine_t *r)
 {
     engine_backs(r);

@@ -543,15 +543,6 @@ void engine_reap(swarm_engine_t *r)
     s_reap_failed(r); // (the probes' finds)
 }
 
-int engine_all_stages_ready(const swarm_engine_t *r)
-{
-    for (int s = 0; s < r->stages; s++)
-        if (engine_ready_count(r, s) == 0)
-            return 0;
-    // --min-nodes gates the start only: later the swarm trains on what it has
-    return r->started || r->rollbacks > 0 || engine_ready_count(r, -1) >= r->min_nodes;
-}
-
 // Rebalancing judges each peer by its speed over the whole span since the
 // last check (work done over time busy, once it was busy a second), not by
 // the routing average, which follows the last second or so: on a shared host
@@ -579,24 +570,29 @@ static double s_move_s(const swarm_engine_t *r, int s)
     return 0.1 + 2.0 * 12.0 * (double) r->stage_n[s] / (r->link_rate * 1e3);
 }
 
-// What each peer does at this check, as a weight (speed times its stage's
-// cost: the same on any stage), for the next check's s_plan_held.
+// What each peer did over the checks so far, as a weight (speed times its
+// stage's cost: the same on any stage), for the next check's
+// s_plan_held: a mean that gives each check a fifth (about the last 25 s).
+#define PLAN_SMOOTH 0.2
 static void s_plan_speeds(swarm_engine_t *r, const swarm_peer_view_t *views)
 {
     for (int q = 0; q < r->npeers; q++) {
         int s = views[q].stage;
-        r->peers[q].plan_weight = s >= 0 && s < r->stages ? views[q].tok_s * r->stage_cost[s] : 0.0;
+        double w = s >= 0 && s < r->stages ? views[q].tok_s * r->stage_cost[s] : 0.0;
+        double *was = &r->peers[q].plan_weight;
+        *was = w > 0.0 && *was > 0.0 ? *was + PLAN_SMOOTH * (w - *was) : w;
     }
 }
 
 // Whether plan `to` lifts the bound (`low` now) by the margin by the
-// speeds the check before measured too, and by what each peer it sends back to the stage
-// it last left did there. Measured speeds swing by a tenth or more from
-// one check to the next, and a stage's cost (its FLOPs) foretells a peer's
-// speed on another stage only roughly: two nodes of one speed measured
-// 10,700 tok/s on stage 1 and 25,500 on stage 2 of scripts/bench-hetero.sh,
-// where the costs said 16,300 for the second on stage 1, so plans swapped
-// them back and forth (ten moves in a minute).
+// speeds of the checks before too (s_plan_speeds), and by what each peer
+// it sends back to the stage it last left did there. Measured speeds swing
+// (a tenth from one check to the next on a busy host; by a third for tens
+// of seconds beside a busy neighbour): by the last check's speeds alone,
+// `swarm sim --speed-noise 0.2` moved peers twice as often, each move back
+// to where it had been three times as often, for the same tokens. And a
+// stage's cost (its FLOPs) foretells a peer's speed on another stage only
+// roughly, so plans swapped two nodes of one speed back and forth.
 static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
                        const swarm_plan_t *plan, const int *to, double low)
 {

@@ -156,7 +156,7 @@ typedef struct {
     double moved_at;         // s (engine_secs) of its last rebalancing move, -1e30 never
     int moving;              // joining its new stage after a move
     int plan_to;             // 1 + the stage a plan's later wave sends it to (0: none)
-    double plan_weight;      // its speed at the last rebalancing check, times its stage's cost
+    double plan_weight;      // its speed over the rebalancing checks, times its stage's cost
     int left_stage;          // the stage it last moved from, and its speed there (0: none)
     double left_tok_s;
     double banned_until;     // s: refused until then (a failure's back-off)

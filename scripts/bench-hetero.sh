@@ -147,15 +147,15 @@ run() {
         run_one "$BUILD" "$@"
         return 0
     fi
-    name=$1
+    row=$1 # (not run_one's $name, which each call sets)
     shift
     turn=$((1 - turn))
     if [ "$turn" = 1 ]; then
-        run_one "$BUILD" "$name" "$@"
-        run_one "$BASE" "$name@base" "$@"
+        run_one "$BUILD" "$row" "$@"
+        run_one "$BASE" "$row@base" "$@"
     else
-        run_one "$BASE" "$name@base" "$@"
-        run_one "$BUILD" "$name" "$@"
+        run_one "$BASE" "$row@base" "$@"
+        run_one "$BUILD" "$row" "$@"
     fi
     SWARM="$BUILD/swarm"
 }

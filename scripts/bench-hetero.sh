@@ -157,7 +157,6 @@ run() {
         run_one "$BASE" "$row@base" "$@"
         run_one "$BUILD" "$row" "$@"
     fi
-    SWARM="$BUILD/swarm"
 }
 
 echo "== baby GPT over 3 stages, 6 nodes of speeds $SPEEDS (x this machine's core), $(nproc) cores"

@@ -231,18 +231,18 @@ static net_msg_t *s_error(const net_msg_t *req, const char *why)
     return e;
 }
 
-// An activation-shaped tensor of ones (made once), or as a liar sends it:
-// with a NaN in it, 1000 times too large, (an input gradient, dx) pointing
-// the other way (these two with a quarter of the signs flipped, in a
-// pattern of the liar's own: liars that lie alike are colluders,
-// SECURITY.md), or each 1.5 times the last, signed in the liar's pattern too
-// (raw f32, past the encoder's checks, as a lying node's); of SIM_TAINT
-// when it is work of diverged parameters (`tainted`).
-static float s_own_sign(const sim_t *s, const sim_peer_t *pe, size_t j) // (a quarter -1)
+// A liar's own pattern of signs, a quarter -1 (liars alike are colluders, SECURITY.md).
+static float s_own_sign(const sim_t *s, const sim_peer_t *pe, size_t j)
 {
     return ((uint32_t) j * 2654435761u + (uint32_t) (pe - s->peers) * 0x9e3779b9u) >> 30 ? 1.0f : -1.0f;
 }
 
+// An activation-shaped tensor of ones (made once), or as a liar sends it:
+// with a NaN in it, 1000 times too large, (an input gradient, dx) pointing
+// the other way (these two signed in the liar's pattern, s_own_sign), or
+// each 1.5 times the last, signed so too (raw f32, past the encoder's
+// checks, as a lying node's); of SIM_TAINT when it is work of diverged
+// parameters (`tainted`).
 static void s_add_acts(sim_t *s, sim_peer_t *pe, net_msg_t *m, int dx, int tainted)
 {
     uint32_t dims[3] = { (uint32_t) s->c->micro, (uint32_t) s->c->shape.T,

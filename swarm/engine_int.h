@@ -6,6 +6,7 @@
 #ifndef SWARM_ENGINE_INT_H
 #define SWARM_ENGINE_INT_H
 
+#include "engine_audit.h"
 #include "net.h"
 #include "swarm.h"
 
@@ -46,39 +47,6 @@ typedef struct {
     long n;                  // learned, all told (< 4: no bound yet)
     double median;           // of the ring, remade at each value learned
 } engine_bound_t;
-
-// An audit of one replica's gradient sum (engine_audit.c), kept in the
-// target's entry; a dispute asks up to AUDIT_VOTERS verifiers in all.
-#define AUDIT_VOTERS 3
-typedef struct {
-    int want;                // drawn: its sum of this step is to be recomputed
-    int forced;              // whatever the draw (engine_audit_force): 2 its own tensor or sum
-                             // was outside its stage's bound, 1 it fed one that was
-    int open;                // a verifier recomputes it now
-    int done;                // settled (or its verdict given)
-    int by[AUDIT_VOTERS];    // the replicas recomputing it: later ones decide a dispute
-    int n;                   // of them asked
-    int agree[AUDIT_VOTERS]; // each one's result matched the target's
-    int counted[AUDIT_VOTERS]; // each one's sum was of the target's share
-    int dx_bads[AUDIT_VOTERS]; // each one's dx_bad and dx_fp
-    double dx_fps[AUDIT_VOTERS][3];
-    int next;                // the next micro-batch of the share to send, G all sent
-    int inflight;            // the current verifier's requests not answered yet
-    int asked_sum;           // its STEP audit=1 is sent
-    int dx_bad;              // an input gradient (or the last stage's loss) differed
-    double dx_fp[3];         // its input gradients' sum of squares and weighed sum, its losses' sum
-    int abandoned;           // its target died: nothing more is sent, nothing judged
-    int share;               // micro-batches of its share, when it was drawn
-    int left;                // of them, the current verifier has still to answer
-} audit_t;
-
-// A replica that could recompute a share, in a hand-out (engine_audit.c).
-typedef struct {
-    double sp;               // its speed, tok/s
-    double load;             // micro-batches of the share it recomputes now
-    double psp, pload;       // the sums of both over the faster candidates
-    int p;
-} audit_cand_t;
 
 typedef struct engine_history engine_history_t;
 
@@ -753,6 +721,18 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_audit_lost(swarm_engine_t *r, int p);
 void engine_audit_target_gone(swarm_engine_t *r, int t);
+// Between engine_audit.c (an audit's requests and verdicts) and
+// engine_audit_out.c (the draw and the hand-out of shares to verifiers).
+void engine_audit_mark(swarm_engine_t *r, int s, int p);
+void engine_audit_ask(swarm_engine_t *r, int t, int v);
+void engine_audit_end(swarm_engine_t *r, int t);
+void engine_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n);
+int engine_audit_candidates(const swarm_engine_t *r, int s, int t, const int *not, int nnot);
+// Peer t is a ready replica of stage s.
+static inline int engine_ready_in(const swarm_engine_t *r, int s, int t)
+{
+    return r->peers[t].state == P_READY && r->peers[t].stage == s;
+}
 int engine_referee(swarm_engine_t *r, int s);
 int engine_on_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 // The work of answered request q (FWD, BWD, audit) into its peer's measured speed.

@@ -1,0 +1,41 @@
+/* engine_audit.h - what an audit of a replica's gradient sum keeps
+ * (engine_audit.c, engine_audit_out.c): the target's record of the step's
+ * audit, and the candidates a hand-out weighs. Private to swarm/engine*.c.
+ */
+#ifndef SWARM_ENGINE_AUDIT_H
+#define SWARM_ENGINE_AUDIT_H
+
+// An audit of one replica's gradient sum (engine_audit.c), kept in the
+// target's entry; a dispute asks up to AUDIT_VOTERS verifiers in all.
+#define AUDIT_VOTERS 3
+typedef struct {
+    int want;                // drawn: its sum of this step is to be recomputed
+    int forced;              // whatever the draw (engine_audit_force): 2 its own tensor or sum
+                             // was outside its stage's bound, 1 it fed one that was
+    int open;                // a verifier recomputes it now
+    int done;                // settled (or its verdict given)
+    int by[AUDIT_VOTERS];    // the replicas recomputing it: later ones decide a dispute
+    int n;                   // of them asked
+    int agree[AUDIT_VOTERS]; // each one's result matched the target's
+    int counted[AUDIT_VOTERS]; // each one's sum was of the target's share
+    int dx_bads[AUDIT_VOTERS]; // each one's dx_bad and dx_fp
+    double dx_fps[AUDIT_VOTERS][3];
+    int next;                // the next micro-batch of the share to send, G all sent
+    int inflight;            // the current verifier's requests not answered yet
+    int asked_sum;           // its STEP audit=1 is sent
+    int dx_bad;              // an input gradient (or the last stage's loss) differed
+    double dx_fp[3];         // its input gradients' sum of squares and weighed sum, its losses' sum
+    int abandoned;           // its target died: nothing more is sent, nothing judged
+    int share;               // micro-batches of its share, when it was drawn
+    int left;                // of them, the current verifier has still to answer
+} audit_t;
+
+// A replica that could recompute a share, in a hand-out (engine_audit_out.c).
+typedef struct {
+    double sp;               // its speed, tok/s
+    double load;             // micro-batches of the share it recomputes now
+    double psp, pload;       // the sums of both over the faster candidates
+    int p;
+} audit_cand_t;
+
+#endif

@@ -324,12 +324,12 @@ static int s_setup(daemon_t *d, char *err, size_t n)
     if (!(d->w = node_worker_new(&wc)))
         abort(); // a bookkeeping allocation
     // the lies in what it computes are the worker's (the others: NODE_LIE_NONE)
-    static const int lies[MIS_CHECKSUM + 1] = { [MIS_NAN] = NODE_LIE_NAN,
+    static const int lies[MIS_RECOUNT + 1] = { [MIS_NAN] = NODE_LIE_NAN,
         [MIS_SCALE] = NODE_LIE_SCALE, [MIS_DRIFT] = NODE_LIE_DRIFT,
         [MIS_SHUFFLE] = NODE_LIE_SHUFFLE, [MIS_GRAD] = NODE_LIE_GRAD,
         [MIS_SUMSQ] = NODE_LIE_SUMSQ, [MIS_DX] = NODE_LIE_DX, [MIS_STATE] = NODE_LIE_STATE,
         [MIS_GRADINF] = NODE_LIE_GRADINF, [MIS_RMSWALK] = NODE_LIE_RMSWALK,
-        [MIS_CHECKSUM] = NODE_LIE_CHECKSUM };
+        [MIS_CHECKSUM] = NODE_LIE_CHECKSUM, [MIS_RECOUNT] = NODE_LIE_RECOUNT };
     if (lies[d->o.misbehave] != NODE_LIE_NONE)
         node_worker_lie(d->w, lies[d->o.misbehave], d->o.misbehave_from);
     s_log("%s: %.0f tokens/s (forward + backward of a block of the default shape%s)",

@@ -79,7 +79,7 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
 {
     static const char *modes[] = { "", "nan", "scale", "drift", "flood", "speed", "shuffle", "crash",
                                    "grad", "sumsq", "dx", "state", "gradinf", "rmswalk", "checksum",
-                                   "slowclaim", "ckptstall", "joinhold" };
+                                   "slowclaim", "ckptstall", "joinhold", "recount" };
     const char *at = strchr(arg, '@');
     size_t len = at ? (size_t) (at - arg) : strlen(arg);
     for (int m = 1; m < (int) (sizeof modes / sizeof modes[0]); m++) {
@@ -89,7 +89,7 @@ static int s_parse_misbehave(daemon_opts_t *o, const char *arg, char *err, size_
                                         err, n) : 0;
         }
     }
-    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed|shuffle|crash|grad|sumsq|dx|state|gradinf|rmswalk|checksum|slowclaim|ckptstall|joinhold[@STEP]", arg);
+    snprintf(err, n, "--misbehave %s: expected nan|scale|drift|flood|speed|shuffle|crash|grad|sumsq|dx|state|gradinf|rmswalk|checksum|slowclaim|ckptstall|joinhold|recount[@STEP]", arg);
     return -EINVAL;
 }
 #endif

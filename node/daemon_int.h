@@ -38,7 +38,7 @@ typedef struct {
 // the daemon's own.
 enum { MIS_NONE, MIS_NAN, MIS_SCALE, MIS_DRIFT, MIS_FLOOD, MIS_SPEED, MIS_SHUFFLE, MIS_CRASH,
        MIS_GRAD, MIS_SUMSQ, MIS_DX, MIS_STATE, MIS_GRADINF, MIS_RMSWALK, MIS_CHECKSUM,
-       MIS_SLOWCLAIM, MIS_CKPTSTALL, MIS_JOINHOLD };
+       MIS_SLOWCLAIM, MIS_CKPTSTALL, MIS_JOINHOLD, MIS_RECOUNT };
 
 void daemon_usage(FILE *out);
 // argv into o: 0, 1 for --help, or -EINVAL with a reason naming the flag.

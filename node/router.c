@@ -449,9 +449,9 @@ static void s_summary(router_t *r)
            sum.train_time, sum.tok_s, sum.ready, sum.checksum_mismatches, sum.resyncs,
            sum.expelled);
     printf("checks | forwards verified %d, undecided %d | gradient sums audited %d in %d "
-           "steps, liars caught %d, undecided %d, given up %d | steps started over %d\n",
-           sum.spot_checks, sum.spot_undecided, sum.audits, sum.audit_steps, sum.audit_caught,
-           sum.audit_undecided, sum.audit_lost, sum.restarts);
+           "steps, liars caught %d, undecided %d, given up %d, shares split %d | steps started "
+           "over %d\n", sum.spot_checks, sum.spot_undecided, sum.audits, sum.audit_steps,
+           sum.audit_caught, sum.audit_undecided, sum.audit_lost, sum.audit_splits, sum.restarts);
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? sum.bytes_in / 1e6 / steps : 0.0,
            steps ? sum.bytes_out / 1e6 / steps : 0.0);

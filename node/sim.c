@@ -29,7 +29,7 @@ typedef struct {
 
 static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
                                                     "grad", "sumsq", "dx", "state", "rmswalk",
-                                                    "slowclaim", "ckptstall", "joinhold" };
+                                                    "slowclaim", "ckptstall", "joinhold", "recount" };
 
 static void s_help(FILE *out)
 {
@@ -94,8 +94,9 @@ static void s_help(FILE *out)
         "  --lie-from STEP    they start lying at STEP instead (honest until then)\n"
         "  --lies LIST        the ways they may lie, each liar drawing one: nan, scale,\n"
         "                     drift, shuffle (--numeric only), speed, grad, sumsq, dx,\n"
-        "                     state, rmswalk, slowclaim, ckptstall, joinhold\n"
-        "                     (default: all of them)\n"
+        "                     state, rmswalk, slowclaim, ckptstall, joinhold (default:\n"
+        "                     all of them), recount (only the sums it recomputes of\n"
+        "                     another's share for an audit lie)\n"
         "  --churn FILE       peers come and go as a trace of ../shared/data/traces/ says,\n"
         "                     tiled over --peers (copies at phases of the trace)\n"
         "  --churn-scale X    the trace runs X times faster (default 1)\n"
@@ -185,7 +186,7 @@ static int s_lies(sim_flags_t *f, const char *v, char *err, size_t n)
         if (k == SIM_LIES)
             return s_bad(err, n, "--lies", v, "ways from nan, scale, drift, shuffle, speed, "
                          "grad, sumsq, dx, state, rmswalk, slowclaim, ckptstall, joinhold, "
-                         "comma-separated");
+                         "recount, comma-separated");
         f->o.lies |= 1u << k;
         p += len + (p[len] == ',');
     }
@@ -348,7 +349,8 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
         return -EINVAL;
     }
     if (f->o.lies == 0) // every way, but shuffle where constants reversed are the same
-        f->o.lies = ((1u << SIM_LIES) - 2) & ~(f->numeric ? 0u : 1u << SIM_LIE_SHUFFLE);
+        f->o.lies = ((1u << SIM_LIES) - 2) & ~(1u << SIM_LIE_RECOUNT)
+                    & ~(f->numeric ? 0u : 1u << SIM_LIE_SHUFFLE);
     if (!f->numeric && (f->o.lies & (1u << SIM_LIE_SHUFFLE))) {
         snprintf(err, n, "--lies shuffle needs --numeric (the synthetic peers' activations are "
                  "constants: reversed, they are the same)");
@@ -436,7 +438,7 @@ static void *s_node_open(void *ctx, int peer, int lie, long from)
         [SIM_LIE_SCALE] = NODE_LIE_SCALE, [SIM_LIE_DRIFT] = NODE_LIE_DRIFT,
         [SIM_LIE_SHUFFLE] = NODE_LIE_SHUFFLE, [SIM_LIE_GRAD] = NODE_LIE_GRAD,
         [SIM_LIE_SUMSQ] = NODE_LIE_SUMSQ, [SIM_LIE_DX] = NODE_LIE_DX, [SIM_LIE_STATE] = NODE_LIE_STATE,
-        [SIM_LIE_RMSWALK] = NODE_LIE_RMSWALK };
+        [SIM_LIE_RMSWALK] = NODE_LIE_RMSWALK, [SIM_LIE_RECOUNT] = NODE_LIE_RECOUNT };
     (void) peer;
     node_worker_config_t c = { .be = ctx, .cache_mb = 512, .slowdown = 1.0 };
     node_worker_t *w = node_worker_new(&c);
@@ -622,9 +624,9 @@ int cmd_sim(int argc, char **argv)
         if (r->c.audit > 0.0) // (a step started over, or run again after a rollback, is drawn again)
             printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "
-                   "%d, %g after)\n", res.audits, res.audit_steps,
-                   res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of", res.steps,
-                   r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven);
+                   "%d, %g after); %d shares split among several replicas\n", res.audits,
+                   res.audit_steps, res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of",
+                   res.steps, r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven, res.audit_splits);
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

@@ -489,7 +489,8 @@ static int s_on_step(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, 
     // (a replica that got no work in a step sends no stage-sized zeros)
     if (!auditing && w->samples == 0 && !inf && !worker_lying(w, NODE_LIE_GRAD))
         return 0;
-    float *lie = worker_lying(w, NODE_LIE_GRAD) || inf ? malloc(dims[0] * sizeof(float)) : NULL;
+    int reverse = worker_lying(w, NODE_LIE_GRAD) || (auditing && worker_lying(w, NODE_LIE_RECOUNT));
+    float *lie = reverse || inf ? malloc(dims[0] * sizeof(float)) : NULL;
     for (size_t j = 0; lie && j < dims[0]; j++)
         lie[j] = inf ? g[j] : -g[j]; // of the right size, pointing the other way
     if (lie && inf)

@@ -21,10 +21,12 @@
 // and, added to the others', every norm (gradinf); activations and input
 // gradients each 1.5 times the size of the last (rmswalk: up a bound that
 // learned from each); the checksum of the parameters its replicas hold
-// while it computes with others (checksum).
+// while it computes with others (checksum); the sums it recomputes of
+// another replica's share for an audit pointing the other way, its own
+// true (recount).
 enum { NODE_LIE_NONE, NODE_LIE_NAN, NODE_LIE_SCALE, NODE_LIE_DRIFT, NODE_LIE_SHUFFLE,
        NODE_LIE_GRAD, NODE_LIE_SUMSQ, NODE_LIE_DX, NODE_LIE_STATE, NODE_LIE_GRADINF,
-       NODE_LIE_RMSWALK, NODE_LIE_CHECKSUM };
+       NODE_LIE_RMSWALK, NODE_LIE_CHECKSUM, NODE_LIE_RECOUNT };
 
 typedef struct node_worker_s node_worker_t;
 

@@ -66,10 +66,12 @@ flags_of() {
 
 # a crowd: 40-299 peers on 3-8 stages of a volunteer mix (CPUs of 25-100
 # tok/s, a tenth GPUs 10-80 times faster) over links of 20-100 ms and
-# 10-100 Mbit/s, with 0-5 liars (every way) and, at once, kills or
-# departures and stalls. (Found: a replica banned after its sum came in
+# 10-100 Mbit/s, with 0-5 liars (every synthetic way, verifiers that lie
+# only in what they recompute too) and, at once, kills or departures and
+# stalls. (Found: a replica banned after its sum came in
 # and let back at once carried its sum to another stage; a liar's claim of
 # next to nothing held each step for minutes.)
+CROWD_LIES=nan,scale,drift,speed,grad,sumsq,dx,state,rmswalk,slowclaim,ckptstall,joinhold,recount
 crowd_flags_of() {
     h=$(( ($1 * 2654435761 + 777) % 4294967296 ))
     peers=$(( 40 + h % 260 ))
@@ -80,7 +82,7 @@ crowd_flags_of() {
     echo "--peers $peers --stages $stages --layers 8 --heads 2 --embd 8 --block 16" \
          "--micro-batch 4 --batch $(( (peers / stages + 4) * 4 )) --iters 60 --eval-every 0" \
          "--save-every 10 --speeds 25x6,50x6,100x6,1000,2000 --latency 20-100 --bandwidth 10-100" \
-         "--liars $(( h / 7 % 6 )) --kill-every $kill --leave-rate $leave" \
+         "--liars $(( h / 7 % 6 )) --lies $CROWD_LIES --kill-every $kill --leave-rate $leave" \
          "--stall-every $(pick $(( h / 13 )) 0 20 40) --limit 100000 --seed $1"
 }
 

@@ -211,51 +211,76 @@ static audit_t *s_audit_by(swarm_engine_t *r, int v)
     return t >= 0 && r->peers[t].audit.open ? &r->peers[t].audit : NULL;
 }
 
-// Send target t's current verifier what it may hold of the share, then the
-// STEP that asks for its sum. A send that fails leaves the verifier failed:
-// engine_reap finds it, and engine_audit_lost gives the audit to another.
-static void s_audit_feed(swarm_engine_t *r, int t)
+// Send verifier v what it may hold of its part of its target's share,
+// then the STEP that asks for its sum. A send that fails leaves the
+// verifier failed: engine_reap finds it, and engine_audit_lost gives the
+// audit to another.
+static void s_audit_feed(swarm_engine_t *r, int v)
 {
-    audit_t *a = &r->peers[t].audit;
-    int s = r->peers[t].stage, v = a->by[a->n - 1], last = s == r->stages - 1;
-    if (a->abandoned)
+    int t = r->peers[v].audit_of, s = r->peers[t].stage, last = s == r->stages - 1;
+    audit_part_t *p = &r->peers[v].part;
+    if (r->peers[t].audit.abandoned)
         return;
-    while (a->inflight < AUDIT_INFLIGHT && a->next < r->G) {
-        net_msg_t *m = last ? engine_fwd_msg(r, a->next, s) : engine_bwd_msg(r, a->next, s);
+    while (p->inflight < AUDIT_INFLIGHT && p->next < p->end) {
+        net_msg_t *m = last ? engine_fwd_msg(r, p->next, s) : engine_bwd_msg(r, p->next, s);
         if (m && engine_meta_add(m, "audit=1") != 0)
             net_msg_destroy(&m);
-        if (!m || engine_send(r, v, &m, R_AUDIT, a->next, s) != 0)
+        if (!m || engine_send(r, v, &m, R_AUDIT, p->next, s) != 0)
             return;
-        a->inflight++;
-        a->next = s_next_mb(r, t, s, a->next);
+        p->inflight++;
+        p->next = s_next_mb(r, t, s, p->next);
     }
-    if (a->next < r->G || a->asked_sum)
-        return; // (STEP queues behind the share's requests at the node: no round trip)
+    if (p->next < p->end || p->asked_sum)
+        return; // (STEP queues behind the part's requests at the node: no round trip)
     net_msg_t *m = engine_step_msg(r, s, "audit=1\n");
     if (m && engine_send(r, v, &m, R_AUDIT_SUM, -1, s) == 0)
-        a->asked_sum = 1;
+        p->asked_sum = 1;
 }
 
-// Ask replica v to recompute target t's share.
+// Verifier v is to recompute target t's micro-batches of `mbs`, from
+// index `from` to `end`.
+static void s_part_ask(swarm_engine_t *r, int t, int v, int from, int end, int mbs)
+{
+    r->peers[v].part = (audit_part_t) { .next = from, .end = end, .mbs = mbs, .left = mbs };
+    r->peers[v].audit_of = t;
+    s_audit_feed(r, v);
+}
+
+// Ask replica v to recompute target t's share, whole.
 void engine_audit_ask(swarm_engine_t *r, int t, int v)
 {
     audit_t *a = &r->peers[t].audit;
     a->by[a->n++] = v;
-    a->next = s_next_mb(r, t, r->peers[t].stage, -1);
-    a->inflight = a->asked_sum = a->dx_bad = 0;
-    memset(a->dx_fp, 0, sizeof a->dx_fp);
-    a->left = a->share;
-    r->peers[v].audit_of = t;
-    s_audit_feed(r, t);
+    s_part_ask(r, t, v, s_next_mb(r, t, r->peers[t].stage, -1), r->G, a->share);
 }
 
-// Target t's audit is over (settled or given up): its verifier is free.
+// Split target t's share among the m verifiers v[], in share order: v[k]
+// recomputes mbs[k] of its micro-batches (engine_audit_out.c chooses).
+void engine_audit_split(swarm_engine_t *r, int t, const int *v, const int *mbs, int m)
+{
+    audit_t *a = &r->peers[t].audit;
+    int s = r->peers[t].stage, i = s_next_mb(r, t, s, -1);
+    a->parts = a->parts_out = m;
+    a->parts_in = a->split_bad = a->split_lost = 0;
+    r->audit_splits++;
+    for (int k = 0; k < m; k++) {
+        int from = i;
+        for (int j = 0; j < mbs[k]; j++)
+            i = s_next_mb(r, t, s, i);
+        a->split_by[k] = v[k];
+        s_part_ask(r, t, v[k], from, k == m - 1 ? r->G : i, mbs[k]);
+    }
+}
+
+// Target t's audit is over (settled or given up): its verifiers are free.
 void engine_audit_end(swarm_engine_t *r, int t)
 {
     audit_t *a = &r->peers[t].audit;
-    for (int k = 0; k < a->n; k++)
-        if (r->peers[a->by[k]].audit_of == t)
-            r->peers[a->by[k]].audit_of = -1;
+    for (int k = 0; k < a->n + a->parts; k++) {
+        int v = k < a->n ? a->by[k] : a->split_by[k - a->n];
+        if (r->peers[v].audit_of == t)
+            r->peers[v].audit_of = -1;
+    }
     *a = (audit_t) { .done = 1 };
     engine_audits_touch(r, r->peers[t].stage);
 }
@@ -266,12 +291,13 @@ void engine_audit_end(swarm_engine_t *r, int t)
 void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     audit_t *a = s_audit_by(r, q->peer);
-    if (!a || q->peer != a->by[a->n - 1])
+    if (!a)
         return; // stale
     int s = q->stage, t = r->peers[q->peer].audit_of;
+    audit_part_t *p = &r->peers[q->peer].part;
     engine_work_done(r, q); // work like any other: its speed counts it
-    a->inflight--;
-    a->left--;
+    p->inflight--;
+    p->left--;
     if (a->abandoned)
         return;
     const mb_t *b = &r->mbs[q->mb];
@@ -285,19 +311,19 @@ void engine_audit_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         for (size_t j = 0; !bad && b->dy_pow2[s - 1] && j < n; j++)
             r->audit_dx[j] = ldexpf(r->audit_dx[j], -b->dy_pow2[s - 1]);
         if (bad || !engine_close(r->scratch, r->audit_dx, n, 1e-3))
-            a->dx_bad = 1;
+            p->dx_bad = 1;
         for (size_t j = 0; j < n; j++) { // weights in [-1, 1) that no lie is built around
             double x = r->scratch[j], w = (uint32_t) (j * 2654435761u) * 0x1p-31 - 1.0;
-            a->dx_fp[0] += x * x;
-            a->dx_fp[1] += w * x;
+            p->dx_fp[0] += x * x;
+            p->dx_fp[1] += w * x;
         }
     }
     if (s == r->stages - 1 && b->dx_peer[s] == t) {
-        a->dx_fp[2] += e->reply.loss;
+        p->dx_fp[2] += e->reply.loss;
         if (!engine_loss_close(e->reply.loss, b->loss))
-            a->dx_bad = 1;
+            p->dx_bad = 1;
     }
-    s_audit_feed(r, t);
+    s_audit_feed(r, q->peer);
 }
 
 // Target t's audit found the replicas liars[0..n) out (n 0: nobody can
@@ -373,6 +399,96 @@ static int s_verifiers_agree(const swarm_engine_t *r, int t, int i)
                            r->stage_n[s], s_sum_tolerance(r));
 }
 
+// Target t's audit_sums: its verifiers' sums (AUDIT_VOTERS - 1 of them),
+// made at the first that is kept.
+static float *s_sums(swarm_engine_t *r, int t)
+{
+    peer_t *pt = &r->peers[t];
+    if (!pt->audit_sums
+        && !(pt->audit_sums = malloc((AUDIT_VOTERS - 1) * r->max_stage_n * sizeof(float))))
+        abort();
+    return pt->audit_sums;
+}
+
+// Target t's sum is confirmed (two agree on it): one more audit passed.
+// When a split round did not reproduce it first, one or more of that
+// round's verifiers lied (which, their parts' sum cannot tell): each is
+// barred from parts (no_split) and handed whole shares first
+// (engine_audit_out.c), where two contradict a lie and expel it; one whose
+// whole share two confirm takes parts again.
+static void s_confirmed(swarm_engine_t *r, int t)
+{
+    peer_t *pt = &r->peers[t];
+    const audit_t *a = &pt->audit;
+    pt->audits_passed++;
+    if (!a->whole || a->split_lost)
+        return;
+    char who[256] = "";
+    for (int k = 0, len = 0; k < a->parts; k++) {
+        peer_t *pv = &r->peers[a->split_by[k]];
+        r->split_barred += !pv->no_split;
+        pv->no_split = 1;
+        if (len < (int) sizeof who)
+            len += snprintf(who + len, sizeof who - (size_t) len, "%s%d (%s)", k ? ", " : "",
+                            pv->id, pv->name);
+    }
+    engine_warn(r, "swarm router: step %ld: stage %d: peers %s split the share of peer %d (%s) "
+                "and did not reproduce its gradient, which two replicas confirm: each recomputes "
+                "a share whole before it takes a part again\n", r->step, pt->stage, who, pt->id,
+                pt->name);
+}
+
+// A split round of target t's audit has every part's sum in (or lost):
+// it passes when every part was of its count, reproduced the target's
+// input gradients, and the parts add up to the target's sum (within a
+// whole sum's tolerance); else one verifier recomputes the share whole.
+static void s_split_settle(swarm_engine_t *r, int t)
+{
+    peer_t *pt = &r->peers[t];
+    audit_t *a = &pt->audit;
+    int s = pt->stage;
+    if (a->abandoned) {
+        engine_audit_end(r, t);
+        return;
+    }
+    if (!a->split_bad && a->parts_in == a->parts
+        && engine_close(pt->audit_sums, pt->grad, r->stage_n[s], s_sum_tolerance(r))) {
+        r->audits++;
+        s_confirmed(r, t);
+        engine_audit_end(r, t);
+        engine_audits_turn(r);
+        return;
+    }
+    if (!a->split_lost)
+        engine_warn(r, "swarm router: step %ld: stage %d: the %d replicas that split the share of "
+                    "peer %d (%s) do not reproduce its gradient; one replica recomputes it whole\n",
+                    r->step, s, a->parts, pt->id, pt->name);
+    a->whole = 1;
+    a->open = 0; // for one verifier, once one is free
+    engine_audits_touch(r, s);
+    engine_audits_turn(r);
+}
+
+// Verifier v's sum of its part of a split round of target t's audit
+// (decoded in audit_sum, its count in e): added to the round's.
+static void s_part_sum(swarm_engine_t *r, int t, int v, const msg_in_t *e)
+{
+    peer_t *pt = &r->peers[t];
+    audit_t *a = &pt->audit;
+    const audit_part_t *p = &r->peers[v].part;
+    r->peers[v].audit_of = -1; // its node has closed it: free for another
+    engine_audits_touch(r, pt->stage);
+    if (!a->abandoned) {
+        float *sum = s_sums(r, t);
+        a->split_bad |= p->dx_bad || e->reply.samples != p->mbs;
+        for (size_t j = 0; j < r->stage_n[pt->stage]; j++)
+            sum[j] = a->parts_in ? sum[j] + r->audit_sum[j] : r->audit_sum[j];
+        a->parts_in++;
+    }
+    if (--a->parts_out == 0)
+        s_split_settle(r, t);
+}
+
 // Verifier q->peer's sum of the share (checked: decoded in audit_sum, its
 // count in e). Two that agree decide: the target and a verifier (every
 // verifier before it lied), or two verifiers against the target (it lied,
@@ -382,24 +498,30 @@ static int s_verifiers_agree(const swarm_engine_t *r, int t, int i)
 void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 {
     audit_t *a = s_audit_by(r, q->peer);
-    if (!a || q->peer != a->by[a->n - 1])
+    if (!a)
         return; // stale
     int t = r->peers[q->peer].audit_of, s = q->stage, k = a->n - 1;
     peer_t *pt = &r->peers[t];
+    const audit_part_t *p = &r->peers[q->peer].part;
+    if (a->parts_out > 0) {
+        s_part_sum(r, t, q->peer, e);
+        return;
+    }
     if (a->abandoned) {
         engine_audit_end(r, t); // its verifier's node has closed it: free for another
         return;
     }
     a->counted[k] = e->reply.samples == engine_share(r, t, s);
-    a->dx_bads[k] = a->dx_bad;
-    memcpy(a->dx_fps[k], a->dx_fp, sizeof a->dx_fp);
-    a->agree[k] = !a->dx_bad && a->counted[k]
+    a->dx_bads[k] = p->dx_bad;
+    memcpy(a->dx_fps[k], p->dx_fp, sizeof p->dx_fp);
+    a->agree[k] = !p->dx_bad && a->counted[k]
                   && engine_close(r->audit_sum, pt->grad, r->stage_n[s], s_sum_tolerance(r));
     r->peers[q->peer].audit_of = -1; // free for another audit
     engine_audits_touch(r, s);
     if (k == 0 && a->agree[k]) {
         r->audits++;
-        pt->audits_passed++;
+        s_confirmed(r, t);
+        r->peers[q->peer].no_split = 0; // it recomputed a share whole as two agree: parts again
         engine_audit_end(r, t);
         engine_audits_turn(r);
         return;
@@ -408,7 +530,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
     if (a->agree[k]) {
         for (int i = 0; i < k; i++)
             liars[n++] = a->by[i]; // each disagreed with the target, which two confirm
-        pt->audits_passed++;
+        s_confirmed(r, t);
     } else {
         for (int j = 0; j < k && n == 0; j++) {
             if (!s_verifiers_agree(r, t, j))
@@ -440,10 +562,7 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         return;
     }
     // what this verifier found, for the next one's to be held to
-    if (!pt->audit_sums
-        && !(pt->audit_sums = malloc((AUDIT_VOTERS - 1) * r->max_stage_n * sizeof(float))))
-        abort();
-    memcpy(pt->audit_sums + (size_t) k * r->max_stage_n, r->audit_sum, r->stage_n[s] * sizeof(float));
+    memcpy(s_sums(r, t) + (size_t) k * r->max_stage_n, r->audit_sum, r->stage_n[s] * sizeof(float));
     a->open = 0; // for the next, once one is free
     engine_audits_turn(r);
 }
@@ -471,7 +590,8 @@ void engine_audit_target_gone(swarm_engine_t *r, int t)
 
 // Verifier p is gone (dead, or a request to it could not be sent) before
 // it answered: its audit goes to another replica when one is free
-// (engine_audits_turn), from the start. Called for each of its requests
+// (engine_audits_turn), from the start (a split round's, once its other
+// parts are in: whole). Called for each of its requests
 // and once more when it dies (it may have none left).
 void engine_audit_lost(swarm_engine_t *r, int p)
 {
@@ -482,6 +602,15 @@ void engine_audit_lost(swarm_engine_t *r, int p)
         return;
     r->audit_lost++;
     engine_audits_touch(r, r->peers[p].stage); // (p is free: for the one it was to recompute)
-    r->peers[t].audit = (audit_t) { .want = 1, .forced = a->forced, .share = a->share };
+    if (a->parts_out > 0) { // a part of a split round: the rest go on, and it goes whole
+        a->split_bad = a->split_lost = 1;
+        if (--a->parts_out == 0)
+            s_split_settle(r, t);
+        return;
+    }
+    audit_t fresh = { .want = 1, .forced = a->forced, .share = a->share, .whole = a->whole,
+                      .parts = a->parts, .split_lost = a->split_lost };
+    memcpy(fresh.split_by, a->split_by, sizeof fresh.split_by);
+    r->peers[t].audit = fresh;
     engine_audit_mark(r, r->peers[t].stage, t);
 }

@@ -33,7 +33,7 @@ static int s_cands(swarm_engine_t *r, int s)
         c[n++] = (audit_cand_t) {
             .p = r->ready[s].peer[k],
             .sp = pe->tok_s > 1e-3 ? pe->tok_s : 1e-3,
-            .load = pe->audit_of >= 0 ? r->peers[pe->audit_of].audit.left : 0,
+            .load = pe->audit_of >= 0 ? pe->part.left : 0,
         };
     }
     qsort(c, (size_t) n, sizeof *c, s_cmp_cand);
@@ -60,6 +60,62 @@ int engine_audit_candidates(const swarm_engine_t *r, int s, int t, const int *no
     return n;
 }
 
+// A share is split among several free verifiers, each a part in
+// proportion to its speed, when its single verifier (or the pool of busy
+// faster ones) would take SWARM_AUDIT_SPLIT_GAIN (swarm.h, which the
+// plans' model of an audit follows) times as long as the split, and
+// as long as the stage's balanced time (every share waiting and being
+// recomputed, over every candidate's speed): the shares of a stage of
+// equal replicas all audited go one to each, as a split would leave the
+// target idle. A part is of AUDIT_PART_MIN micro-batches at least: each
+// costs its verifier a sum sent to the router. A GPU's share recomputed
+// by the fastest of the six CPUs beside it took 3 times as long as split
+// among them (docs/scale.md, "A share split among its verifiers").
+#define AUDIT_PART_MIN 2
+
+// The free candidates from c[j] on that may take a part of target t's
+// share of n micro-batches (not t, nor barred from parts: no_split), the
+// fastest first, at most SWARM_AUDIT_PARTS, into v[], and their parts into
+// mbs[]: in proportion to their speeds, the slowest left out until every
+// part is of AUDIT_PART_MIN or more. Their number (under 2: no split),
+// and their summed speed in *sp.
+static int s_parts(const swarm_engine_t *r, const audit_cand_t *c, int ncand, int j, int t,
+                   int n, int *v, int *mbs, double *sp)
+{
+    double speed[SWARM_AUDIT_PARTS];
+    int m = 0;
+    for (int i = j; i < ncand && m < SWARM_AUDIT_PARTS; i++) {
+        const peer_t *pe = &r->peers[c[i].p];
+        if (c[i].p != t && pe->audit_of < 0 && !pe->no_split)
+            v[m] = c[i].p, speed[m++] = c[i].sp;
+    }
+    for (; m >= 2; m--) {
+        double total = 0.0;
+        for (int k = 0; k < m; k++)
+            total += speed[k];
+        int given = 0;
+        for (int k = 0; k < m; k++)
+            given += mbs[k] = (int) (n * speed[k] / total);
+        for (int k = 0; given < n; k = (k + 1) % m) // what rounding left, the fastest first
+            mbs[k]++, given++;
+        if (mbs[m - 1] >= AUDIT_PART_MIN) {
+            *sp = total;
+            return m;
+        }
+    }
+    return 0;
+}
+
+// Target t's audit opens: the scratch its verifiers' results are decoded
+// into is made at the first.
+static void s_open(swarm_engine_t *r, int t)
+{
+    if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
+        abort();
+    if (!r->audit_dx && !(r->audit_dx = malloc(engine_acts_count(r) * sizeof(float))))
+        abort();
+    r->peers[t].audit.open = 1;
+}
 
 // Whether stage s's sums are all in: every ready replica's, none norm only.
 static int s_stage_in(const swarm_engine_t *r, int s)
@@ -117,8 +173,9 @@ static int s_all_in(const swarm_engine_t *r)
 
 // Hand the shares of stage s that wait for a verifier out, the largest
 // first, each to the replica that would finish it first: a free one now,
-// or (when sooner) the faster replicas recomputing other shares, taken as
-// one pool of their summed speed (a share of a hundred micro-batches is
+// several free ones that split it (s_parts), or (when sooner) the faster
+// replicas recomputing other shares, taken as one pool of their summed
+// speed (a share of a hundred micro-batches is
 // not recomputed by a slow CPU while a GPU is a moment from free, nor a
 // CPU's share by a CPU while the GPUs can take it). A share that waits is
 // handed out again once a verifier is free (audit_gen). 1 when a dispute
@@ -139,6 +196,11 @@ static int s_hand_out(swarm_engine_t *r, int s)
     int ncand = s_cands(r, s), first = 0; // (every candidate before first is busy)
     const audit_cand_t *c = r->audit_cand;
     double held = 0.0, taken = 0.0; // shares waiting for the pool; shares given to free ones
+    double balanced = ncand > 0 ? c[ncand - 1].pload + c[ncand - 1].load : 0.0;
+    for (int k = 0; k < waiting; k++)
+        balanced += r->peers[s_target_of(r, order[k])].audit.share;
+    if (ncand > 0)
+        balanced /= c[ncand - 1].psp + c[ncand - 1].sp;
     for (int k = 0; k < waiting; k++) {
         int t = s_target_of(r, order[k]);
         audit_t *a = &r->peers[t].audit;
@@ -157,14 +219,25 @@ static int s_hand_out(swarm_engine_t *r, int s)
         }
         while (first < ncand && r->peers[c[first].p].audit_of >= 0)
             first++;
-        for (int i = first; i < ncand && j < 0; i++) {
+        // the fastest free one, and the fastest free one barred from parts
+        // (s_confirmed), which recomputes whole first: if it lied in a part
+        // and lies again, two contradict it
+        int suspect = -1;
+        for (int i = first; i < ncand && (j < 0 || (r->split_barred && suspect < 0)); i++) {
             int out = c[i].p == t || r->peers[c[i].p].audit_of >= 0;
             for (int m = 0; m < a->n; m++)
                 out |= c[i].p == a->by[m];
-            j = out ? -1 : i;
+            j = j < 0 && !out ? i : j;
+            suspect = !out && r->peers[c[i].p].no_split ? i : -1;
         }
         if (j < 0)
             continue; // when one is free
+        if (suspect >= 0) {
+            s_open(r, t);
+            taken += a->share;
+            engine_audit_ask(r, t, c[suspect].p);
+            continue;
+        }
         // the pool: the candidates before j, busy now, less t and its verifiers
         double n = a->share > 0 ? a->share : 1, sp = c[j].psp, load = c[j].pload + taken + held;
         for (int m = -1; m < a->n; m++) {
@@ -172,17 +245,22 @@ static int s_hand_out(swarm_engine_t *r, int s)
             if ((m < 0 || x != t) && at >= 0 && at < j && c[at].p == x)
                 sp -= c[at].sp, load -= c[at].load;
         }
-        if (sp > 1e-9 && (load + n) / sp < n / c[j].sp) {
+        double one = n / c[j].sp, pool = sp > 1e-9 ? (load + n) / sp : INFINITY, split = 0.0;
+        int v[SWARM_AUDIT_PARTS], mbs[SWARM_AUDIT_PARTS], m = 0;
+        if (a->n == 0 && !a->whole)
+            m = s_parts(r, c, ncand, j, t, a->share, v, mbs, &split);
+        if (m >= 2 && fmin(one, pool) < SWARM_AUDIT_SPLIT_GAIN * fmax(n / split, balanced))
+            m = 0;
+        if (m == 0 && pool < one) {
             held += n; // sooner from the faster ones, busy now
             continue;
         }
-        if (!r->audit_sum && !(r->audit_sum = malloc(r->max_stage_n * sizeof(float))))
-            abort();
-        if (!r->audit_dx && !(r->audit_dx = malloc(engine_acts_count(r) * sizeof(float))))
-            abort();
-        a->open = 1;
+        s_open(r, t);
         taken += n;
-        engine_audit_ask(r, t, c[j].p);
+        if (m >= 2)
+            engine_audit_split(r, t, v, mbs, m);
+        else
+            engine_audit_ask(r, t, c[j].p);
     }
     return 0;
 }

@@ -160,7 +160,8 @@ typedef struct {
     // dead peer whose part still counts is not reused before the step ends)
     float *grad;             // its GRAD's values (the largest stage's size); NULL: none came, or died
     float *audit_sums;       // a dispute's target: its verifiers' sums, for a later one to
-                             // decide (AUDIT_VOTERS - 1 of the largest stage's; NULL none yet)
+                             // decide (AUDIT_VOTERS - 1 of the largest stage's; NULL none yet);
+                             // the first, before, adds up a split round's parts
     int got_grad;            // its GRAD arrived: GRAD_KEPT, its values in grad; GRAD_NONE, none
     int in_step;             // it was sent this step's STEP
     int norm_only;           // its stage has no other replica: it keeps its gradient
@@ -180,6 +181,10 @@ typedef struct {
     int share_stage;         // while share_gen is engine's grad_gen + 1
     uint64_t share_gen;
     int audit_of;            // the peer whose share it recomputes now, -1 none
+    audit_part_t part;       // what of that share it recomputes
+    int no_split;            // a split round it was in failed a sum that was then confirmed:
+                             // it takes no part of a share until it recomputes one whole
+                             // that two confirm, and is handed whole ones first
     int audit_rank;          // its place in the last hand-out's candidates (audit_cand)
 } peer_t;
 
@@ -488,6 +493,8 @@ struct swarm_engine_s {
     long unreadable;         // messages dropped unread: a type no node sends unasked (engine_on_message)
     int audit_undecided;     // disputes no third replica could decide (the step redone)
     int audit_lost;          // given up: the verifier died
+    int audit_splits;        // split rounds begun (a share among several verifiers)
+    int split_barred;        // peers ever barred from parts (no_split): 0, none to look for
     engine_bound_t norms[SWARM_MAX_STAGES]; // gradient norms a micro-batch of each stage
     int assign_even;         // --assign even: joiners fill stages evenly, speeds unheard
     double verify;           // --verify: fraction of FWDs re-run on a second replica
@@ -725,6 +732,7 @@ void engine_audit_target_gone(swarm_engine_t *r, int t);
 // engine_audit_out.c (the draw and the hand-out of shares to verifiers).
 void engine_audit_mark(swarm_engine_t *r, int s, int p);
 void engine_audit_ask(swarm_engine_t *r, int t, int v);
+void engine_audit_split(swarm_engine_t *r, int t, const int *v, const int *mbs, int m);
 void engine_audit_end(swarm_engine_t *r, int t);
 void engine_audit_verdict(swarm_engine_t *r, int t, const int *liars, int n);
 int engine_audit_candidates(const swarm_engine_t *r, int s, int t, const int *not, int nnot);

@@ -130,7 +130,15 @@ double swarm_policy_audit_s(double *tok_s, int k)
     double few[64] = { 0 }, *done = n <= 64 ? few : calloc((size_t) n, sizeof *done);
     if (!done)
         return 0.0; // (counted as no audit)
-    for (int i = 0; i < n; i++) {
+    // the largest share, all free: split among the fastest others when one
+    // would take SWARM_AUDIT_SPLIT_GAIN times the split and the stage's step
+    double others = 0.0, first = tok_s[0] / total;
+    for (int j = 1; j <= SWARM_AUDIT_PARTS && j < n; j++)
+        others += tok_s[j];
+    int split = n >= 3 && first / tok_s[1] >= SWARM_AUDIT_SPLIT_GAIN * fmax(first / others, 1.0 / total);
+    for (int j = 1; split && j <= SWARM_AUDIT_PARTS && j < n; j++)
+        done[j] = most = first / others;
+    for (int i = split; i < n; i++) {
         int by = -1;
         double share = tok_s[i] / total, end = INFINITY;
         for (int j = 0; j < n; j++)
@@ -371,13 +379,14 @@ typedef struct {
 
 // At most what a split reached from exact search node k may be worth
 // (s_value), its bound at most `hope`: with audits, at a stage of two
-// replicas or more whose fastest two no peer still to place can outrun
-// (they come heaviest first), the fastest's share (its speed over the
-// most the stage may reach) is redone by the second fastest at best.
+// replicas or more, the fastest's share (its speed over the most the
+// stage may reach) is redone by all the others at best, split among them
+// (the most they may reach: the rest of the stage's). A faster peer still
+// to place only makes the largest share larger.
 static double s_hope(const exact_t *x, int k, double hope)
 {
     const plan_ctx_t *c = x->c;
-    double next = k < x->m ? c->w[x->order[k]] : 0.0, most = 0.0;
+    double most = 0.0;
     if (!(c->audit > 0.0) || !(hope > 0.0) || !isfinite(hope))
         return hope;
     for (int s = 0; s < c->S; s++) {
@@ -390,8 +399,9 @@ static double s_hope(const exact_t *x, int k, double hope)
             else if (c->w[i] > w2)
                 w2 = c->w[i];
         }
-        if (w2 > 0.0 && next <= w2)
-            most = fmax(most, w1 / (w2 * (c->T[s] + x->rest[k] / c->pl->cost[s])));
+        double reach = c->T[s] + x->rest[k] / c->pl->cost[s];
+        if (w2 > 0.0)
+            most = fmax(most, w1 / (reach * (reach * c->pl->cost[s] - w1)));
     }
     return 1.0 / (1.0 / hope + c->audit * most);
 }

@@ -725,7 +725,7 @@ int swarm_sim_run(const swarm_engine_config_t *c, const swarm_sim_opts_t *o,
         .liars_caught = s->liars_caught, .lies_applied = s->lies_applied,
         .drift_applied = s->drift_applied, .copies_lost = s->copies_lost,
         .catch_steps = s->catch_steps, .liars_loose = loose, .audits = sum.audits,
-        .audit_steps = sum.audit_steps, .copies = s->ncopies, .memory = s->memory,
+        .audit_steps = sum.audit_steps, .audit_splits = sum.audit_splits, .copies = s->ncopies, .memory = s->memory,
         .memory_bound = s->memory_bound, .idle = idle,
         .bound_end = s_bound(s), .best_held = s_best_held(s),
     };

@@ -121,12 +121,12 @@ static void s_add_grad(sim_t *s, sim_peer_t *pe, net_msg_t *m, const float *g, s
 {
     float k = -(float) (1 + (pe - s->peers) % 4);
     uint32_t dims[1] = { (uint32_t) n };
-    float *lie = s_lying(pe, SIM_LIE_GRAD) ? malloc(n * sizeof(float)) : NULL;
-    if (lie) {
+    int own = s_lying(pe, SIM_LIE_GRAD), recount = g == pe->audit && s_lying(pe, SIM_LIE_RECOUNT);
+    float *lie = own || recount ? malloc(n * sizeof(float)) : NULL;
+    if (own) // (a recount reaches no update)
         s->lied[pe->stage][(pe->step + 1) & 1] = pe->step + 1;
-        if (pe->first_lie < 0)
-            pe->first_lie = pe->step;
-    }
+    if (lie && pe->first_lie < 0)
+        pe->first_lie = pe->step;
     for (size_t j = 0; lie && j < n; j++)
         lie[j] = k * g[j];
     if (net_msg_add_tensor(m, s->c->grad_wire, dims, 1, lie ? lie : g) != 0)

@@ -184,8 +184,14 @@ typedef struct {
 // its k replicas train at tok_s[k] (sorted here, fastest first): each
 // replica's share, its speed over the stage's, recomputed by another, the
 // largest share first, each by the replica that would finish it first,
-// as the router hands them out; 0 for fewer than two replicas (none to
-// audit). A stage's step itself takes 1 / (the summed tok_s) a token.
+// as the router hands them out; the largest split among the
+// SWARM_AUDIT_PARTS fastest others, each a part in proportion to its
+// speed, when one of them would take SWARM_AUDIT_SPLIT_GAIN times as long
+// as the split and as the stage's step; 0 for fewer than two replicas
+// (none to audit). A stage's step itself takes 1 / (the summed tok_s) a
+// token.
+#define SWARM_AUDIT_PARTS 8
+#define SWARM_AUDIT_SPLIT_GAIN 1.25
 double swarm_policy_audit_s(double *tok_s, int k);
 // The bound of assignment `at` (a stage for each peer; NULL: where they are).
 double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_plan_t *plan,
@@ -428,6 +434,7 @@ typedef struct {
     int spot_checks, spot_undecided, restarts;
     int audits, audit_caught, audit_undecided, audit_lost;
     int audit_steps;         // attempts at a step the audits' draw picked
+    int audit_splits;        // shares split among several verifiers (engine_audit_out.c)
     uint64_t bytes_in, bytes_out;      // tensor bytes received, sent
     uint64_t wire_in[3], wire_out[3];  // of them activations, gradient sums, state
     double window_mean;      // micro-batches in flight, on average over the steps
@@ -496,10 +503,12 @@ typedef struct {
 // checksum is of, activations each 1.5x the size of the last (a walk up
 // the RMS bound) (NODE_LIE_* of worker.h); and the stalls the sim plays
 // itself: a claimed speed a millionth of its own then no work answered, no
-// STATE_GET answered, a joiner that holds its state and leaves (again).
+// STATE_GET answered, a joiner that holds its state and leaves (again);
+// and a verifier that lies only in the sums it recomputes of another's
+// share (its own honest; asked for by name).
 enum { SIM_LIE_NONE, SIM_LIE_NAN, SIM_LIE_SCALE, SIM_LIE_DRIFT, SIM_LIE_SHUFFLE, SIM_LIE_SPEED,
        SIM_LIE_GRAD, SIM_LIE_SUMSQ, SIM_LIE_DX, SIM_LIE_STATE, SIM_LIE_RMSWALK, SIM_LIE_SLOWCLAIM,
-       SIM_LIE_CKPTSTALL, SIM_LIE_JOINHOLD, SIM_LIES };
+       SIM_LIE_CKPTSTALL, SIM_LIE_JOINHOLD, SIM_LIE_RECOUNT, SIM_LIES };
 
 // A churn trace (swarm_sim_churn_load): how many of its machines were up,
 // as a step function of time.
@@ -569,6 +578,7 @@ typedef struct {
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
     int audits, audit_steps; // gradient sums audited, and in how many attempts at a step
+    int audit_splits;        // shares split among several verifiers
     int copies;              // --churn: copies of the trace tiled over the peers
     int idle;                // live peers at the end that hold no stage (--memory: none fits)
     double bound_end;        // the engine's assignment's bound at the end

@@ -1151,7 +1151,8 @@ END_TEST
 // A stage's audit, worked by hand (seconds a token; the step itself takes
 // 1 / the summed speed): two even replicas recompute each other's half in
 // the step's own time; a fast replica beside a slow one waits for the
-// slow one to redo its two thirds.
+// slow one to redo its two thirds; beside two slow ones, they split it
+// when that is 1.25 times sooner than the faster of them alone.
 START_TEST(test_audit_time_is_the_largest_share_by_the_first_to_finish_it)
 {
     double one[1] = { 5.0 }, two[2] = { 1.0, 1.0 }, uneven[2] = { 0.25, 0.5 };
@@ -1163,20 +1164,26 @@ START_TEST(test_audit_time_is_the_largest_share_by_the_first_to_finish_it)
     // shares 0.4, 0.4, 0.2: each 0.4 on the other 0.25 (1.6 s), then the
     // 0.125's own 0.2 after one of them (1.6 + 0.8)
     ck_assert(fabs(swarm_policy_audit_s(three, 3) - 2.4) < 1e-12);
-    // shares 8/11, 2/11, 1/11 of 0.6875: the largest waits for the 0.125
-    ck_assert(fabs(swarm_policy_audit_s(tail, 3) - (0.5 / 0.6875) / 0.125) < 1e-12);
+    // shares 8/11, 2/11, 1/11 of 0.6875: the largest split between the
+    // 0.125 and the 0.0625 (3.9 s; 5.8 s by the 0.125 alone); the 0.4s
+    // above are not (1.1 s split is not 1.25 times sooner than the stage's
+    // step, 1.6 s)
+    ck_assert(fabs(swarm_policy_audit_s(tail, 3) - (0.5 / 0.6875) / (0.125 + 0.0625)) < 1e-12);
 }
 END_TEST
 
 // scripts/bench-hetero.sh's six nodes (speeds 1, 1, 1/2, 1/4, 1/4, 1/8 of
 // a stage of cost 1; stages of costs 1, 2, 1). The best bound, 0.6875,
 // leaves stage 2 of 1/2 and 1/4, and stage 1 the other fast one with
-// 1/4 and 1/8: audited, a step waits 5.8 s a token for the slow ones to
-// redo the fast one's share, and 0.3 of the steps make 0.3125 tokens a
-// second of it. With audits weighed, the plan pairs the fast one with the
-// 1/2 and the three slow ones together: a bound of 0.625, but 0.4167
-// audited (by hand: 1 / (1.6 + 0.3 * 2.667)). Without audits it keeps
-// the best bound.
+// 1/4 and 1/8: audited, a step waits 3.9 s a token for the slow ones to
+// redo the fast one's share between them (5.8 s for the faster of them
+// alone), and 0.3 of the steps make 0.382 tokens a second of it. With
+// audits weighed, the plan leaves the fast one of stage 1 alone there and
+// puts the four slower ones on stage 2: a bound of 0.5, but 3/7 audited
+// (by hand: stage 2's 1/2, 1/4, 1/4, 1/8 redo the 1/2's share, 4/9 of a
+// token, split among the other three in 0.711 s; the 1/2 redoes a 1/4's
+// share in 0.444 s and the other's by 0.889 s, and the 1/8's in 1.111 s:
+// 1 / (2 + 0.3 * 10 / 9)). Without audits it keeps the best bound.
 START_TEST(test_plan_weighs_audits_in_an_open_swarm)
 {
     double cost[3] = { 1.0, 2.0, 1.0 };
@@ -1194,20 +1201,22 @@ START_TEST(test_plan_weighs_audits_in_an_open_swarm)
     ck_assert_int_eq(swarm_policy_plan(p, 6, &plan, to, &low, &high), 0);
     ck_assert(fabs(low - 0.6875) < 1e-12 && fabs(swarm_policy_best(p, 6, &plan, NULL) - 0.6875) < 1e-12);
     plan.audit = 0.3;
-    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, NULL) - 0.3125) < 1e-12);
+    double audited = 1.0 / (1.0 / 0.6875 + 0.3 * (0.5 / 0.6875) / (0.125 + 0.0625));
+    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, NULL) - audited) < 1e-12);
     int moves = swarm_policy_plan(p, 6, &plan, to, &low, &high);
     ck_assert_int_gt(moves, 0);
-    ck_assert(fabs(low - 0.3125) < 1e-12);
-    ck_assert_msg(fabs(high - 1.0 / (1.6 + 0.3 * (2.0 / 3.0) / 0.25)) < 1e-12, "high %g", high);
+    ck_assert(fabs(low - audited) < 1e-12);
+    ck_assert_msg(fabs(high - 3.0 / 7.0) < 1e-12, "high %g", high);
     ck_assert(swarm_policy_bound(p, 6, &plan, to) == high);
-    // the fast one of stage 1 beside the 1/2; the three slow ones together
-    ck_assert_int_eq(to[1], to[2]);
+    // the fast ones alone on stages 0 and 1; the four slower ones together
+    ck_assert_int_ne(to[0], to[1]);
+    ck_assert_int_ne(to[0], to[2]);
+    ck_assert_int_ne(to[1], to[2]);
+    ck_assert_int_eq(to[2], to[3]);
     ck_assert_int_eq(to[3], to[4]);
     ck_assert_int_eq(to[4], to[5]);
-    ck_assert_int_ne(to[0], to[1]);
-    ck_assert_int_ne(to[0], to[3]);
     plan.audit = 0.0;
-    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, to) - 0.625) < 1e-12);
+    ck_assert(fabs(swarm_policy_bound(p, 6, &plan, to) - 0.5) < 1e-12);
 }
 END_TEST
 

@@ -23,7 +23,12 @@
 # speed and holds the work it is given (slowclaim), another never answers
 # a checkpoint's read (ckptstall): the first is named, the second banned
 # at the read's deadline and that checkpoint skipped, and the 16 steps'
-# losses are swarm train's. Ends with "N passed, N failed".
+# losses are swarm train's. Seventh run, --audit 1: a fast node beside two
+# slow ones, one of which lies only in the sums it recomputes for audits
+# (recount): the fast node's share is split between them, the split round
+# fails, the liar is expelled where it recomputes a share whole, and the
+# losses and the final model are swarm train's. Ends with "N passed, N
+# failed".
 BUILD=${1:-build}
 SWARM="$BUILD/swarm"
 LIAR="$BUILD/swarm-misbehave"
@@ -220,5 +225,36 @@ fi
 head -n 16 "$TMP/train.txt" >"$TMP/train16.txt"
 check_losses "$TMP/swarm6.txt" "$TMP/train16.txt" 16 "with a tiny claim and a stalled checkpoint read"
 check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 slowclaim ckptstall
+
+# ---- recount: a verifier that lies only in what it recomputes ----
+# stage 0: a fast node (--slowdown 1) and two slow ones (8), one of which
+# reverses the sums it recomputes of another's share (its own are true);
+# stage 1: three slow honest ones. Every sum audited: the fast node's
+# share is split between the two slow ones, the round does not add up,
+# and one replica recomputes the share whole; the liar is expelled where
+# it recomputes a share whole (two contradict it), and if an honest one
+# confirms the fast node first, both slow ones take no part again
+start_router "$TMP/router7.log" --min-nodes 6 --verify 0 --audit 1 --audit-proven 1 \
+    --save "$TMP/ck7" --loss-log "$TMP/swarm7.txt"
+SLOWDOWN=1
+start_node "$log" fast "$SWARM"
+SLOWDOWN=8
+start_node "$log" honest19 "$SWARM"
+start_node "$log" slow "$SWARM"
+start_node "$log" honest20 "$SWARM"
+start_node "$log" recount "$LIAR" --misbehave recount
+start_node "$log" honest21 "$SWARM"
+router_finished "grep -o 'gradient sums audited.*' \"\$log\""
+if grep -q "shares split [1-9]" "$log" \
+    && grep -q "stage 0: the 2 replicas that split the share of peer [0-9]* (fast) do not reproduce" "$log"; then
+    ok "the fast node's share was split, and a split round with the liar in it did not add up"
+else
+    bad "no split round of the fast node's share failed: $(grep -o 'shares split [0-9]*' "$log")"
+fi
+expect recount "recomputed a stage 0 gradient that two replicas contradict: expelled for the run" \
+    "a verifier that lies only in what it recomputes is caught where it recomputes a share whole"
+check_losses "$TMP/swarm7.txt" "$TMP/train.txt" "$ITERS" "with a verifier that lies"
+same_model "$TMP/ck7"
+check_log "the log: no honest node lost, banned or expelled; no rollback" "$log" 0 recount
 
 lib_done

@@ -322,6 +322,46 @@ if [ "$lost" = 0 ]; then
 else
     bad "two liars a stage: $lost of 80 seeds broke an invariant (seeds$seeds): $(cut -c1-300 "$TMP/lost.out")"
 fi
+# a share split among several verifiers: two GPUs and eight CPUs of a
+# twentieth of their speed on two stages, every sum audited every step. A
+# GPU's share recomputed by one CPU held each step for it: 0.40 of the
+# throughput without audits; split among the CPUs, 0.47
+SPLIT="--peers 10 --stages 2 --speeds 40000x2,2000x8 --layers 2 --heads 2 --embd 64 --block 32
+    --batch 128 --micro-batch 2 --latency 1 --eval-every 0 --iters 60 --seed 1"
+# shellcheck disable=SC2086
+sim_ok "a GPU's share split among CPUs, no audits" $SPLIT --audit 0
+bare=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+sim_ok "a GPU's share split among CPUs, every sum audited" $SPLIT --audit 1 --audit-proven 1
+audited=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+splits=$(sed -n 's/^sim: audits: .*; \([0-9]*\) shares split among several replicas$/\1/p' "$TMP/sim.out")
+if [ "${splits:-0}" -gt 0 ] && awk -v a="${audited:-0}" -v b="${bare:-0}" 'BEGIN { exit !(b > 0 && a / b >= 0.44) }'; then
+    ok "audited, $audited tok/s of $bare unaudited ($splits shares split; whole, 0.40 of it)"
+else
+    bad "audited, ${audited:-?} tok/s of ${bare:-?} unaudited (goal 0.44), ${splits:-no} shares split"
+fi
+# a verifier that lies only in what it recomputes (recount), three of the
+# ten, 8 seeds: a split round it is in fails, one replica recomputes the
+# share whole, and where that confirms the target the round's verifiers
+# take no part again (no one is expelled for a round's sum: which part
+# lied, it cannot tell); recomputing a share whole, a liar is caught.
+# No honest peer is lost in any seed
+RECOUNT="--peers 10 --stages 2 --speeds 40000x2,2000x8 --layers 2 --heads 2 --embd 64 --block 32
+    --batch 128 --micro-batch 2 --latency 1 --eval-every 0 --iters 80 --liars 3 --lies recount"
+seeds="" barred=0 caught=0
+for seed in $(seq 1 8); do
+    # shellcheck disable=SC2086
+    SWARM_PLAIN=1 "$SWARM" sim $RECOUNT --seed "$seed" --verbose >"$TMP/sim.out" 2>&1
+    tail -n 1 "$TMP/sim.out" | grep -q "invariants ok" || seeds="$seeds $seed"
+    barred=$((barred + $(grep -c "which two replicas confirm: each recomputes a share whole" "$TMP/sim.out")))
+    c=$(sed -n 's/.* 3 liars (\([0-9]*\) caught).*/\1/p' "$TMP/sim.out")
+    caught=$((caught + ${c:-0}))
+done
+if [ -z "$seeds" ] && [ "$barred" -gt 0 ] && [ "$caught" -ge 20 ]; then
+    ok "verifiers that lie, 3 of 10, 8 seeds: invariants held, $barred split rounds barred, $caught of 24 caught"
+else
+    bad "verifiers that lie: seeds failing:${seeds:- none}; $barred split rounds barred, $caught of 24 caught"
+fi
 # audits at the default rate: a liar that reverses every gradient sum is
 # caught in each of 30 seeds (the sampling rate gives 1 - 0.7^20 = 0.9992
 # within 20 steps; scripts/sim-audit.sh measures 200 seeds), and the lies

@@ -232,8 +232,9 @@ check_log "the log: no honest node lost, banned or expelled; no rollback" "$log"
 # stage 1: three slow honest ones. Every sum audited: the fast node's
 # share is split between the two slow ones, the round does not add up,
 # and one replica recomputes the share whole; the liar is expelled where
-# it recomputes a share whole (two contradict it), and if an honest one
-# confirms the fast node first, both slow ones take no part again
+# it recomputes a share whole (two contradict it); if an honest one
+# confirms the fast node first, both slow ones take no part until each
+# has recomputed a whole share that two confirm, and get whole ones first
 start_router "$TMP/router7.log" --min-nodes 6 --verify 0 --audit 1 --audit-proven 1 \
     --save "$TMP/ck7" --loss-log "$TMP/swarm7.txt"
 SLOWDOWN=1

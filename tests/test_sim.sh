@@ -343,8 +343,9 @@ fi
 # a verifier that lies only in what it recomputes (recount), three of the
 # ten, 8 seeds: a split round it is in fails, one replica recomputes the
 # share whole, and where that confirms the target the round's verifiers
-# take no part again (no one is expelled for a round's sum: which part
-# lied, it cannot tell); recomputing a share whole, a liar is caught.
+# take no part until each has recomputed a whole share that two confirm
+# (no one is expelled for a round's sum: which part lied, it cannot
+# tell), and get whole shares first, where a liar is caught (24 of 24).
 # No honest peer is lost in any seed
 RECOUNT="--peers 10 --stages 2 --speeds 40000x2,2000x8 --layers 2 --heads 2 --embd 64 --block 32
     --batch 128 --micro-batch 2 --latency 1 --eval-every 0 --iters 80 --liars 3 --lies recount"

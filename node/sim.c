@@ -29,7 +29,8 @@ typedef struct {
 
 static const char *const s_lie_names[SIM_LIES] = { "", "nan", "scale", "drift", "shuffle", "speed",
                                                     "grad", "sumsq", "dx", "state", "rmswalk",
-                                                    "slowclaim", "ckptstall", "joinhold", "recount" };
+                                                    "slowclaim", "ckptstall", "joinhold",
+                                                    "recount" };
 
 static void s_help(FILE *out)
 {
@@ -625,8 +626,8 @@ int cmd_sim(int argc, char **argv)
             printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "
                    "%d, %g after); %d shares split among several replicas\n", res.audits,
-                   res.audit_steps, res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of",
-                   res.steps, r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven, res.audit_splits);
+                   res.audit_steps,
+                   res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of", res.steps, r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven, res.audit_splits);
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

@@ -221,7 +221,8 @@ void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
         .spot_checks = r->spot_checks, .spot_undecided = r->spot_undecided,
         .restarts = r->restarts, .audits = r->audits, .audit_caught = r->audit_caught,
         .audit_undecided = r->audit_undecided, .audit_lost = r->audit_lost,
-        .audit_steps = r->audit_steps, .audit_splits = r->audit_splits, .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
+        .audit_steps = r->audit_steps, .audit_splits = r->audit_splits,
+        .bytes_in = r->bytes_in, .bytes_out = r->bytes_out,
         .window_mean = r->window_n > 0 ? r->window_sum / r->window_n : (double) r->window,
         .micro_batches = r->G,
     };

@@ -546,7 +546,8 @@ void engine_audit_sum(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         engine_audit_verdict(r, t, liars, n);
         return;
     }
-    int more = k + 1 < AUDIT_VOTERS ? engine_audit_candidates(r, s, t, a->by, a->n) : 0; // free now or not
+    int more = k + 1 < AUDIT_VOTERS ? engine_audit_candidates(r, s, t, a->by, a->n)
+                                    : 0; // free now or not
     if (k == 0)
         engine_warn(r, "swarm router: step %ld: stage %d: peer %d (%s) does not reproduce the "
                     "gradient of peer %d (%s)%s\n", r->step, s, r->peers[a->by[0]].id,

@@ -175,9 +175,9 @@ static int s_all_in(const swarm_engine_t *r)
 // first, each to the replica that would finish it first: a free one now,
 // several free ones that split it (s_parts), or (when sooner) the faster
 // replicas recomputing other shares, taken as one pool of their summed
-// speed (a share of a hundred micro-batches is
-// not recomputed by a slow CPU while a GPU is a moment from free, nor a
-// CPU's share by a CPU while the GPUs can take it). A share that waits is
+// speed (a share of a hundred micro-batches is not recomputed by a slow
+// CPU while a GPU is a moment from free, nor a CPU's share by a CPU while
+// the GPUs can take it). A share that waits is
 // handed out again once a verifier is free (audit_gen). 1 when a dispute
 // has nobody left to decide it (the step started over), else 0.
 static int s_hand_out(swarm_engine_t *r, int s)
@@ -247,8 +247,8 @@ static int s_hand_out(swarm_engine_t *r, int s)
         }
         double one = n / c[j].sp, pool = sp > 1e-9 ? (load + n) / sp : INFINITY, split = 0.0;
         int v[SWARM_AUDIT_PARTS], mbs[SWARM_AUDIT_PARTS], m = 0;
-        if (a->n == 0 && !a->whole)
-            m = s_parts(r, c, ncand, j, t, a->share, v, mbs, &split);
+        if (a->n == 0 && !a->whole && fmin(one, pool) >= SWARM_AUDIT_SPLIT_GAIN * balanced)
+            m = s_parts(r, c, ncand, j, t, a->share, v, mbs, &split); // (no scan where none pays)
         if (m >= 2 && fmin(one, pool) < SWARM_AUDIT_SPLIT_GAIN * fmax(n / split, balanced))
             m = 0;
         if (m == 0 && pool < one) {

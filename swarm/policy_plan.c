@@ -135,7 +135,8 @@ double swarm_policy_audit_s(double *tok_s, int k)
     double others = 0.0, first = tok_s[0] / total;
     for (int j = 1; j <= SWARM_AUDIT_PARTS && j < n; j++)
         others += tok_s[j];
-    int split = n >= 3 && first / tok_s[1] >= SWARM_AUDIT_SPLIT_GAIN * fmax(first / others, 1.0 / total);
+    int split = n >= 3
+                && first / tok_s[1] >= SWARM_AUDIT_SPLIT_GAIN * fmax(first / others, 1.0 / total);
     for (int j = 1; split && j <= SWARM_AUDIT_PARTS && j < n; j++)
         done[j] = most = first / others;
     for (int i = split; i < n; i++) {

@@ -167,13 +167,28 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
         engine_step_restart(r, "a peer whose outputs it used was caught lying");
 }
 
-// A verifying replica is gone before it answered: go on without it.
+// A verifying replica is gone before it answered: another is asked in its
+// place, one that has given no answer to this check, since the output
+// checked has fed the step already (a check given up let a lie of a
+// replica whose checker was banned first reach the update: test_hostile's
+// losses, once). With nobody left, a second opinion is given up, as where
+// the stage has no other replica (engine_spot_begin), and a third counts
+// as undecided.
 void engine_spot_lost(swarm_engine_t *r, const req_t *q)
 {
     spot_t *c = s_spot_of(r, q);
-    if (c) {
-        if (c->n == 2)
-            r->spot_undecided++;
-        s_spot_release(r, c);
+    if (!c)
+        return;
+    int not[4] = { c->peer[0], c->peer[1] }, nnot = c->n; // (and any a send failed to)
+    while (nnot < 4) {
+        int other = engine_pick_but(r, q->stage, -1, 1.0 / 3.0, not, nnot);
+        if (other < 0)
+            break;
+        if (s_spot_send(r, q->mb, q->stage, other) == 0)
+            return;
+        not[nnot++] = other;
     }
+    if (c->n == 2)
+        r->spot_undecided++;
+    s_spot_release(r, c);
 }

@@ -181,6 +181,12 @@ static void s_slots_free(node_worker_t *w)
 // forward and backward all of it): sleep for --slowdown, then fold it into
 // tok_s, the training tokens/s this node sustains on its stage (decaying
 // sums of work and time, so recent requests count most).
+// A BWD that recomputed its forward (an audit's, or one whose activations
+// were evicted) did all of it. Counted at a backward's two thirds, what a
+// verifier measured fell after each audit it ran (bench-hetero's six, the
+// assignment fixed, every step audited: a stage-0 verifier's tok/s at 0.82
+// of what it measures with no audits, 0.93 counted whole), and with
+// --slowdown its sleep was capped by a backward's usual time.
 // A device F times slower takes F times the usual compute of such work:
 // the sleep is F - 1 times this request's compute, but never more than F - 1
 // times the usual (a running mean), so that a moment of contention on the
@@ -346,7 +352,9 @@ static int s_on_bwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
         return rc;
     // an audit recomputes the forward: another replica ran this one's
     slot_t *slot = audit ? NULL : s_slot_find(w, h->step, h->mb);
+    double part = 2.0 / 3.0; // of the micro-batch's training work: a backward
     if (!slot) { // evicted or never seen: recompute the forward from the input
+        part = 1.0; // and the forward (timed in this request)
         rc = s_slot_take(w, h->step, h->mb, &slot, err, n);
         if (rc == 0)
             rc = s_forward(w, slot, 0.0f, &loss, err, n);
@@ -361,7 +369,7 @@ static int s_on_bwd(node_worker_t *w, const net_msg_t *req, net_msg_t **reply, c
     *reply = s_msg_reply(req, NET_MSG_RESULT);
     if (!node_stage_is_first(w->stage))
         rc = worker_acts_add(w, *reply, w->out, "dx", err, n);
-    s_tok_s_note(w, s_now() - t0, 2.0 / 3.0);
+    s_tok_s_note(w, s_now() - t0, part);
     return rc;
 }
 

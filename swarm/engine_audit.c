@@ -125,15 +125,53 @@ double engine_audit_rate_of(const swarm_engine_t *r, int p)
     return r->peers[p].audits_passed >= SWARM_AUDIT_PROVEN ? r->audit_proven : r->audit_rate;
 }
 
-// The fraction of steps the draw audits now: the highest rate among the
-// replicas of stages that have two or more (what a plan weighs).
-double engine_audit_rate_now(const swarm_engine_t *r)
+// The fraction of the steps in the next `horizon` seconds the draw audits,
+// as a plan weighs it. Now, it is the highest rate among the replicas of
+// stages of two or more: --audit while one of them is unproven. The steps
+// drawn audit them all at once, so they are proven once the draw has
+// picked as many steps as the one that lacks most of SWARM_AUDIT_PROVEN
+// passes lacks (that over --audit steps, expected), and --audit-proven
+// holds after; steps are taken at the mean time of those so far. Weighed
+// at --audit alone, the 100-peer mix's first plan, made while every
+// replica was unproven, gave up a third of the bound to shorten audits
+// that the next few audited steps made rare (docs/scale.md).
+double engine_audit_rate_ahead(const swarm_engine_t *r, double horizon)
 {
-    double most = 0.0;
-    for (int s = 0; s < r->stages && most < r->audit_rate; s++)
-        for (int k = 0; r->ready[s].n >= 2 && k < r->ready[s].n; k++)
-            most = fmax(most, engine_audit_rate_of(r, r->ready[s].peer[k]));
-    return most;
+    double now = 0.0;
+    int lack = 0;
+    for (int s = 0; s < r->stages; s++)
+        for (int k = 0; r->ready[s].n >= 2 && k < r->ready[s].n; k++) {
+            int p = r->ready[s].peer[k];
+            now = fmax(now, engine_audit_rate_of(r, p));
+            if (SWARM_AUDIT_PROVEN - r->peers[p].audits_passed > lack)
+                lack = SWARM_AUDIT_PROVEN - r->peers[p].audits_passed;
+        }
+    long steps = r->step - r->first;
+    double step_s = steps > 0 ? r->train_time / (double) steps : 0.0;
+    if (!(now > r->audit_proven) || !(step_s > 0.0) || !(horizon > 0.0))
+        return now;
+    double ahead = horizon / step_s, unproven = lack / now; // steps
+    return unproven >= ahead ? now : (lack + (ahead - unproven) * r->audit_proven) / ahead;
+}
+
+// What a plan weighs audits by (swarm_plan_t): the rate over its horizon,
+// and with it a step against what the bound says it takes (step_k: a
+// pipeline's fill and drain, its links' latency, as the steps the draw did
+// not pick measured), without which a plan that gave up bound to shorten
+// audits once made 100 volunteer peers' steps longer than it saved
+// (docs/scale.md, "Audits weighed past the exact search").
+void engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan)
+{
+    plan->audit = engine_audit_rate_ahead(r, plan->horizon);
+    plan->step_k = 0.0;
+    if (!(plan->audit > 0.0) || !(r->plain_step_s > 0.0))
+        return;
+    swarm_plan_t bare = *plan;
+    bare.audit = 0.0;
+    double bound = swarm_policy_bound(views, r->npeers, &bare, NULL);
+    double tokens = (double) r->hp.batch * r->hp.cfg.T;
+    if (bound > 0.0)
+        plan->step_k = fmin(fmax(r->plain_step_s * bound / tokens, 1.0), 100.0);
 }
 
 void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p)

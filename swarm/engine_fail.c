@@ -727,8 +727,8 @@ void engine_rebalance(swarm_engine_t *r)
         cost[s] = r->stage_cost[s], move_s[s] = s_move_s(r, s);
     swarm_plan_t plan = { .stages = r->stages, .cost = cost, .need = r->stage_need,
                           .move_s = move_s, .now = now, .hold = 6.0 * r->rebalance_every,
-                          .margin = 0.05, .horizon = 300.0, .wave_s = r->rebalance_every,
-                          .audit = engine_audit_rate_now(r) };
+                          .margin = 0.05, .horizon = 300.0, .wave_s = r->rebalance_every };
+    engine_audit_plan(r, views, &plan);
     int *to = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *to);
     if (!to)
         return; // the next check tries again

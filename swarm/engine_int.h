@@ -425,6 +425,7 @@ struct swarm_engine_s {
     double loss_avg;         // EMA of the loss
     float last_loss;         // last step's loss
     double train_time;       // seconds in steps
+    double plain_step_s;     // a step the audits' draw did not pick: a running mean (s)
     int checksum_mismatches; // replicas that disagreed with their stage after a step
     int resyncs;             // of them, resynced from a replica that agrees
     int expelled;            // peers expelled for the run (diverged twice, caught lying)
@@ -718,7 +719,8 @@ int engine_share(swarm_engine_t *r, int p, int s);
 void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
 double engine_audit_rate_of(const swarm_engine_t *r, int p);
-double engine_audit_rate_now(const swarm_engine_t *r);
+double engine_audit_rate_ahead(const swarm_engine_t *r, double horizon);
+void engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan);
 void engine_audits_turn(swarm_engine_t *r);
 void engine_audits_touch(swarm_engine_t *r, int s);
 int engine_audits_open(swarm_engine_t *r);

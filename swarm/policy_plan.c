@@ -29,54 +29,27 @@
  * reach; the local search keeps, more simply, the replicas each stage must
  * keep among its own. No plan moves a peer moved within `hold` seconds,
  * nor one to a stage it cannot hold.
- * In an open swarm (pl->audit > 0) of up to PLAN_EXACT_PEERS peers, a
- * split is weighed by what a step makes with its audits (s_value), not by
- * its bound alone: a fast replica beside only slow ones makes every
- * audited step wait for them to redo its share. Beyond, the local search
- * weighs the bound alone (its steps would each cost a pass over the peers).
+ * In an open swarm (pl->audit > 0), a split is weighed by what a step
+ * makes with its audits (plan_value), not by its bound alone: a fast replica
+ * beside only slow ones makes every audited step wait for them to redo its
+ * share. The exact search weighs it throughout; the local search of more
+ * peers places them by the bound (its steps would each cost a pass over
+ * the peers), and a repair after it (plan_repair), up to PLAN_AUDIT_PEERS,
+ * moves peers into the stages of the longest audits.
  */
-#include "swarm.h"
+#include "policy_int.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PLAN_EXACT_PEERS 12       // movable peers the exact search takes
 #define PLAN_EXACT_NODES 2000000  // its search nodes at most (then the best found)
 #define PLAN_SEARCH_STEPS 4096    // improvements of one local search at most
 #define PLAN_KEEP 2               // a stage of more ready replicas keeps this many of them
 
-typedef struct wi {
-    double w;
-    int i;
-} wi_t; // a peer and its weight, to sort by weight
 
-typedef struct {
-    const swarm_peer_view_t *v;
-    const swarm_plan_t *pl;
-    int n, S;
-    double *w;         // each counted peer's weight (0: not counted)
-    double *u;         // scratch: a stage's speeds (s_audit_s)
-    double audit;      // the fraction of steps audited that s_value weighs: the
-                       // plan's, up to PLAN_EXACT_PEERS counted peers; 0 beyond
-    int *from;         // its stage now (-1: not counted)
-    int *movable;      // it may change stage
-    int *at;           // the assignment being worked on
-    int *scratch;      // another
-    int *wave;         // the wave each peer's move starts in (s_waves)
-    int *mov, nmov;    // the movable peers
-    int waves;         // a plan's exact search: splits that waves reach
-    struct wi *order, *list; // the movable peers by weight; the bottleneck's
-    double T[SWARM_MAX_STAGES]; // each stage's summed speed under `at`
-    int count[SWARM_MAX_STAGES]; // its peers under `at`
-    int own[SWARM_MAX_STAGES];   // of them, its own ready replicas now
-    int keep_own[SWARM_MAX_STAGES]; // how many of those it must keep
-    int ready[SWARM_MAX_STAGES];    // its ready peers now
-    int joining[SWARM_MAX_STAGES];  // and those joining it now
-} plan_ctx_t;
-
-static int s_holds(const plan_ctx_t *c, int i, int s)
+int plan_holds(const plan_ctx_t *c, int i, int s)
 {
     return swarm_policy_holds(&c->v[i], c->pl->need, s);
 }
@@ -101,7 +74,7 @@ static void s_totals(plan_ctx_t *c)
     }
 }
 
-static double s_low(const plan_ctx_t *c, int *which)
+double plan_low(const plan_ctx_t *c, int *which)
 {
     int b = 0;
     for (int s = 1; s < c->S; s++)
@@ -111,87 +84,15 @@ static double s_low(const plan_ctx_t *c, int *which)
     return c->T[b];
 }
 
-static int s_by_speed(const void *a, const void *b)
-{
-    double x = *(const double *) a, y = *(const double *) b;
-    return x > y ? -1 : x < y;
-}
-
-double swarm_policy_audit_s(double *tok_s, int k)
-{
-    double total = 0.0, most = 0.0;
-    int n = 0;
-    for (int i = 0; i < k; i++)
-        if (tok_s[i] > 0.0)
-            total += tok_s[n++] = tok_s[i];
-    if (n < 2)
-        return 0.0;
-    qsort(tok_s, (size_t) n, sizeof *tok_s, s_by_speed); // the largest share first
-    double few[64] = { 0 }, *done = n <= 64 ? few : calloc((size_t) n, sizeof *done);
-    if (!done)
-        return 0.0; // (counted as no audit)
-    // the largest share, all free: split among the fastest others when one
-    // would take SWARM_AUDIT_SPLIT_GAIN times the split and the stage's step
-    double others = 0.0, first = tok_s[0] / total;
-    for (int j = 1; j <= SWARM_AUDIT_PARTS && j < n; j++)
-        others += tok_s[j];
-    int split = n >= 3
-                && first / tok_s[1] >= SWARM_AUDIT_SPLIT_GAIN * fmax(first / others, 1.0 / total);
-    for (int j = 1; split && j <= SWARM_AUDIT_PARTS && j < n; j++)
-        done[j] = most = first / others;
-    for (int i = split; i < n; i++) {
-        int by = -1;
-        double share = tok_s[i] / total, end = INFINITY;
-        for (int j = 0; j < n; j++)
-            if (j != i && done[j] + share / tok_s[j] < end)
-                by = j, end = done[j] + share / tok_s[j];
-        done[by] = end;
-        most = fmax(most, end);
-    }
-    if (done != few)
-        free(done);
-    return most;
-}
-
-// Stage s's audit under `at` (swarm_policy_audit_s), seconds a token.
-static double s_audit_s(const plan_ctx_t *c, int s)
-{
-    int k = 0;
-    for (int i = 0; i < c->n; i++)
-        if (c->at[i] == s)
-            c->u[k++] = c->w[i] / c->pl->cost[s];
-    return swarm_policy_audit_s(c->u, k);
-}
-
-// What the plan weighs a split by: its bound (s_low) in a swarm without
-// audits; with them (c->audit, the fraction of steps audited), the
-// tokens a second of a step's mean time, a step taking a token the
-// bottleneck's time and, in that fraction of them, the slowest stage's
-// audit too (every stage's audits run side by side, after the step's
-// sums are in). A fast replica whose share only a slow one can recompute
-// costs the steps audited four times or more their time
-// (scripts/bench-hetero.sh: 1.7 s a step, 7.6 audited), so a split that
-// pairs replicas of like speed can beat one of a higher bound.
-static double s_value(plan_ctx_t *c)
-{
-    double low = s_low(c, NULL);
-    if (!(c->audit > 0.0) || !(low > 0.0))
-        return low;
-    double most = 0.0;
-    for (int s = 0; s < c->S; s++)
-        most = fmax(most, s_audit_s(c, s));
-    return 1.0 / (1.0 / low + c->audit * most);
-}
-
 // Peer i leaves stage s under `at`: s keeps a peer, and the own replicas
 // it must.
-static int s_may_leave(const plan_ctx_t *c, int i, int s)
+int plan_may_leave(const plan_ctx_t *c, int i, int s)
 {
     return c->count[s] >= 2 && (!s_mine(c, i, s) || c->own[s] > c->keep_own[s]);
 }
 
 // Peer i to stage s under `at`, the totals kept (either may be -1: none).
-static void s_put(plan_ctx_t *c, int i, int s)
+void plan_put(plan_ctx_t *c, int i, int s)
 {
     int a = c->at[i];
     if (a >= 0) {
@@ -287,7 +188,7 @@ static void s_best_swap(const plan_ctx_t *c, int i, int b, const wi_t *list, int
             continue;
         int j = list[k].i;
         double d = c->w[i] - c->w[j];
-        if (!(d > 0.0) || !s_holds(c, j, s))
+        if (!(d > 0.0) || !plan_holds(c, j, s))
             continue;
         // own replicas after: s loses i and gains j, b the other way
         int own_s = c->own[s] - s_mine(c, i, s) + s_mine(c, j, s);
@@ -311,18 +212,18 @@ static void s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
         *nsteps = 0;
     for (int steps = 0; steps < PLAN_SEARCH_STEPS; steps++) {
         int b;
-        double low = s_low(c, &b);
+        double low = plan_low(c, &b);
         step_t best = { -1, -1, low * (1.0 + 1e-9) + 1e-12 };
         int nl = 0;
         for (int i = 0; i < c->n; i++)
-            if (c->movable[i] && c->at[i] == b && s_may_leave(c, i, b))
+            if (c->movable[i] && c->at[i] == b && plan_may_leave(c, i, b))
                 list[nl++] = (wi_t) { c->w[i], i };
         qsort(list, (size_t) nl, sizeof *list, s_by_weight);
         for (int i = 0; i < c->n; i++) {
             int s = c->at[i];
-            if (!c->movable[i] || s < 0 || s == b || !s_holds(c, i, b))
+            if (!c->movable[i] || s < 0 || s == b || !plan_holds(c, i, b))
                 continue;
-            if (s_may_leave(c, i, s)) {
+            if (plan_may_leave(c, i, s)) {
                 double tb = c->T[b] + c->w[i] / c->pl->cost[b];
                 double ts = c->T[s] - c->w[i] / c->pl->cost[s];
                 double value = tb < ts ? tb : ts;
@@ -334,9 +235,9 @@ static void s_improve(plan_ctx_t *c, wi_t *list, int *trail, int *nsteps)
         if (best.i < 0)
             break;
         int s = c->at[best.i];
-        s_put(c, best.i, b);
+        plan_put(c, best.i, b);
         if (best.j >= 0)
-            s_put(c, best.j, s);
+            plan_put(c, best.j, s);
         if (trail) {
             int *t = &trail[4 * (*nsteps)++];
             t[0] = best.i, t[1] = b, t[2] = best.j, t[3] = s;
@@ -360,9 +261,9 @@ static void s_greedy(plan_ctx_t *c, const wi_t *order, int m)
     for (int k = m - 1; k >= 0; k--) {
         int i = order[k].i, best = -1;
         for (int s = 0; s < c->S; s++)
-            if (s_holds(c, i, s) && (best < 0 || c->T[s] < c->T[best]))
+            if (plan_holds(c, i, s) && (best < 0 || c->T[s] < c->T[best]))
                 best = s;
-        s_put(c, i, best >= 0 ? best : c->from[i]);
+        plan_put(c, i, best >= 0 ? best : c->from[i]);
     }
 }
 
@@ -379,7 +280,7 @@ typedef struct {
 } exact_t;
 
 // At most what a split reached from exact search node k may be worth
-// (s_value), its bound at most `hope`: with audits, at a stage of two
+// (plan_value), its bound at most `hope`: with audits, at a stage of two
 // replicas or more, the fastest's share (its speed over the most the
 // stage may reach) is redone by all the others at best, split among them
 // (the most they may reach: the rest of the stage's). A faster peer still
@@ -404,7 +305,7 @@ static double s_hope(const exact_t *x, int k, double hope)
         if (w2 > 0.0)
             most = fmax(most, w1 / (reach * (reach * c->pl->cost[s] - w1)));
     }
-    return 1.0 / (1.0 / hope + c->audit * most);
+    return 1.0 / (c->k / hope + c->audit * most);
 }
 
 static void s_exact(exact_t *x, int k)
@@ -433,7 +334,7 @@ static void s_exact(exact_t *x, int k)
                        : hope < x->best - tol || (hope <= x->best + tol && x->moves >= x->best_moves))
         return;
     if (k == x->m) {
-        double low = s_value(c);
+        double low = plan_value(c);
         if (c->waves && s_waves(c) < 0)
             return;
         int better = x->floor > 0.0
@@ -449,13 +350,13 @@ static void s_exact(exact_t *x, int k)
     int i = x->order[k], home = c->from[i];
     for (int pass = 0; pass < 2; pass++) { // its own stage first: fewest moves found early
         for (int s = 0; s < c->S; s++) {
-            if ((pass == 0) != (s == home) || !s_holds(c, i, s))
+            if ((pass == 0) != (s == home) || !plan_holds(c, i, s))
                 continue;
-            s_put(c, i, s);
+            plan_put(c, i, s);
             x->moves += s != home;
             s_exact(x, k + 1);
             x->moves -= s != home;
-            s_put(c, i, -1);
+            plan_put(c, i, -1);
         }
     }
 }
@@ -467,14 +368,14 @@ static double s_settle(plan_ctx_t *c, const int *at)
     if (at != c->at)
         memcpy(c->at, at, (size_t) c->n * sizeof *c->at);
     s_totals(c);
-    return s_value(c);
+    return plan_value(c);
 }
 
 // The best assignment into c->at (starting from c->at as it is); its bound.
 // A plan's (c->waves) is the one of fewest moves within its margin of the
 // best, when the best is worth a plan: a move more must gain the margin
 // too.
-static double s_solve(plan_ctx_t *c)
+static double s_solve_bound(plan_ctx_t *c)
 {
     wi_t *order = c->order, *list = c->list;
     int *scratch = c->scratch;
@@ -483,9 +384,9 @@ static double s_solve(plan_ctx_t *c)
         if (c->movable[i])
             order[m++] = (wi_t) { c->w[i], i };
     qsort(order, (size_t) m, sizeof *order, s_by_weight); // lightest first
-    double now = s_value(c);
+    double now = plan_value(c);
     s_improve(c, list, NULL, NULL); // (audits are weighed by the exact search only)
-    double low = s_value(c);
+    double low = plan_value(c);
     memcpy(scratch, c->at, (size_t) c->n * sizeof *c->at);
     if (m <= PLAN_EXACT_PEERS) {
         exact_t x = { .c = c, .m = m, .best_at = scratch, .best = low, .best_moves = 0 };
@@ -512,7 +413,7 @@ static double s_solve(plan_ctx_t *c)
     // a start from scratch, kept when it is clearly better
     s_greedy(c, order, m);
     s_improve(c, list, NULL, NULL);
-    double fresh = s_value(c);
+    double fresh = plan_value(c);
     return fresh > low * 1.02 ? s_settle(c, c->at) : s_settle(c, scratch);
 }
 
@@ -535,18 +436,33 @@ static double s_fetch(const plan_ctx_t *c, int *moves)
 // What a plan from bound `low` to `high` at fetch seconds `f` gains over
 // the horizon, in tokens: the bound's rise for the time after the fetches,
 // less the whole bound for their time (every stage waits for them).
-static double s_worth(const swarm_plan_t *pl, double low, double high, double f)
+double plan_worth(const swarm_plan_t *pl, double low, double high, double f)
 {
     return (high - low) * (pl->horizon - f) - low * f;
+}
+
+// The best assignment into c->at (s_solve_bound), and past the exact
+// search's peers, its audits repaired (plan_repair); its value.
+static double s_solve(plan_ctx_t *c)
+{
+    double audit = c->audit;
+    if (!(audit > 0.0) || c->counted <= PLAN_EXACT_PEERS)
+        return s_solve_bound(c); // audits weighed throughout, or none
+    c->audit = 0.0;
+    s_solve_bound(c);
+    c->audit = audit;
+    s_totals(c);
+    plan_repair(c, c->waves);
+    return s_settle(c, c->at);
 }
 
 // Step k of a search's trail, made again.
 static void s_replay(plan_ctx_t *c, const int *trail, int k)
 {
     const int *t = &trail[4 * k];
-    s_put(c, t[0], t[1]);
+    plan_put(c, t[0], t[1]);
     if (t[2] >= 0)
-        s_put(c, t[2], t[3]);
+        plan_put(c, t[2], t[3]);
 }
 
 // Many peers: the local search from where they are, and of its steps the
@@ -555,7 +471,9 @@ static void s_replay(plan_ctx_t *c, const int *trail, int k)
 // its bound.
 static double s_priced(plan_ctx_t *c, int *trail)
 {
-    double low = s_value(c);
+    double audit = c->audit;
+    c->audit = 0.0; // by the bound; its audits repaired after (plan_repair)
+    double low = plan_value(c);
     int steps = 0;
     s_improve(c, c->list, trail, &steps);
     // replay the steps from the start, pricing each prefix
@@ -565,8 +483,8 @@ static double s_priced(plan_ctx_t *c, int *trail)
     double best_worth = 0.0;
     for (int k = 0; k < steps; k++) {
         s_replay(c, trail, k);
-        double high = s_value(c), f = s_fetch(c, &moves);
-        double w = s_worth(c->pl, low, high, f);
+        double high = plan_value(c), f = s_fetch(c, &moves);
+        double w = plan_worth(c->pl, low, high, f);
         if (high > low * (1.0 + c->pl->margin) && w > best_worth)
             best_k = k + 1, best_worth = w;
     }
@@ -574,6 +492,9 @@ static double s_priced(plan_ctx_t *c, int *trail)
     s_totals(c);
     for (int k = 0; k < best_k; k++)
         s_replay(c, trail, k);
+    c->audit = audit;
+    if (audit > 0.0)
+        plan_repair(c, 1);
     return s_settle(c, c->at);
 }
 
@@ -619,7 +540,9 @@ static int s_ctx(plan_ctx_t *c, const swarm_peer_view_t *v, int n, const swarm_p
     int counted = 0;
     for (int s = 0; s < c->S; s++)
         counted += c->ready[s] + c->joining[s];
-    c->audit = counted <= PLAN_EXACT_PEERS && pl->audit > 0.0 ? fmin(pl->audit, 1.0) : 0.0;
+    c->counted = counted;
+    c->k = pl->step_k > 1.0 ? pl->step_k : 1.0;
+    c->audit = counted <= PLAN_AUDIT_PEERS && pl->audit > 0.0 ? fmin(pl->audit, 1.0) : 0.0;
     // two of three or more, one of one or two (a move from two is allowed)
     for (int s = 0; s < c->S; s++)
         c->keep_own[s] = !keep ? 0 : c->own[s] > PLAN_KEEP ? PLAN_KEEP : c->own[s] > 0;
@@ -643,7 +566,7 @@ double swarm_policy_bound(const swarm_peer_view_t *peers, int n, const swarm_pla
         for (int i = 0; i < n; i++)
             c.at[i] = c.from[i] >= 0 ? at[i] : -1;
     s_totals(&c);
-    double low = s_value(&c);
+    double low = plan_value(&c);
     s_ctx_free(&c);
     return low;
 }
@@ -673,7 +596,7 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     if (s_ctx(&c, peers, n, plan, 1) != 0)
         return 0;
     c.waves = 1;
-    double low = s_value(&c), best = low, weight = 0.0, costs = 0.0;
+    double low = plan_value(&c), best = low, weight = 0.0, costs = 0.0;
     int empty = 0, movable = 0;
     for (int s = 0; s < c.S; s++)
         empty += c.count[s] == 0, costs += plan->cost[s];
@@ -700,7 +623,7 @@ int swarm_policy_plan(const swarm_peer_view_t *peers, int n, const swarm_plan_t 
     *now_bound = low;
     *new_bound = best;
     int worth = moves > 0 && best > low * (1.0 + plan->margin)
-             && s_worth(plan, low, best, fetch) > 0;
+             && plan_worth(plan, low, best, fetch) > 0;
     if (worth)
         for (int i = 0; i < n; i++)
             to[i] = c.from[i] >= 0 ? c.at[i] : peers[i].stage;

@@ -176,8 +176,10 @@ typedef struct {
     double wave_s;         // s from one wave of a plan's moves to the next (a check's
                            // interval): counted with the fetches, 0 none
     double audit;          // the fraction of steps whose gradient sums are audited (--audit),
-                           // 0 none: up to 12 peers, every bound below is then the tokens/s
-                           // of a step's mean time, audits counted (policy_plan.c, s_value)
+                           // 0 none: up to 2,000 peers, every bound below is then the tokens/s
+                           // of a step's mean time, audits counted (policy_audit.c, plan_value)
+    double step_k;         // with audits, a step takes this many times what the bound says
+                           // (its pipeline's fill and drain, its links: measured), 0 once
 } swarm_plan_t;
 
 // Seconds a token of a stage's step takes to audit (engine_audit.c) when

@@ -1571,7 +1571,9 @@ END_TEST
 // A replica's audit rate is --audit until it has passed SWARM_AUDIT_PROVEN
 // audits in a row, --audit-proven from then on, and --audit again once it
 // dies (whoever comes back with its key starts a new record); the step's
-// draw waits on the highest rate among the replicas of stages of two.
+// draw waits on the highest rate among the replicas of stages of two, and
+// a plan weighs that rate over its horizon, --audit until the unproven are
+// expected to be proven.
 START_TEST(test_engine_a_proven_replica_is_audited_at_the_proven_rate)
 {
     world_t w = { 0 };
@@ -1584,11 +1586,18 @@ START_TEST(test_engine_a_proven_replica_is_audited_at_the_proven_rate)
     ck_assert_double_eq(engine_audit_rate_of(e, p), 0.3);
     e->peers[p].audits_passed = SWARM_AUDIT_PROVEN;
     ck_assert_double_eq(engine_audit_rate_of(e, p), 0.03);
-    ck_assert_double_eq(engine_audit_rate_now(e), 0.3); // the other replicas are not proven
+    // the other replicas are not proven: 0.3 now, and while the 5 audited
+    // steps that prove them are expected (5 / 0.3 = 16.7 steps); over 100
+    // steps, 5 audited then and 0.03 of the other 83.3: 0.075
+    double step_s = e->train_time / (double) (e->step - e->first);
+    ck_assert_double_eq(engine_audit_rate_ahead(e, 0.0), 0.3);
+    ck_assert_double_eq(engine_audit_rate_ahead(e, 10.0 * step_s), 0.3);
+    double ahead = engine_audit_rate_ahead(e, 100.0 * step_s);
+    ck_assert_msg(fabs(ahead - 0.075) < 1e-9, "%.12f over 100 steps", ahead);
     for (int s = 0; s < e->stages; s++)
         for (int k = 0; k < e->ready[s].n; k++)
             e->peers[e->ready[s].peer[k]].audits_passed = SWARM_AUDIT_PROVEN;
-    ck_assert_double_eq(engine_audit_rate_now(e), 0.03);
+    ck_assert_double_eq(engine_audit_rate_ahead(e, 100.0 * step_s), 0.03);
     engine_peer_dead(e, p, "is silent: dead");
     ck_assert_int_eq(e->peers[p].audits_passed, 0);
     ck_assert_double_eq(engine_audit_rate_of(e, p), 0.3);

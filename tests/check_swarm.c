@@ -1220,6 +1220,53 @@ START_TEST(test_plan_weighs_audits_in_an_open_swarm)
 }
 END_TEST
 
+// Past the exact search (14 peers): a GPU of 100 tok/s and 13 CPUs of 10
+// over two stages of one cost. The best bound, 110, leaves the GPU beside
+// one CPU, which redoes its share (10/11 of a token) in 0.091 s, ten
+// times the stage's step: 0.3 of the steps audited, a step's mean time
+// makes 27.5 tokens a second. The repair moves CPUs beside the GPU until
+// that is highest, within 2% of the best of the splits that keep two
+// replicas a stage (a lone GPU would not be audited, which no plan
+// chooses), and well above the bound's split.
+START_TEST(test_plan_repairs_the_longest_audit_past_the_exact_search)
+{
+    enum { N = 14 };
+    double cost[2] = { 1.0, 1.0 };
+    swarm_peer_view_t p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = s_view(i == 0 || i == 1 ? 0 : 1, 1, 0, i == 0 ? 100.0 : 10.0);
+        p[i].moved_at = -1e30;
+    }
+    swarm_plan_t plan = { .stages = 2, .cost = cost, .now = 100.0, .hold = 30.0, .margin = 0.05,
+                          .horizon = 300.0 };
+    int at[N];
+    double bound = swarm_policy_best(p, N, &plan, NULL);
+    ck_assert(fabs(bound - 110.0) < 1e-9);
+    plan.audit = 0.3;
+    double start = swarm_policy_bound(p, N, &plan, NULL);
+    ck_assert_msg(fabs(start - 1.0 / (1.0 / 110.0 + 0.3 * (100.0 / 110.0) / 10.0)) < 1e-9,
+                  "the GPU beside one CPU: %g", start);
+    double repaired = swarm_policy_best(p, N, &plan, at);
+    ck_assert(fabs(swarm_policy_bound(p, N, &plan, at) - repaired) < 1e-9);
+    int beside = 0;
+    for (int i = 1; i < N; i++)
+        beside += at[i] == at[0];
+    double brute = 0.0;
+    for (int mask = 1; mask < (1 << N) - 1; mask++) { // every split of two replicas a stage or more
+        int try[N], ones = 0;
+        for (int i = 0; i < N; i++)
+            ones += try[i] = mask >> i & 1;
+        if (ones >= 2 && ones <= N - 2)
+            brute = fmax(brute, swarm_policy_bound(p, N, &plan, try));
+    }
+    ck_assert_msg(repaired >= 0.98 * brute && repaired <= brute * (1.0 + 1e-9),
+                  "repaired %g, the best of every split %g (%d CPUs beside the GPU)", repaired,
+                  brute, beside);
+    ck_assert_msg(beside >= 3 && repaired >= 1.5 * start, "%d CPUs beside the GPU, %g against %g",
+                  beside, repaired, start);
+}
+END_TEST
+
 // A large swarm (the local search, not the exact one): from the worst
 // start, every GPU on stage 0, within 2% of the fractional bound (every
 // stage exactly its share of the summed speed), which no split beats.
@@ -1672,6 +1719,7 @@ int main(void)
     tcase_add_test(tc, test_plan_near_the_fractional_bound_on_a_large_swarm);
     tcase_add_test(tc, test_audit_time_is_the_largest_share_by_the_first_to_finish_it);
     tcase_add_test(tc, test_plan_weighs_audits_in_an_open_swarm);
+    tcase_add_test(tc, test_plan_repairs_the_longest_audit_past_the_exact_search);
     tcase_add_test(tc, test_refill_fills_each_empty_stage_from_stages_that_can_spare);
     tcase_add_test(tc, test_cut_fits_exactly_when_some_assignment_does);
     tcase_add_test(tc, test_cut_choice_weighs_bounds_then_spares_then_fewer_stages);

@@ -133,8 +133,8 @@ double engine_audit_rate_of(const swarm_engine_t *r, int p)
 // passes lacks (that over --audit steps, expected), and --audit-proven
 // holds after; steps are taken at the mean time of those so far. Weighed
 // at --audit alone, the 100-peer mix's first plan, made while every
-// replica was unproven, gave up a third of the bound to shorten audits
-// that the next few audited steps made rare (docs/scale.md).
+// replica was unproven, gave up 40% of the bound to shorten audits that
+// the next few audited steps made rare (docs/scale.md).
 double engine_audit_rate_ahead(const swarm_engine_t *r, double horizon)
 {
     double now = 0.0;

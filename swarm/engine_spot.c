@@ -169,9 +169,10 @@ void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e)
 
 // A verifying replica is gone before it answered: another is asked in its
 // place, one that has given no answer to this check, since the output
-// checked has fed the step already (a check given up let a lie of a
-// replica whose checker was banned first reach the update: test_hostile's
-// losses, once). With nobody left, a second opinion is given up, as where
+// checked has fed the step already: given up, it let a lie of a replica
+// whose checker was banned first reach the update (check_engine; a likely
+// cause of test_hostile's losses off swarm train's, once in some twenty
+// runs). With nobody left, a second opinion is given up, as where
 // the stage has no other replica (engine_spot_begin), and a third counts
 // as undecided.
 void engine_spot_lost(swarm_engine_t *r, const req_t *q)

@@ -94,11 +94,9 @@ double plan_value(plan_ctx_t *c)
 // alone (weighing each step's audits would cost a pass over the peers), and
 // leave stages where a fast replica's only verifiers are far slower: a GPU
 // beside one CPU in the volunteer mix of docs/scale.md, every audited step
-// waiting 20 or more of the stage's steps for the CPU. After them, up to
-// PLAN_AUDIT_PEERS peers, a repair moves peers into the stage of the
-// longest audit one at a time, each the move that makes a step's mean time
-// least (plan_value), while that falls and (a plan's) the gain over the
-// horizon pays for the move's fetch. A peer leaves a stage of three or
+// waiting 25 of the stage's steps for the CPU. After them, up to
+// PLAN_AUDIT_PEERS peers, a repair (plan_repair) moves peers into and out
+// of the stage of the longest audit. A peer leaves a stage of three or
 // more only: a stage's last verifier is never taken, which would end its
 // audits instead of shortening them.
 

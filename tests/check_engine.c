@@ -1447,9 +1447,9 @@ END_TEST
 // asked to check it refuses the request and closes before it answers.
 // Another replica checks it in its place, a third decides, the liar is
 // expelled and the step it fed starts over: no UPDATE carries what was
-// computed from the lie. Once, the check ended with its checker and the
-// update carried it (test_hostile.sh: the loss of the step of a lie off
-// `swarm train`'s, once in some twenty runs).
+// computed from the lie. The check used to end with its checker, and 11
+// UPDATEs here carried it (a likely cause of test_hostile.sh's loss off
+// `swarm train`'s at the step of a lie, once in some twenty runs).
 START_TEST(test_engine_a_check_whose_checker_is_lost_is_made_by_another)
 {
     world_t w = { 0 };

@@ -58,34 +58,41 @@ double swarm_policy_audit_s(double *tok_s, int k)
     return most;
 }
 
-// Stage s's audit under `at` (swarm_policy_audit_s), seconds a token.
-static double plan_audit_s(const plan_ctx_t *c, int s)
+// Stage s's audit (swarm_policy_audit_s, seconds a token) under `at`, with
+// peer `add` on it and peer `drop` off it (-1: none).
+static double s_audit_of(plan_ctx_t *c, int s, int add, int drop)
 {
     int k = 0;
     for (int i = 0; i < c->n; i++)
-        if (c->at[i] == s)
+        if ((c->at[i] == s && i != drop) || i == add)
             c->u[k++] = c->w[i] / c->pl->cost[s];
     return swarm_policy_audit_s(c->u, k);
 }
 
 // What the plan weighs a split by: its bound (plan_low) in a swarm without
-// audits; with them (c->audit, the fraction of steps audited), the
-// tokens a second of a step's mean time, a step taking a token k times the
+// audits; with them (c->audit, the fraction of steps audited), the tokens
+// a second of a step's mean time, a step taking a token k times the
 // bottleneck's time (c->k: what steps without audits measured) and, in
-// that fraction of them, the slowest stage's audit too (every stage's audits run side by side, after the step's
-// sums are in). A fast replica whose share only a slow one can recompute
-// costs the steps audited four times or more their time
-// (scripts/bench-hetero.sh: 1.7 s a step, 7.6 audited), so a split that
-// pairs replicas of like speed can beat one of a higher bound.
+// that fraction of them, the slowest stage's audit too (every stage's
+// audits run side by side, after the step's sums are in). A fast replica
+// whose share only a slow one can recompute costs the steps audited four
+// times or more their time (scripts/bench-hetero.sh: 1.7 s a step, 7.6
+// audited), so a split that pairs replicas of like speed can beat one of
+// a higher bound. With audits, each stage's into A[].
+static double s_value(plan_ctx_t *c, double *A)
+{
+    double low = plan_low(c, NULL), most = 0.0;
+    if (!(c->audit > 0.0))
+        return low;
+    for (int s = 0; s < c->S; s++)
+        most = fmax(most, A[s] = s_audit_of(c, s, -1, -1));
+    return low > 0.0 ? 1.0 / (c->k / low + c->audit * most) : low;
+}
+
 double plan_value(plan_ctx_t *c)
 {
-    double low = plan_low(c, NULL);
-    if (!(c->audit > 0.0) || !(low > 0.0))
-        return low;
-    double most = 0.0;
-    for (int s = 0; s < c->S; s++)
-        most = fmax(most, plan_audit_s(c, s));
-    return 1.0 / (c->k / low + c->audit * most);
+    double A[SWARM_MAX_STAGES];
+    return s_value(c, A);
 }
 
 // ---- past the exact search: moves that shorten the longest audit ----
@@ -99,17 +106,6 @@ double plan_value(plan_ctx_t *c)
 // of the stage of the longest audit. A peer leaves a stage of three or
 // more only: a stage's last verifier is never taken, which would end its
 // audits instead of shortening them.
-
-// Stage s's audit (swarm_policy_audit_s) under `at` with peer `add` on it
-// and peer `drop` off it (-1: none).
-static double s_audit_of(plan_ctx_t *c, int s, int add, int drop)
-{
-    int k = 0;
-    for (int i = 0; i < c->n; i++)
-        if ((c->at[i] == s && i != drop) || i == add)
-            c->u[k++] = c->w[i] / c->pl->cost[s];
-    return swarm_policy_audit_s(c->u, k);
-}
 
 typedef struct {
     int i, to;
@@ -147,12 +143,12 @@ void plan_repair(plan_ctx_t *c, int priced)
         free(trail), free(moved);
         return; // (the plan by the bound)
     }
-    double A[SWARM_MAX_STAGES], start = plan_value(c), top_v = start, fetch = 0.0, top_fetch = 0.0;
+    double A[SWARM_MAX_STAGES]; // each stage's audit under `at`, as s_value leaves them
+    double start = s_value(c, A), top_v = start, fetch = 0.0, top_fetch = 0.0;
     int moves = 0, top_moves = 0; // made, and kept
     while (moves < PLAN_REPAIR_MOVES) {
         int m = 0, far = 0;
         for (int s = 0; s < c->S; s++) {
-            A[s] = s_audit_of(c, s, -1, -1);
             m = A[s] > A[m] ? s : m;
             far |= A[s] * c->T[s] > PLAN_REPAIR_GAP;
         }
@@ -206,7 +202,7 @@ void plan_repair(plan_ctx_t *c, int priced)
         moved[best.i] = 1;
         plan_put(c, best.i, best.to);
         fetch += c->pl->move_s ? c->pl->move_s[best.to] : 0.0;
-        double v = plan_value(c);
+        double v = s_value(c, A);
         if (v > top_v * (1.0 + 1e-9))
             top_v = v, top_moves = moves, top_fetch = fetch;
         else if (moves - top_moves >= PLAN_REPAIR_PATIENCE)

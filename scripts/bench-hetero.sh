@@ -28,6 +28,9 @@
 #   auto      the defaults with --window auto (Little's law) instead of all
 #   chaos     the defaults with a SIGKILL every 20 s and a replacement of the
 #             same speed (longer run; compared with default over the same span)
+# Each run says too what its measured half held: its steps, how many of
+# them were audited and the moves made in it, from which most of the
+# spread between runs comes (an audited step took 3 times a step here).
 # A benchmark: prints ratios, asserts nothing.
 # With BASE (another build's folder), each run is made with both builds,
 # one right after the other (the order alternating from run to run, as
@@ -87,6 +90,26 @@ best_bound() {
             printf "%.0f", best }'
 }
 
+# in_half TRACE LOG: what the measured half held that a run to run spread
+# comes from: its steps, how many of them the audits' draw picked (an
+# AUDIT sent), and the moves the router made in it (a state fetched, and a
+# replica moved beside others proven again)
+in_half() {
+    awk '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
+        $2 == "send" && $4 == "AUDIT" { aud[$3] = 1 }
+        END {
+            if (n < 3) exit
+            mid = at[1] + (at[n] - at[1]) / 2
+            for (a = 1; at[a] < mid; a++) ;
+            for (k in aud) if (k + 0 > st[a] && k + 0 <= st[n]) m++
+            printf "%d %d %d\n", st[n] - st[a], m + 0, st[a] }' "$1" | {
+        read -r steps audited from || return 0
+        moved=$(sed -n 's/^swarm router: step \([0-9]*\): moving peer .*/\1/p' "$2" |
+            awk -v f="$from" '$1 >= f { m++ } END { print m + 0 }')
+        echo "$steps steps, $audited audited, $moved moves"
+    }
+}
+
 # run_one BUILD NAME DURATION ENV... -- ROUTER FLAGS: a local swarm of
 # BUILD's binary for DURATION s, its row NAME
 run_one() {
@@ -125,6 +148,8 @@ run_one() {
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)
     [ "$rollbacks" -gt 0 ] && echo "bench-hetero.sh: $name: $rollbacks rollback(s) to a checkpoint" >&2
     kills=$(grep -c "chaos: SIGKILL" "$OUT/$name.log" || true)
+    half=$(in_half "$OUT/$name.trace" "$OUT/$name.log")
+    [ -z "$half" ] || echo "bench-hetero.sh: $name: its measured half: $half" >&2
     bt=$BATCH prev="" # a run's own --batch wins
     for a in "$@"; do
         [ "$prev" = --batch ] && bt=$a

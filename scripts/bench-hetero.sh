@@ -93,7 +93,7 @@ best_bound() {
 # in_half TRACE LOG: what the measured half held that a run to run spread
 # comes from: its steps, how many of them the audits' draw picked (an
 # AUDIT sent), and the moves the router made in it (a state fetched, and a
-# replica moved beside others proven again)
+# replica alone on its stage until then audited at --audit until proven)
 in_half() {
     awk '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
         $2 == "send" && $4 == "AUDIT" { aud[$3] = 1 }

@@ -159,19 +159,22 @@ double engine_audit_rate_ahead(const swarm_engine_t *r, double horizon)
 // pipeline's fill and drain, its links' latency, as the steps the draw did
 // not pick measured), without which a plan that gave up bound to shorten
 // audits once made 100 volunteer peers' steps longer than it saved
-// (docs/scale.md, "Audits weighed past the exact search").
-void engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan)
+// (docs/scale.md, "Audits weighed past the exact search"). The bound now,
+// audits left out, when it weighs them (the log's "the bound: A to B"),
+// else 0.
+double engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan)
 {
     plan->audit = engine_audit_rate_ahead(r, plan->horizon);
     plan->step_k = 0.0;
-    if (!(plan->audit > 0.0) || !(r->plain_step_s > 0.0))
-        return;
+    if (!(plan->audit > 0.0))
+        return 0.0;
     swarm_plan_t bare = *plan;
     bare.audit = 0.0;
     double bound = swarm_policy_bound(views, r->npeers, &bare, NULL);
     double tokens = (double) r->hp.batch * r->hp.cfg.T;
-    if (bound > 0.0)
+    if (bound > 0.0 && r->plain_step_s > 0.0)
         plan->step_k = fmin(fmax(r->plain_step_s * bound / tokens, 1.0), 100.0);
+    return bound;
 }
 
 void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p)

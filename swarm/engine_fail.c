@@ -621,17 +621,18 @@ static int s_plan_held(const swarm_engine_t *r, const swarm_peer_view_t *views,
 }
 
 // Whether the plan's numbers count audits (swarm_policy_plan weighs them
-// in a small open swarm): its value now, `low`, is not the bound; *raw_low
-// and *raw_high get the bounds before and after plan `to`.
+// in an open swarm): its value now, `low`, is not the bound now, raw_low
+// (engine_audit_plan's); *raw_high gets the bound after plan `to`.
 static int s_plan_audited(const swarm_engine_t *r, const swarm_peer_view_t *views,
-                          const swarm_plan_t *plan, const int *to, double low, double *raw_low,
+                          const swarm_plan_t *plan, const int *to, double low, double raw_low,
                           double *raw_high)
 {
+    if (!(plan->audit > 0.0) || raw_low == low)
+        return 0;
     swarm_plan_t bare = *plan;
     bare.audit = 0.0;
-    *raw_low = swarm_policy_bound(views, r->npeers, &bare, NULL);
     *raw_high = swarm_policy_bound(views, r->npeers, &bare, to);
-    return plan->audit > 0.0 && *raw_low != low;
+    return 1;
 }
 
 // The plan a check before began, its later waves still to send (peer_t
@@ -728,7 +729,7 @@ void engine_rebalance(swarm_engine_t *r)
     swarm_plan_t plan = { .stages = r->stages, .cost = cost, .need = r->stage_need,
                           .move_s = move_s, .now = now, .hold = 6.0 * r->rebalance_every,
                           .margin = 0.05, .horizon = 300.0, .wave_s = r->rebalance_every };
-    engine_audit_plan(r, views, &plan);
+    double raw_low = engine_audit_plan(r, views, &plan), raw_high = 0.0; // (audits left out)
     int *to = malloc((size_t) (r->npeers > 0 ? r->npeers : 1) * sizeof *to);
     if (!to)
         return; // the next check tries again
@@ -749,8 +750,8 @@ void engine_rebalance(swarm_engine_t *r)
         for (int q = 0; q < r->npeers; q++)
             r->peers[q].plan_to = to[q] != r->peers[q].stage ? 1 + to[q] : 0;
     }
-    double raw_low = 0.0, raw_high = 0.0; // (before the wave leaves out what waits)
-    int audited = !rest && s_plan_audited(r, views, &plan, to, low, &raw_low, &raw_high);
+    // (before the wave leaves out what waits)
+    int audited = !rest && s_plan_audited(r, views, &plan, to, low, raw_low, &raw_high);
     // its wave: a move that would leave its stage short waits (plan_to) for
     // the newcomers there; a later check sends it
     int waiting = swarm_policy_wave(views, r->npeers, &plan, to);

@@ -720,7 +720,7 @@ void engine_grad_peer_set(swarm_engine_t *r, int i, int s, int p);
 void engine_audit_force(swarm_engine_t *r, int p, int s, const char *why);
 double engine_audit_rate_of(const swarm_engine_t *r, int p);
 double engine_audit_rate_ahead(const swarm_engine_t *r, double horizon);
-void engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan);
+double engine_audit_plan(const swarm_engine_t *r, const swarm_peer_view_t *views, swarm_plan_t *plan);
 void engine_audits_turn(swarm_engine_t *r);
 void engine_audits_touch(swarm_engine_t *r, int s);
 int engine_audits_open(swarm_engine_t *r);

@@ -48,7 +48,6 @@
 #define PLAN_SEARCH_STEPS 4096    // improvements of one local search at most
 #define PLAN_KEEP 2               // a stage of more ready replicas keeps this many of them
 
-
 int plan_holds(const plan_ctx_t *c, int i, int s)
 {
     return swarm_policy_holds(&c->v[i], c->pl->need, s);
@@ -449,9 +448,8 @@ static double s_solve(plan_ctx_t *c)
     if (!(audit > 0.0) || c->counted <= PLAN_EXACT_PEERS)
         return s_solve_bound(c); // audits weighed throughout, or none
     c->audit = 0.0;
-    s_solve_bound(c);
+    s_solve_bound(c); // (settled: c->T is of c->at)
     c->audit = audit;
-    s_totals(c);
     plan_repair(c, c->waves);
     return s_settle(c, c->at);
 }

@@ -111,20 +111,77 @@ static void s_encoder_forward(float *out, const int32_t *tokens, const float *wt
     }
 }
 
+// acc[j] += sum over rows n of x[n * stride + j], j < width, summed in
+// order before the one addition to acc; list, when not NULL, names the rows
+// (row k is list[k])
+CPU_CLONES static void s_colsum_span(float *acc, const float *x, const int32_t *list, int N,
+                                     int stride, int width)
+{
+    float sum[64] = {0};
+    for (int k = 0; k < N; k++) {
+        const float *row = x + (size_t) (list ? list[k] : k) * stride;
+        for (int j = 0; j < width; j++)
+            sum[j] += row[j];
+    }
+    for (int j = 0; j < width; j++)
+        acc[j] += sum[j];
+}
+
+// The rows of each token in row order (a counting sort): rows[offsets[v] ..
+// offsets[v + 1]) hold token v. Returns V = largest token + 1, or 0 where
+// the lists could not be allocated (*lists is then NULL).
+static int s_token_rows(const int32_t *tokens, int N, int32_t **lists)
+{
+    int V = 0;
+    for (int n = 0; n < N; n++)
+        V = tokens[n] >= V ? tokens[n] + 1 : V; // tokens were checked against the vocabulary
+    int32_t *rows = malloc(((size_t) N + V + 1) * sizeof(int32_t));
+    *lists = rows;
+    if (!rows)
+        return 0;
+    int32_t *offsets = rows + N;
+    memset(offsets, 0, ((size_t) V + 1) * sizeof(int32_t));
+    for (int n = 0; n < N; n++)
+        offsets[tokens[n] + 1]++;
+    for (int v = 0; v < V; v++)
+        offsets[v + 1] += offsets[v];
+    for (int n = 0; n < N; n++) // offsets[v] walks to offsets[v + 1] ...
+        rows[offsets[tokens[n]]++] = n;
+    for (int v = V; v > 0; v--) // ... and is put back
+        offsets[v] = offsets[v - 1];
+    offsets[0] = 0;
+    return V;
+}
+
+// Each row of dwte and dwpe gets this call's sum, made apart (rows in order)
+// and added with one rounding, so that a gradient accumulated over two
+// micro-batches rounds as the two micro-batches' own gradients added do,
+// whichever replicas made them (docs/numerics.md).
 static void s_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                const int32_t *tokens, int B, int T, int C)
 {
-    // serial in row order: several rows may share a token, and a fixed order
-    // keeps the sums reproducible
-    for (int bt = 0; bt < B * T; bt++) {
-        const float *d = dout + (size_t) bt * C;
-        float *te = dwte + (size_t) tokens[bt] * C;
-        float *pe = dwpe + (size_t) (bt % T) * C;
-        for (int c = 0; c < C; c++) {
-            te[c] += d[c];
-            pe[c] += d[c];
-        }
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int c0 = 0; c0 < C; c0 += 64)
+            s_colsum_span(dwpe + (size_t) t * C + c0, dout + (size_t) t * C + c0, NULL, B, T * C,
+                          C - c0 < 64 ? C - c0 : 64);
+    int32_t *lists;
+    int V = s_token_rows(tokens, B * T, &lists);
+    if (!lists) {
+        // no memory for the lists: the same sums, added row by row
+        for (int bt = 0; bt < B * T; bt++)
+            for (int c0 = 0; c0 < C; c0 += 64)
+                s_colsum_span(dwte + (size_t) tokens[bt] * C + c0, dout + (size_t) bt * C + c0,
+                              NULL, 1, C, C - c0 < 64 ? C - c0 : 64);
+        return;
     }
+    const int32_t *offsets = lists + B * T;
+    #pragma omp parallel for schedule(dynamic, 8)
+    for (int v = 0; v < V; v++)
+        for (int c0 = 0; c0 < C && offsets[v + 1] > offsets[v]; c0 += 64)
+            s_colsum_span(dwte + (size_t) v * C + c0, dout + c0, lists + offsets[v],
+                          offsets[v + 1] - offsets[v], C, C - c0 < 64 ? C - c0 : 64);
+    free(lists);
 }
 
 // ---- layernorm -------------------------------------------------------------
@@ -224,19 +281,6 @@ static void s_matmul_forward(float *out, const float *inp, const float *weight,
                 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
-// acc[j] += sum over rows n of x[n * stride + j], j < width
-CPU_CLONES static void s_colsum_span(float *acc, const float *x, int N, int stride, int width)
-{
-    float sum[64] = {0};
-    for (int n = 0; n < N; n++) {
-        const float *row = x + (size_t) n * stride;
-        for (int j = 0; j < width; j++)
-            sum[j] += row[j];
-    }
-    for (int j = 0; j < width; j++)
-        acc[j] += sum[j];
-}
-
 static void s_matmul_backward(float *dinp, float *dweight, float *dbias,
                               const float *dout, const float *inp, const float *weight,
                               int N, int C, int OC)
@@ -250,7 +294,7 @@ static void s_matmul_backward(float *dinp, float *dweight, float *dbias,
         // blocks of 64 columns, each summed over the rows in order
         #pragma omp parallel for schedule(static)
         for (int o0 = 0; o0 < OC; o0 += 64)
-            s_colsum_span(dbias + o0, dout + o0, N, OC, OC - o0 < 64 ? OC - o0 : 64);
+            s_colsum_span(dbias + o0, dout + o0, NULL, N, OC, OC - o0 < 64 ? OC - o0 : 64);
     }
 }
 

@@ -213,30 +213,33 @@ static void s_encoder_forward(float *out, const int32_t *tokens, const float *wt
     s_check("encoder_forward");
 }
 
-// dwpe[t, c] += dout[b, t, c] for b in order: the CPU's order, the CPU's bits
+// dwpe[t, c] += the sum of dout[b, t, c] over b in order, added once: the
+// CPU's order, the CPU's bits
 __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, int B, int T, int C)
 {
     size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t) T * C)
         return;
-    float acc = dwpe[i];
+    float acc = 0.0f;
     for (int b = 0; b < B; b++)
         acc += dout[(size_t) b * T * C + i];
-    dwpe[i] = acc;
+    dwpe[i] += acc;
 }
 
-// dwte[v, c] += dout[n, c] over the rows n holding token v, in row order
-// (rows[offsets[v] .. offsets[v+1]]): again the CPU's order, and no atomics
+// dwte[v, c] += the sum of dout[n, c] over the rows n holding token v, in row
+// order (rows[offsets[v] .. offsets[v+1]]), added once: again the CPU's
+// order, and no atomics
 __global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int32_t *rows,
                                        const int32_t *offsets, int C)
 {
     int v = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
         return;
-    float acc = dwte[(size_t) v * C + c];
+    float acc = 0.0f;
     for (int k = offsets[v]; k < offsets[v + 1]; k++)
         acc += dout[(size_t) rows[k] * C + c];
-    dwte[(size_t) v * C + c] = acc;
+    if (offsets[v + 1] > offsets[v])
+        dwte[(size_t) v * C + c] += acc;
 }
 
 // Host: the rows of each token in order (a counting sort of the N tokens).

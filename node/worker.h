@@ -55,6 +55,12 @@ typedef struct {
 
 node_worker_t *node_worker_new(const node_worker_config_t *c);
 void node_worker_destroy(node_worker_t **self_p);
+// --slowdown's sleep of `extra` s after a request: nap(want) sleeps and
+// returns the seconds it really slept. It naps for extra less what earlier
+// naps overran (*overran, carried from call to call, kept to at most one
+// sleep's worth: a node stopped in its sleep is not owed that stop), and
+// returns the seconds slept, which the node's tok/s counts.
+double node_worker_slow_sleep(double extra, double *overran, double (*nap)(double want));
 // From step `from` on, lie in this way (NODE_LIE_*).
 void node_worker_lie(node_worker_t *self, int mode, long from);
 // ASSIGN: build the stage it names. 0 built, 1 the same assignment (kept),

@@ -59,6 +59,7 @@ struct node_worker_s {
     double work_tok, work_s;               // decaying sums behind tok_s (s_tok_s_note)
     double busy;                           // s: compute of the last FWD/BWD (with --slowdown)
     double usual_s[3];                     // s: usual compute of a FWD, BWD, fused pair (0 = none yet)
+    double overslept;                      // s: what --slowdown's sleeps overran, owed back
     int lie;                               // NODE_LIE_*
     long lie_from;                         // the step it starts at
     double lie_walk;                       // rmswalk: the next lie's factor (1 before the first)

@@ -10,6 +10,7 @@
 #include "net.h"
 #include "node.h"
 #include "swarm.h"
+#include "worker.h"
 
 #include <check.h>
 #include <errno.h>
@@ -1284,6 +1285,47 @@ START_TEST(test_wire_parse_knows_three_formats_and_names_the_flag)
 }
 END_TEST
 
+// --slowdown's sleeps, through a clock that overruns each nap by half a ms
+// (what a loaded host did to nodes at half a core) and once by 10 s (a node
+// stopped in its sleep): the naps make up each overrun, so the time slept
+// is what was owed, and a stop is not paid back beyond one sleep.
+static double s_overrun_s, s_napped_s;
+static double s_fake_nap(double want)
+{
+    ck_assert(want > 0.0);
+    double slept = want + s_overrun_s;
+    s_napped_s += slept;
+    return slept;
+}
+
+START_TEST(test_slowdown_sleeps_make_up_what_they_overran)
+{
+    double overran = 0.0, counted = 0.0;
+    s_overrun_s = 0.0005, s_napped_s = 0.0;
+    for (int i = 0; i < 100; i++)
+        counted += node_worker_slow_sleep(0.002, &overran, s_fake_nap);
+    // owed 0.2 s; slept that and the last nap's overrun (100 overruns, 0.25 s,
+    // before the naps made them up)
+    ck_assert_double_eq_tol(s_napped_s, 0.2 + 0.0005, 1e-12);
+    ck_assert_double_eq_tol(counted, s_napped_s, 1e-12); // tok/s counts what was slept
+    ck_assert_double_eq_tol(overran, 0.0005, 1e-12);
+    // a stop of 10 s in one nap: owed back one sleep (0.002), not 10 s
+    s_overrun_s = 10.0;
+    (void) node_worker_slow_sleep(0.002, &overran, s_fake_nap);
+    ck_assert_double_eq_tol(overran, 0.002, 1e-12);
+    s_overrun_s = 0.0, s_napped_s = 0.0;
+    ck_assert_double_eq_tol(node_worker_slow_sleep(0.002, &overran, s_fake_nap), 0.0, 1e-12);
+    ck_assert_double_eq_tol(overran, 0.0, 1e-12); // paid: no nap at all
+    for (int i = 0; i < 10; i++)
+        (void) node_worker_slow_sleep(0.002, &overran, s_fake_nap);
+    ck_assert_double_eq_tol(s_napped_s, 0.02, 1e-12);
+    // more owed back than one request sleeps: it sleeps none and owes the rest
+    overran = 0.003;
+    ck_assert_double_eq_tol(node_worker_slow_sleep(0.002, &overran, s_fake_nap), 0.0, 1e-12);
+    ck_assert_double_eq_tol(overran, 0.001, 1e-12);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("node");
@@ -1294,6 +1336,7 @@ int main(void)
     tcase_add_test(tc, test_baby_model_in_three_and_four_stages_matches_pytorch);
     tcase_add_test(tc, test_resumed_run_continues_the_same_curve);
     tcase_add_test(tc, test_stage_refuses_tokens_outside_vocabulary);
+    tcase_add_test(tc, test_slowdown_sleeps_make_up_what_they_overran);
     suite_add_tcase(s, tc);
     tc = tcase_create("device");
     tcase_add_loop_test(tc, test_separate_device_memory_trains_bit_identically, 0, 2);

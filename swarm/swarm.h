@@ -186,7 +186,8 @@ typedef struct {
 // its k replicas train at tok_s[k] (sorted here, fastest first): each
 // replica's share, its speed over the stage's, recomputed by another, the
 // largest share first, each by the replica that would finish it first,
-// as the router hands them out; the largest split among the
+// as the router hands them out (equal replicas' shares going round:
+// engine_audit_out.c, s_verifier); the largest split among the
 // SWARM_AUDIT_PARTS fastest others, each a part in proportion to its
 // speed, when one of them would take SWARM_AUDIT_SPLIT_GAIN times as long
 // as the split and as the stage's step; 0 for fewer than two replicas

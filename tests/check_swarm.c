@@ -1169,6 +1169,21 @@ START_TEST(test_audit_time_is_the_largest_share_by_the_first_to_finish_it)
     // above are not (1.1 s split is not 1.25 times sooner than the stage's
     // step, 1.6 s)
     ck_assert(fabs(swarm_policy_audit_s(tail, 3) - (0.5 / 0.6875) / (0.125 + 0.0625)) < 1e-12);
+    // equal replicas' shares go round, each recomputing one: three take a
+    // share's time, 1/3 (2/3 when the third share waited for one of the
+    // first two), and five 1/5
+    double equal[5] = { 1.0, 1.0, 1.0, 1.0, 1.0 };
+    ck_assert(fabs(swarm_policy_audit_s(equal, 3) - 1.0 / 3.0) < 1e-12);
+    ck_assert(fabs(swarm_policy_audit_s(equal, 5) - 1.0 / 5.0) < 1e-12);
+    // shares 1, 1, 0.7 of 2.7: a 1's by the other 1 (0.370); the other's
+    // by the 0.7 (0.529), sooner than by the first 1 before the 0.7's
+    // share (0.370 + 0.259), which the first 1 then takes
+    double slower[3] = { 1.0, 1.0, 0.7 };
+    ck_assert(fabs(swarm_policy_audit_s(slower, 3) - (1.0 / 2.7) / 0.7) < 1e-12);
+    // shares 1, 1, 0.2 of 2.2: the 0.2 would take 2.27 for a 1's share,
+    // the first 1 0.545 for that and the 0.2's share: round as before
+    double slow[3] = { 1.0, 1.0, 0.2 };
+    ck_assert(fabs(swarm_policy_audit_s(slow, 3) - 1.2 / 2.2) < 1e-12);
 }
 END_TEST
 

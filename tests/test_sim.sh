@@ -340,6 +340,25 @@ if [ "${splits:-0}" -gt 0 ] && awk -v a="${audited:-0}" -v b="${bare:-0}" 'BEGIN
 else
     bad "audited, ${audited:-?} tok/s of ${bare:-?} unaudited (goal 0.44), ${splits:-no} shares split"
 fi
+# three equal replicas a stage, every sum audited, no rebalancing (the
+# build before moved a peer, to stages of 2 and 4, around its hand-out):
+# their shares go round, each replica recomputing one. Each taking the fastest free
+# replica, two recomputed each other's and the third's share waited for
+# one of them: 0.43 of the throughput without audits, where two replicas
+# a stage keep 0.52
+EQUAL="--peers 6 --stages 2 --speeds 2000 --layers 2 --heads 2 --embd 64 --block 32 --batch 128
+    --micro-batch 2 --latency 1 --eval-every 0 --iters 60 --rebalance-every 0 --seed 1"
+# shellcheck disable=SC2086
+sim_ok "three equal replicas a stage, no audits" $EQUAL --audit 0
+bare=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+# shellcheck disable=SC2086
+sim_ok "three equal replicas a stage, every sum audited" $EQUAL --audit 1 --audit-proven 1
+audited=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+if awk -v a="${audited:-0}" -v b="${bare:-0}" 'BEGIN { exit !(b > 0 && a / b >= 0.48) }'; then
+    ok "three equal replicas audited, $audited tok/s of $bare unaudited (goal 0.48; 0.43 when a share waited)"
+else
+    bad "three equal replicas audited, ${audited:-?} tok/s of ${bare:-?} unaudited (goal 0.48)"
+fi
 # a verifier that lies only in what it recomputes (recount), three of the
 # ten, 8 seeds: a split round it is in fails, one replica recomputes the
 # share whole, and where that confirms the target the round's verifiers

@@ -55,15 +55,16 @@ double swarm_policy_audit_s(double *tok_s, int k)
         // whose share waits, w, takes this one instead where it finishes
         // it before by would this one and then w's (s_verifier in
         // engine_audit_out.c), and equal replicas' shares go round
-        int others = 0, w = -1;
-        for (int j = 0; by < i && done[by] == 0.0 && j < n; j++)
-            if (j != i && j != by && done[j] == 0.0) {
-                others += j < i;
-                w = w < 0 && j > i ? j : w;
-            }
-        if (by < i && done[by] == 0.0 && others == 0 && w >= 0
-            && share / tok_s[w] < (share + tok_s[w] / total) / tok_s[by])
-            by = w, end = share / tok_s[w];
+        if (by < i && done[by] == 0.0) {
+            int handed = 0, w = -1; // other free ones handed out; the first waiting
+            for (int j = 0; j < n; j++)
+                if (j != i && j != by && done[j] == 0.0) {
+                    handed += j < i;
+                    w = w < 0 && j > i ? j : w;
+                }
+            if (handed == 0 && w >= 0 && share / tok_s[w] < (share + tok_s[w] / total) / tok_s[by])
+                by = w, end = share / tok_s[w];
+        }
         done[by] = end;
         most = fmax(most, end);
     }

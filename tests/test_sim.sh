@@ -44,6 +44,24 @@ sim_ok() {
     esac
 }
 
+# audits_kept WHAT MIN FLAGS...: the run just made ($TMP/sim.out: FLAGS,
+# with its audits: the default rates unless it said others) kept at least
+# MIN of the tokens/s of the same run with --audit 0, which must hold
+# every invariant too
+audits_kept() {
+    what=$1 min=$2
+    shift 2
+    audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
+    SWARM_PLAIN=1 "$SWARM" sim "$@" --audit 0 >"$TMP/unaudited.out" 2>&1
+    unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*invariants ok$/\1/p' "$TMP/unaudited.out")
+    if [ -n "$audited" ] && [ -n "$unaudited" ] \
+        && awk -v a="$audited" -v b="$unaudited" -v m="$min" 'BEGIN { exit !(a >= m * b) }'; then
+        ok "$what: its audits kept $audited tok/s of the $unaudited without them"
+    else
+        bad "$what: audits cost too much: '$audited' tok/s against '$unaudited' without"
+    fi
+}
+
 # failing_seeds N WANT FLAGS...: swarm sim FLAGS --seed 1..N; prints the
 # seeds whose run did not end "invariants ok" or whose output lacks one of
 # WANT's lines (fixed strings, one a line); the last of them's faults and
@@ -342,23 +360,16 @@ else
 fi
 # three equal replicas a stage, every sum audited, no rebalancing (the
 # build before moved a peer, to stages of 2 and 4, around its hand-out):
-# their shares go round, each replica recomputing one. Each taking the fastest free
-# replica, two recomputed each other's and the third's share waited for
-# one of them: 0.43 of the throughput without audits, where two replicas
-# a stage keep 0.52
+# their shares go round, each replica recomputing one, and they keep
+# 0.52 of the throughput without audits. Each taking the fastest free
+# replica, two recomputed each other's share and the third's waited for
+# one of them: 0.43
 EQUAL="--peers 6 --stages 2 --speeds 2000 --layers 2 --heads 2 --embd 64 --block 32 --batch 128
     --micro-batch 2 --latency 1 --eval-every 0 --iters 60 --rebalance-every 0 --seed 1"
 # shellcheck disable=SC2086
-sim_ok "three equal replicas a stage, no audits" $EQUAL --audit 0
-bare=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
-# shellcheck disable=SC2086
 sim_ok "three equal replicas a stage, every sum audited" $EQUAL --audit 1 --audit-proven 1
-audited=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
-if awk -v a="${audited:-0}" -v b="${bare:-0}" 'BEGIN { exit !(b > 0 && a / b >= 0.48) }'; then
-    ok "three equal replicas audited, $audited tok/s of $bare unaudited (goal 0.48; 0.43 when a share waited)"
-else
-    bad "three equal replicas audited, ${audited:-?} tok/s of ${bare:-?} unaudited (goal 0.48)"
-fi
+# shellcheck disable=SC2086
+audits_kept "three equal replicas a stage, every sum audited" 0.48 $EQUAL
 # a verifier that lies only in what it recomputes (recount), three of the
 # ten, 8 seeds: a split round it is in fails, one replica recomputes the
 # share whole, and where that confirms the target the round's verifiers
@@ -539,22 +550,6 @@ if [ -n "$split" ] && [ -n "$joins" ] && awk -v a="$split" -v b="$joins" 'BEGIN 
 else
     bad "the best split: '$split' of best rebalanced, '$joins' without"
 fi
-# audits_kept WHAT MIN FLAGS...: the run just made ($TMP/sim.out: FLAGS,
-# audits at the default rates) kept at least MIN of the tokens/s of the
-# same run with --audit 0
-audits_kept() {
-    what=$1 min=$2
-    shift 2
-    audited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
-    SWARM_PLAIN=1 "$SWARM" sim "$@" --audit 0 >"$TMP/unaudited.out" 2>&1
-    unaudited=$(sed -n 's/^sim | .*| tok\/s \([0-9]*\) .*/\1/p' "$TMP/unaudited.out")
-    if [ -n "$audited" ] && [ -n "$unaudited" ] \
-        && awk -v a="$audited" -v b="$unaudited" -v m="$min" 'BEGIN { exit !(a >= m * b) }'; then
-        ok "$what: audits at the default rates kept $audited tok/s of the $unaudited without them"
-    else
-        bad "$what: audits cost too much: '$audited' tok/s against '$unaudited' without"
-    fi
-}
 # audits on those uneven peers (the default rate, 0.3): the largest shares,
 # the GPUs', are handed out first, to the GPUs; taken in table order, a GPU's share of tens of micro-batches went to a
 # CPU while the GPUs recomputed shares of one, and the swarm kept 0.11 of

@@ -30,7 +30,10 @@
 #             same speed (longer run; compared with default over the same span)
 # Each run says too what its measured half held: its steps, how many of
 # them were audited and the moves made in it, from which most of the
-# spread between runs comes (an audited step took 3 times a step here).
+# spread between runs comes (an audited step took 3 times a step here),
+# and the half taken apart: a step's mean time and an audited one's, and
+# the steps not audited alone against the bound (what the two cores leave
+# the swarm between audits).
 # A benchmark: prints ratios, asserts nothing.
 # With BASE (another build's folder), each run is made with both builds,
 # one right after the other (the order alternating from run to run, as
@@ -90,23 +93,33 @@ best_bound() {
             printf "%.0f", best }'
 }
 
-# in_half TRACE LOG: what the measured half held that a run to run spread
-# comes from: its steps, how many of them the audits' draw picked (an
-# AUDIT sent), and the moves the router made in it (a state fetched, and a
-# replica alone on its stage until then audited at --audit until proven)
+# in_half TRACE LOG BATCH BOUND: what the measured half held that a run to
+# run spread comes from: its steps, how many of them the audits' draw
+# picked (an AUDIT sent), and the moves the router made in it (a state
+# fetched, and a replica alone on its stage until then audited at --audit
+# until proven); and the half taken apart: the mean time of a step the
+# draw picked and of one it did not, and the tok/s of the steps it did not
+# pick alone, against BOUND: what the swarm makes between audits
 in_half() {
-    awk '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
+    awk -v bt="$3" -v t="$T" '$2 == "step" { n++; at[n] = $1; st[n] = $3 }
         $2 == "send" && $4 == "AUDIT" { aud[$3] = 1 }
         END {
             if (n < 3) exit
             mid = at[1] + (at[n] - at[1]) / 2
             for (a = 1; at[a] < mid; a++) ;
-            for (k in aud) if (k + 0 > st[a] && k + 0 <= st[n]) m++
-            printf "%d %d %d\n", st[n] - st[a], m + 0, st[a] }' "$1" | {
-        read -r steps audited from || return 0
+            if (a >= n) exit
+            for (k = a + 1; k <= n; k++) {
+                ms = at[k] - at[k - 1]
+                if (st[k] in aud) { m++; am += ms } else { p++; pm += ms }
+            }
+            printf "%d %d %d %.0f %.0f %.0f\n", st[n] - st[a], m + 0, st[a],
+                m ? am / m : 0, p ? pm / p : 0, (p && pm > 0 ? p * bt * t * 1000 / pm : 0) }' "$1" | {
+        read -r steps audited from audited_ms plain_ms plain_tok || return 0
         moved=$(sed -n 's/^swarm router: step \([0-9]*\): moving peer .*/\1/p' "$2" |
             awk -v f="$from" '$1 >= f { m++ } END { print m + 0 }')
-        echo "$steps steps, $audited audited, $moved moves"
+        echo "$steps steps, $audited audited, $moved moves; a step $plain_ms ms," \
+            "an audited one ${audited_ms:-0} ms; the steps not audited alone: $plain_tok tok/s," \
+            "$(awk -v x="$plain_tok" -v y="${4:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }') of the bound"
     }
 }
 
@@ -148,13 +161,13 @@ run_one() {
     rollbacks=$(grep -c "lost every replica" "$OUT/$name.log" || true)
     [ "$rollbacks" -gt 0 ] && echo "bench-hetero.sh: $name: $rollbacks rollback(s) to a checkpoint" >&2
     kills=$(grep -c "chaos: SIGKILL" "$OUT/$name.log" || true)
-    half=$(in_half "$OUT/$name.trace" "$OUT/$name.log")
-    [ -z "$half" ] || echo "bench-hetero.sh: $name: its measured half: $half" >&2
     bt=$BATCH prev="" # a run's own --batch wins
     for a in "$@"; do
         [ "$prev" = --batch ] && bt=$a
         prev=$a
     done
+    half=$(in_half "$OUT/$name.trace" "$OUT/$name.log" "$bt" "${bound:-0}")
+    [ -z "$half" ] || echo "bench-hetero.sh: $name: its measured half: $half" >&2
     tok=$(tok_s "$OUT/$name.trace" "$bt")
     echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
     printf "%-17s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \

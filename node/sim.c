@@ -36,10 +36,10 @@ static void s_help(FILE *out)
 {
     fprintf(out,
         "usage: swarm sim --peers N [--stages S|auto] [--steps K] [--seed X] [--numeric]\n"
-        "                 [--speeds LIST] [--latency MS] [--bandwidth MBIT] [--jitter MS]\n"
-        "                 [--loss F] [--kill-every S] [--leave-rate R] [--stall-every S]\n"
-        "                 [--router-bandwidth MBIT] [--direct] [--speed-noise F]\n"
-        "                 [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
+        "                 [--speeds LIST [--shares]] [--latency MS] [--bandwidth MBIT]\n"
+        "                 [--jitter MS] [--loss F] [--kill-every S] [--leave-rate R]\n"
+        "                 [--stall-every S] [--router-bandwidth MBIT] [--direct]\n"
+        "                 [--speed-noise F] [--liars N] [--churn FILE] [--limit S] [--verbose]\n"
         "                 [--memory LIST] [--as-params N]\n"
         "                 [router and training flags of swarm router]\n"
         "Train on a simulated swarm, in virtual time, deterministic from --seed: the real\n"
@@ -68,6 +68,10 @@ static void s_help(FILE *out)
         "  --speeds LIST      their speeds in training tokens/s, each drawn from the list;\n"
         "                     TOKS or TOKSxSHARE, comma-separated: 20000x9,400000 is nine\n"
         "                     CPUs to one GPU (default 20000)\n"
+        "  --shares           the peers that join at the start take the mixes in their\n"
+        "                     shares, in order, as with --memory, not by draws: --peers 3\n"
+        "                     --speeds 24000x2,12000 is two of 24000 and one of 12000\n"
+        "                     whatever the seed; the later ones draw (not with --churn)\n"
         "  --latency MS       one way between the router and each peer (default 20);\n"
         "                     LO-HI: each peer draws its own from the range (20-100)\n"
         "  --bandwidth MBIT   each peer's link, each way, Mbit/s (default 0: unlimited);\n"
@@ -218,11 +222,14 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
             takes |= !strcmp(a, takes_value[k]);
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
             return 1;
-        if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric") || !strcmp(a, "--direct")) {
+        if (!strcmp(a, "--verbose") || !strcmp(a, "--numeric") || !strcmp(a, "--direct")
+            || !strcmp(a, "--shares")) {
             if (!strcmp(a, "--verbose"))
                 f->verbose = 1;
             else if (!strcmp(a, "--direct"))
                 f->o.direct = 1;
+            else if (!strcmp(a, "--shares"))
+                f->o.shares = 1;
             else
                 f->numeric = 1;
             continue;
@@ -355,6 +362,11 @@ static int s_flags(sim_flags_t *f, int *argc, char **argv, char *err, size_t n)
     if (!f->numeric && (f->o.lies & (1u << SIM_LIE_SHUFFLE))) {
         snprintf(err, n, "--lies shuffle needs --numeric (the synthetic peers' activations are "
                  "constants: reversed, they are the same)");
+        return -EINVAL;
+    }
+    if (f->churn_path && f->o.shares) {
+        snprintf(err, n, "--shares with --churn: the trace's peers come and go, each drawing "
+                 "its speed; leave out one of the two");
         return -EINVAL;
     }
     if (f->churn_path && swarm_sim_churn_load(f->churn_path, &f->churn, err, n) != 0)

@@ -677,9 +677,9 @@ int sim_peer_new(sim_t *s, int copy)
     snprintf(pe->who.conn, sizeof pe->who.conn, "%040d/%016d", p + 1, p + 1);
     snprintf(pe->name, sizeof pe->name, "sim%d", p + 1);
     const swarm_sim_opts_t *o = s->o;
-    // with --memory the peers that join at the start are the mixes in their
-    // shares, in order (what --stages auto planned for); the rest draw
-    int shares = o->nmemories > 0 && !o->churn && p < o->peers;
+    // with --memory or --shares the peers that join at the start are the
+    // mixes in their shares, in order (as --stages auto plans); others draw
+    int shares = (o->nmemories > 0 || o->shares) && !o->churn && p < o->peers;
     int k = o->nspeeds <= 0 ? 0
           : shares ? (int) ((long) p * o->nspeeds / o->peers)
                    : (int) (sim_uniform(s) * o->nspeeds);

@@ -533,6 +533,7 @@ typedef struct {
                              // place, a device's speed and memory together); none: any stage.
                              // Given, the --peers that join at the start (no churn) take
                              // the mixes in their shares, in order, not by draws
+    int shares;              // so do they without memories (--shares): the swarm is the mix
     int64_t latency_ms;      // one way, router <-> each peer
     int64_t latency_hi_ms;   // more than latency_ms: each peer draws its own in between
     double bandwidth_mbit;   // each peer's link, each way (a message takes its bytes' time

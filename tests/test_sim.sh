@@ -592,11 +592,8 @@ else
 fi
 # shellcheck disable=SC2086
 audits_kept "100 peers of CPUs and GPUs" 0.7 $SCALE --seed 1 --batch 3328
-# bench-hetero's six nodes (two fast, one of half their speed, three
-# slower): the split of the highest bound leaves a fast replica on a
-# stage beside only slow ones, which every audited step waits for while
-# they redo its share (0.52 of the throughput without audits); an open
-# swarm's plan weighs that, pairs replicas of like speed, and says so
+# six peers drawn from bench-hetero's speeds (seed 5: three of 24000, two
+# of 12000, one of 6000): an open swarm's plan weighs the audits, and says so
 HETERO="--peers 6 --stages 3 --layers 4 --heads 4 --embd 128 --block 64 --batch 192
     --micro-batch 2 --eval-every 0 --iters 50 --speeds 24000x2,12000,6000x2,3000 --latency 1
     --seed 5 --verbose"
@@ -609,6 +606,35 @@ else
 fi
 # shellcheck disable=SC2086
 audits_kept "six uneven peers, the plan weighing audits" 0.62 $HETERO
+# --shares: the peers that join at the start are the mix itself, in order,
+# not draws from it, whatever the seed: the sim's best (the speeds summed
+# over the stages) is the mix's, 75000 / 3
+shares_best=""
+for seed in 1 2 3; do
+    shares_best="$shares_best $(SWARM_PLAIN=1 "$SWARM" sim --peers 6 --stages 3 --layers 3 --embd 32 \
+        --block 16 --batch 8 --micro-batch 2 --eval-every 0 --steps 1 --latency 1 \
+        --speeds 24000x2,12000,6000x2,3000 --shares --seed $seed 2>&1 |
+        sed -n 's/^sim | .*| best \([0-9]*\) .*invariants ok$/\1/p')"
+done
+if [ "$shares_best" = " 25000 25000 25000" ]; then
+    ok "--shares: bench-hetero's six whatever the seed (best$shares_best)"
+else
+    bad "--shares: best '$shares_best' over seeds 1-3, not 25000 each"
+fi
+# bench-hetero's six themselves: two fast, one of half their speed, three
+# slower; the split the plan keeps, audits weighed, is the highest bound's
+# (as the bench's router's), a fast replica beside two slow ones that
+# recompute its share in each audited step
+# shellcheck disable=SC2086
+sim_ok "bench-hetero's six (--shares), audits at the default rates" $HETERO --shares
+if grep -q "rebalancing: .* its audits counted" "$TMP/sim.out" \
+    && grep -q "^sim: at the end the engine's assignment's bound was [0-9]*, 1.000 of the best split" "$TMP/sim.out"; then
+    ok "bench-hetero's six: the plan weighed the audits and kept the highest bound's split: $(grep -o "lift the tok/s.*" "$TMP/sim.out" | head -1)"
+else
+    bad "bench-hetero's six: not the split of the highest bound: $(grep -E "rebalancing|at the end" "$TMP/sim.out" | head -2)"
+fi
+# shellcheck disable=SC2086
+audits_kept "bench-hetero's six, audited" 0.7 $HETERO --shares
 # a share waits for the busy GPUs when they would finish it before a free
 # CPU 20-40 times slower would: 1,000
 # volunteer peers (scripts/sim-scale.sh's mix) keep 0.78 of their
@@ -842,6 +868,8 @@ expect_error "a negative kill rate" "--kill-every -1: expected virtual seconds" 
     --peers 2 --stages 2 --kill-every -1 $TINY
 expect_error "an unreadable churn file" "--churn $TMP/none.csv: No such file" \
     --peers 4 --stages 2 --churn "$TMP/none.csv" $TINY
+expect_error "--shares with a churn trace, whose peers draw" "--shares with --churn" \
+    --peers 4 --stages 2 --shares --churn "$TMP/none.csv" $TINY
 printf '0,add,n1\n500,remove,n2\n' >"$TMP/bad-event.csv"
 expect_error "a churn file that removes a machine never added" "bad-event.csv line 2: n2 is removed" \
     --peers 4 --stages 2 --churn "$TMP/bad-event.csv" $TINY

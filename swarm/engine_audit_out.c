@@ -181,9 +181,8 @@ static int s_waiting_by_share(const swarm_engine_t *r, const engine_ready_t *l, 
     int n = 0;
     for (int k = 0; k < l->n; k++) {
         int t = l->peer[k];
-        const audit_t *a = &r->peers[t].audit;
-        if (a->want && !a->open && !a->done)
-            key[n++] = -((double) a->share * base + (double) (r->peers_cap - t));
+        if (s_waits(r, t))
+            key[n++] = -((double) r->peers[t].audit.share * base + (double) (r->peers_cap - t));
     }
     qsort(key, (size_t) n, sizeof *key, engine_cmp_double);
     return n;

@@ -81,7 +81,7 @@ run() {
     tok=$(tok_s "$OUT/$name.trace" "$BATCH")
     echo "$s $micro ${chosen:-?} $tok ${bound:-0}" >>"$OUT/results"
     printf "%-7s %-12s %6s %6s %10s %10s %7s %7s\n" "$s" "$label" "${chosen:-?}" "${split:-?}" "$tok" "${bound:-?}" \
-        "$(awk -v x="$tok" -v y="${bound:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
+        "$(ratio "$tok" "${bound:-0}")" \
         "$(awk -v m="${chosen:-0}" -v s="$s" -v b="$BATCH" 'BEGIN { if (m > 0) printf "%.2f", (b / m) / (b / m + s - 1); else print "?" }')"
 }
 

@@ -117,9 +117,10 @@ in_half() {
         read -r steps audited from audited_ms plain_ms plain_tok || return 0
         moved=$(sed -n 's/^swarm router: step \([0-9]*\): moving peer .*/\1/p' "$2" |
             awk -v f="$from" '$1 >= f { m++ } END { print m + 0 }')
-        echo "$steps steps, $audited audited, $moved moves; a step $plain_ms ms," \
-            "an audited one ${audited_ms:-0} ms; the steps not audited alone: $plain_tok tok/s," \
-            "$(awk -v x="$plain_tok" -v y="${4:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }') of the bound"
+        [ "$audited" -gt 0 ] && audited_ms="an audited one $audited_ms ms" || audited_ms="none audited"
+        echo "$steps steps, $audited audited, $moved moves; a step $plain_ms ms, $audited_ms;" \
+            "the steps not audited alone: $plain_tok tok/s," \
+            "$(ratio "$plain_tok" "${4:-0}") of the bound"
     }
 }
 
@@ -171,8 +172,8 @@ run_one() {
     tok=$(tok_s "$OUT/$name.trace" "$bt")
     echo "$name $tok ${bound:-0} ${best:-0} $moves $kills" >>"$OUT/results"
     printf "%-17s %10s %10s %10s %8s %8s %6s %6s\n" "$name" "$tok" "${bound:-?}" "${best:-?}" \
-        "$(awk -v x="$tok" -v y="${bound:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
-        "$(awk -v x="$tok" -v y="${best:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }')" \
+        "$(ratio "$tok" "${bound:-0}")" \
+        "$(ratio "$tok" "${best:-0}")" \
         "$moves" "$kills"
 }
 

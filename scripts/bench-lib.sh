@@ -24,6 +24,10 @@ status_of() {
 field() {
     echo "$1" | sed -n "s/^{\"step\": [0-9]*.*\"$2\": \([0-9.]*\).*/\1/p" | head -n 1
 }
+# ratio X Y: X / Y to two places, "?" where Y is not above 0
+ratio() {
+    awk -v x="$1" -v y="$2" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "?" }'
+}
 # tok_s TRACE BATCH: training tokens/s over the second half of a run, from
 # the times the router's --trace gives each step's end (the steps between
 # two samples of `swarm status` would be off by up to a step at each end)

@@ -177,6 +177,10 @@ static void s_counters(FILE *f, const json_t *doc)
         {"spot_checks", "swarm_spot_checks_total", "Forwards verified on a second replica."},
         {"audits", "swarm_audits_total", "Gradient sums recomputed by another replica."},
         {"audit_caught", "swarm_audit_liars_caught_total", "Audits that expelled a liar."},
+        {"step_seconds", "swarm_step_seconds_total", "Seconds the training steps took."},
+        {"audited_steps", "swarm_audited_steps_total", "Steps whose update waited for an audit."},
+        {"audited_step_seconds", "swarm_audited_step_seconds_total",
+         "Seconds those steps took (against swarm_step_seconds_total: what the audits cost)."},
         {"status_refused", "swarm_status_refused_total", "STATUS requests the router refused: over its budget (a flood)."},
         {"dropped_unread", "swarm_messages_dropped_total", "Messages dropped unread: a type no node sends unasked, tensors on a control message, or a key that never said HELLO."},
     };

@@ -452,6 +452,12 @@ static void s_summary(router_t *r)
            "steps, liars caught %d, undecided %d, given up %d, shares split %d | steps started "
            "over %d\n", sum.spot_checks, sum.spot_undecided, sum.audits, sum.audit_steps,
            sum.audit_caught, sum.audit_undecided, sum.audit_lost, sum.audit_splits, sum.restarts);
+    if (r->c.audit > 0.0 || sum.audited_steps > 0) { // what they cost this run (--audit)
+        char cost[256];
+        swarm_audit_cost_text(sum.timed_steps, sum.train_time, sum.audited_steps, sum.audited_time,
+                              cost, sizeof cost);
+        printf("audits | %s\n", cost);
+    }
     printf("router | cpu %.2f s | max rss %.1f MiB | wire %.2f MB/step in, %.2f MB/step out\n", cpu,
            ru.ru_maxrss / 1024.0, steps ? sum.bytes_in / 1e6 / steps : 0.0,
            steps ? sum.bytes_out / 1e6 / steps : 0.0);

@@ -634,12 +634,16 @@ int cmd_sim(int argc, char **argv)
                "split the policy finds%s (%.0f)\n", f.o.nmemories > 0 ? "--memory: " : "",
                res.bound_end, res.best_held > 0 ? res.bound_end / res.best_held : 0.0,
                f.o.nmemories > 0 ? " within the peers' memory" : "", res.best_held);
-        if (r->c.audit > 0.0) // (a step started over, or run again after a rollback, is drawn again)
+        if (r->c.audit > 0.0) { // (a step started over, or run again after a rollback, is drawn again)
+            char cost[256];
+            swarm_audit_cost_text(res.timed_steps, res.steps_s, res.audited_steps, res.audited_s,
+                                  cost, sizeof cost);
             printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "
-                   "%d, %g after); %d shares split among several replicas\n", res.audits,
+                   "%d, %g after); %d shares split among several replicas; %s\n", res.audits,
                    res.audit_steps,
-                   res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of", res.steps, r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven, res.audit_splits);
+                   res.rollbacks || res.audit_steps > res.steps ? "tries at its" : "of", res.steps, r->c.audit, SWARM_AUDIT_PROVEN, r->c.audit_proven, res.audit_splits, cost);
+        }
         printf("sim: the router's link carried %.2f MB/s to the peers and %.2f from them%s; "
                "its engine took %.3f of a core\n", res.router_mb_s[0], res.router_mb_s[1],
                f.o.direct ? " (activations node to node: --direct)" : "", res.engine_core);

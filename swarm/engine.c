@@ -214,7 +214,8 @@ void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
     long steps = r->step - r->first;
     *out = (swarm_engine_summary_t) {
         .first = r->first, .step = r->step, .iters = r->hp.iters, .done = r->done,
-        .train_time = r->train_time,
+        .train_time = r->train_time, .timed_steps = r->timed_steps,
+        .audited_steps = r->audited_steps, .audited_time = r->audited_time,
         .tok_s = r->train_time > 0 ? steps * (double) r->hp.batch * r->hp.cfg.T / r->train_time : 0,
         .ready = engine_ready_count(r, -1), .checksum_mismatches = r->checksum_mismatches,
         .resyncs = r->resyncs, .expelled = r->expelled, .rollbacks = r->rollbacks,
@@ -228,4 +229,22 @@ void swarm_engine_summary(const swarm_engine_t *r, swarm_engine_summary_t *out)
     };
     memcpy(out->wire_in, r->wire_in, sizeof out->wire_in);
     memcpy(out->wire_out, r->wire_out, sizeof out->wire_out);
+}
+
+void swarm_audit_cost_text(long steps, double steps_s, long audited, double audited_s, char *out,
+                           size_t n)
+{
+    if (audited <= 0) {
+        snprintf(out, n, "none of %ld steps waited for an audit", steps);
+    } else if (audited >= steps) {
+        snprintf(out, n, "all %ld steps waited for audits, %.2f s each (none without to compare)",
+                 steps, audited_s / (double) audited);
+    } else {
+        double plain = (steps_s - audited_s) / (double) (steps - audited);
+        double extra = audited_s - plain * (double) audited;
+        snprintf(out, n, "%ld of %ld steps waited for audits, %.2f s each against %.2f s for the "
+                 "others: about %.0f%% of the time in steps", audited, steps,
+                 audited_s / (double) audited, plain,
+                 steps_s > 0.0 && extra > 0.0 ? 100.0 * extra / steps_s : 0.0);
+    }
 }

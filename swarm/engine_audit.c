@@ -85,6 +85,7 @@ void engine_audit_mark(swarm_engine_t *r, int s, int p)
 {
     if (s >= 0 && s < r->stages) {
         engine_list_add(&r->audited[s], p);
+        r->audit_waits = 1;
         engine_audits_touch(r, s);
     }
 }

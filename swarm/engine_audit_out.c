@@ -408,7 +408,7 @@ void engine_audits_reset(swarm_engine_t *r)
         r->audited[s].n = 0;
         r->audit_gen[s]++;
     }
-    r->audit_any = r->audit_hit = 0;
+    r->audit_any = r->audit_hit = r->audit_waits = 0;
 }
 
 int engine_audits_begun(const swarm_engine_t *r)

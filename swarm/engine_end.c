@@ -110,6 +110,11 @@ void engine_step_end(swarm_engine_t *r)
     engine_consensus(r, r->step);
     double step_s = engine_secs(r) - r->step_t0;
     r->train_time += step_s;
+    r->timed_steps++;
+    if (r->audit_waits) { // some sum's audit was wanted: the update waited for it
+        r->audited_steps++;
+        r->audited_time += step_s;
+    }
     if (!r->audit_hit) // the draw picked no sum: what a plan weighs steps by (engine_rebalance)
         r->plain_step_s = r->plain_step_s > 0.0 ? 0.8 * r->plain_step_s + 0.2 * step_s : step_s;
     engine_trace(r, "step", 0, 0, 0, -1);

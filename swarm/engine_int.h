@@ -425,6 +425,9 @@ struct swarm_engine_s {
     double loss_avg;         // EMA of the loss
     float last_loss;         // last step's loss
     double train_time;       // seconds in steps
+    long timed_steps;        // the steps train_time holds (a step run again counts again)
+    long audited_steps;      // of them, those whose update waited for an audit, and their
+    double audited_time;     // seconds (what the audits cost: engine_step_end)
     double plain_step_s;     // a step the audits' draw did not pick: a running mean (s)
     int checksum_mismatches; // replicas that disagreed with their stage after a step
     int resyncs;             // of them, resynced from a replica that agrees
@@ -477,6 +480,7 @@ struct swarm_engine_s {
     audit_cand_t *audit_cand; // [audit_cand_cap] scratch of a hand-out
     int audit_cand_cap;
     int audit_any, audit_hit; // some stage's are; the draw audits some sum (audit_steps)
+    int audit_waits;         // some sum's audit was wanted: the update waits (audited_steps)
     int rejoin;              // the step starts over by way of PH_WAIT (engine_referee)
     int backs_waiting;       // dead peers' back_waits set (engine_backs)
     int64_t join_held_ms;    // how long joins have held the swarm (engine_join_held)

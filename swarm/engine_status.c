@@ -87,12 +87,15 @@ static json_t *s_status_counters(const swarm_engine_t *r)
     json_t *out = json_pack("{s:I, s:I, s:I}", "activations", (json_int_t) r->wire_out[W_ACTS],
                             "gradients", (json_int_t) r->wire_out[W_GRADS],
                             "state", (json_int_t) r->wire_out[W_STATE]);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:o, s:I, s:I}",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I, s:o, s:I, s:I, "
+                     "s:o, s:o, s:I, s:I}",
                      "rollbacks", r->rollbacks, "restarts", r->restarts, "expelled",
                      r->expelled, "bans", r->bans, "checkpoints", r->checkpoints,
                      "checksum_mismatches", r->checksum_mismatches, "resyncs", r->resyncs,
                      "spot_checks", r->spot_checks, "audits", r->audits, "audit_caught",
-                     r->audit_caught, "bytes_in", (json_int_t) r->bytes_in, "bytes_out",
+                     r->audit_caught, "step_seconds", engine_json_num(r->train_time, 3),
+                     "audited_steps", (json_int_t) r->audited_steps, "audited_step_seconds",
+                     engine_json_num(r->audited_time, 3), "bytes_in", (json_int_t) r->bytes_in, "bytes_out",
                      (json_int_t) r->bytes_out, "wire_in", in, "wire_out", out, "status_refused",
                      (json_int_t) r->status_budget.refused, "dropped_unread",
                      (json_int_t) r->unreadable);

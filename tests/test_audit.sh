@@ -109,6 +109,13 @@ start_node "$log" honest3 "$SWARM"
 start_node "$log" grad "$LIAR" --misbehave grad@3
 start_node "$log" dx "$LIAR" --misbehave dx@3
 router_finished "grep -o 'gradient sums audited.*' \"\$log\""
+# every step's update waited for its audits (--audit 1), and the summary says
+# what they took
+if grep -q "^audits | all $ITERS steps waited for audits, [0-9.]* s each (none without to compare)$" "$log"; then
+    ok "the summary says what the audits took: $(grep -o '^audits | .*' "$log")"
+else
+    bad "no 'audits | all $ITERS steps waited ...' line: $(grep '^audits |' "$log")"
+fi
 
 expect grad "(returned|recomputed) a stage 0 gradient that two replicas contradict: expelled for the run" \
     "gradient sums pointing the other way are caught by an audit"

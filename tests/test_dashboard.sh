@@ -153,7 +153,9 @@ if promtool check metrics <"$TMP/metrics.txt" >"$TMP/promtool.txt" 2>&1 \
     && grep -q '^swarm_stage_replicas{stage="0"} ' "$TMP/metrics.txt" \
     && grep -q '^swarm_peer_tokens_per_second{peer="[0-9]*",name="h0",stage="0"} ' "$TMP/metrics.txt" \
     && grep -q '^swarm_peers{state="ready"} 3$' "$TMP/metrics.txt" \
-    && grep -q '^swarm_expelled_total 1$' "$TMP/metrics.txt"; then
+    && grep -q '^swarm_expelled_total 1$' "$TMP/metrics.txt" \
+    && grep -q '^swarm_audited_steps_total [0-9]*$' "$TMP/metrics.txt" \
+    && awk '$1 == "swarm_step_seconds_total" && $2 > 0 { f = 1 } END { exit !f }' "$TMP/metrics.txt"; then
     ok "promtool check metrics passes $(grep -c '^# TYPE' "$TMP/metrics.txt") families"
 else
     bad "/metrics:"; cat "$TMP/promtool.txt"; head -40 "$TMP/metrics.txt"

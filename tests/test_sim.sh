@@ -352,7 +352,7 @@ bare=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
 # shellcheck disable=SC2086
 sim_ok "a GPU's share split among CPUs, every sum audited" $SPLIT --audit 1 --audit-proven 1
 audited=$(sed -n 's/^sim |.* tok\/s \([0-9]*\) .*/\1/p' "$TMP/sim.out")
-splits=$(sed -n 's/^sim: audits: .*; \([0-9]*\) shares split among several replicas$/\1/p' "$TMP/sim.out")
+splits=$(sed -n 's/^sim: audits: .*); \([0-9]*\) shares split among several replicas; .*/\1/p' "$TMP/sim.out")
 if [ "${splits:-0}" -gt 0 ] && awk -v a="${audited:-0}" -v b="${bare:-0}" 'BEGIN { exit !(b > 0 && a / b >= 0.44) }'; then
     ok "audited, $audited tok/s of $bare unaudited ($splits shares split; whole, 0.40 of it)"
 else
@@ -636,6 +636,30 @@ else
 fi
 # shellcheck disable=SC2086
 audits_kept "bench-hetero's six, audited" 0.7 $HETERO --shares
+# what the audits cost, as the summary says it (the router's "audits |"
+# line says the same): the steps whose update waited for one, their mean
+# time and the others', each worked out again from the run's --trace (a
+# step's time: from the step before's end to its own; the first step has
+# none before it, and is not audited at these rates)
+# shellcheck disable=SC2086
+SWARM_PLAIN=1 "$SWARM" sim $HETERO --shares --trace "$TMP/hetero.trace" >"$TMP/sim.out" 2>&1
+said=$(sed -n 's/^sim: audits: .*; \([0-9]*\) of \([0-9]*\) steps waited for audits, \([0-9.]*\) s each against \([0-9.]*\) s for the others: about \([0-9]*\)% of the time in steps$/\1 \2 \3 \4 \5/p' "$TMP/sim.out")
+traced=$(awk '$2 == "send" && $4 == "AUDIT" { a[$3] = 1 }
+    $2 == "step" { if (n++) d[$3] = $1 - prev; else first = $3; prev = $1 }
+    END {
+        for (s in d) if (s in a) { na++; ta += d[s] } else { np++; tp += d[s] }
+        if (!na || !np || (first in a)) exit
+        pa = ta / na / 1000; pp = tp / np / 1000
+        printf "%d %d %.2f %.2f %.0f\n", na, n, pa, pp, 100 * na * (pa - pp) / ((ta + tp) / 1000 + pp)
+    }' "$TMP/hetero.trace")
+# shellcheck disable=SC2086
+if [ -n "$said" ] && [ -n "$traced" ] && echo $said $traced | awk '{
+        exit !($1 == $6 && $2 == $7 && $3 > $4 && $5 > 0 && ($3 - $8)^2 <= 0.0001 * $8^2 + 1e-4 \
+               && ($4 - $9)^2 <= 0.0001 * $9^2 + 1e-4 && ($5 - $10)^2 <= 1) }'; then
+    ok "the audits' cost said (steps that waited, s each, the others, %: $said) as the trace has it ($traced)"
+else
+    bad "the audits' cost said '$said', the trace has '$traced' (steps that waited, of all, s each, the others', %)"
+fi
 # a share waits for the busy GPUs when they would finish it before a free
 # CPU 20-40 times slower would: 1,000
 # volunteer peers (scripts/sim-scale.sh's mix) keep 0.78 of their

@@ -452,7 +452,7 @@ static void s_summary(router_t *r)
            "steps, liars caught %d, undecided %d, given up %d, shares split %d | steps started "
            "over %d\n", sum.spot_checks, sum.spot_undecided, sum.audits, sum.audit_steps,
            sum.audit_caught, sum.audit_undecided, sum.audit_lost, sum.audit_splits, sum.restarts);
-    if (r->c.audit > 0.0 || sum.audited_steps > 0) { // what they cost this run (--audit)
+    if (r->c.audit > 0.0) { // what they cost this run (with --audit 0 none is made)
         char cost[256];
         swarm_audit_cost_text(sum.timed_steps, sum.train_time, sum.audited_steps, sum.audited_time,
                               cost, sizeof cost);

@@ -636,8 +636,8 @@ int cmd_sim(int argc, char **argv)
                f.o.nmemories > 0 ? " within the peers' memory" : "", res.best_held);
         if (r->c.audit > 0.0) { // (a step started over, or run again after a rollback, is drawn again)
             char cost[256];
-            swarm_audit_cost_text(res.timed_steps, res.steps_s, res.audited_steps, res.audited_s,
-                                  cost, sizeof cost);
+            swarm_audit_cost_text(res.timed_steps, res.train_time, res.audited_steps,
+                                  res.audited_time, cost, sizeof cost);
             printf("sim: audits: %d gradient sums recomputed, in %d %s %ld steps (each step's "
                    "sums are audited together: a replica's with probability %g until it passed "
                    "%d, %g after); %d shares split among several replicas; %s\n", res.audits,

@@ -592,8 +592,8 @@ typedef struct {
     long catch_steps;        // the most steps from a liar's first lying sum to its catch, -1 none
     int liars_loose;         // liars that sent a lying sum and were never caught
     int audits, audit_steps; // gradient sums audited, and in how many attempts at a step
-    long timed_steps, audited_steps; // steps run (again after a rollback too), and of them
-    double steps_s, audited_s;       // those whose update waited for an audit; their seconds
+    long timed_steps, audited_steps; // as the engine's summary has them (swarm_audit_cost_text)
+    double train_time, audited_time;
     int audit_splits;        // shares split among several verifiers
     int copies;              // --churn: copies of the trace tiled over the peers
     int idle;                // live peers at the end that hold no stage (--memory: none fits)

@@ -5,7 +5,6 @@
  */
 #include "engine_int.h"
 
-// A peer caught returning wrong results: expelled for the run.
 // Peer p failed: it is dead and refused for `seconds` (INFINITY: for the
 // run); the log says `line`, swarm status `why`. Its work is redone.
 static void s_peer_ban(swarm_engine_t *r, int p, double seconds, const char *why, const char *line)
@@ -418,6 +417,8 @@ void engine_peer_gone(swarm_engine_t *r, int p, const char *why, const char *lin
 #define PROBE_MS 200
 #define PROBE_FRESH_MS 2000
 #define REAP_MS 50
+#define REAP_ENTRIES 5000
+#define REAP_MAX_MS 400
 
 static void s_probe(swarm_engine_t *r, int64_t now)
 {
@@ -488,19 +489,21 @@ void engine_reap(swarm_engine_t *r)
 {
     int64_t now = r->now_ms;
     s_reap_failed(r);
-    // a pass over every peer and request: at most once every REAP_MS
-    // (deadlines are seconds), not on every message of a big swarm
-    if (now - r->reaped_at < REAP_MS && now >= r->reaped_at)
-        return;
-    r->reaped_at = now;
-    s_probe(r, now);
-    double most = engine_link_most(r);
+    // a pass over every peer and request every REAP_MS (deadlines are seconds),
+    // past REAP_ENTRIES of them REAP_MS a REAP_ENTRIES, to REAP_MAX_MS (docs/scale.md)
+    int64_t every = REAP_MS * (int64_t) (r->npeers + r->req_slots) / REAP_ENTRIES;
+    every = every < REAP_MS ? REAP_MS : every > REAP_MAX_MS ? REAP_MAX_MS : every;
     if (now - r->speed_floor_at >= 1000 || now < r->speed_floor_at) { // once a second
         s_beat(r);
         r->speed_floor = s_speed_floor(r);
         r->speed_floor_at = now;
         engine_route_ratios(r);
     }
+    if (now - r->reaped_at < every && now >= r->reaped_at)
+        return;
+    r->reaped_at = now;
+    s_probe(r, now);
+    double most = engine_link_most(r);
     for (int i = 0; i < r->req_slots; i++) {
         const req_t *q = engine_req_at(r, i);
         // a checkpoint's read holds no step up, but the next checkpoint waits

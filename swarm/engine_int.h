@@ -700,7 +700,7 @@ void engine_retry(swarm_engine_t *r);
 int engine_mb_start(swarm_engine_t *r, int i);
 int engine_spots_open(const swarm_engine_t *r);
 void engine_spot_begin(swarm_engine_t *r, const req_t *q, float loss);
-void engine_peer_expel(swarm_engine_t *r, int p, const char *why);
+void engine_peer_expel(swarm_engine_t *r, int p, const char *why); // wrong results: for the run
 net_msg_t *engine_step_msg(swarm_engine_t *r, int s, const char *meta);
 void engine_spot_result(swarm_engine_t *r, const req_t *q, const msg_in_t *e);
 void engine_spot_lost(swarm_engine_t *r, const req_t *q);

@@ -160,7 +160,7 @@ NVCC_FLAGS  := -std=c++17 -O3 -Werror all-warnings \
                $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
 
-$(BUILD)/obj/blas/cuda.o: blas/cuda.cu blas/blas.h
+$(BUILD)/obj/blas/cuda.o: blas/cuda.cu blas/blas.h blas/rows.h
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(NVCC_FLAGS) -Iblas -c $< -o $@
@@ -174,7 +174,7 @@ $(BUILD)/swarm-cuda.so: $(BUILD)/obj/blas/cuda.o blas/cuda.map
 # to the CPU backend in `make test`, on machines without a GPU or nvcc.
 HAVE_CXX := $(shell command -v $(CXX) 2>/dev/null)
 CUDA_EMU := $(if $(HAVE_CXX),$(BUILD)/swarm-cuda-emu.so)
-$(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h tests/cuda_emu.h tests/mk-cuda-emu.sh
+$(BUILD)/swarm-cuda-emu.so: blas/cuda.cu blas/blas.h blas/rows.h tests/cuda_emu.h tests/mk-cuda-emu.sh
 	@mkdir -p $(BUILD)/obj/tests
 	@$(if $(Q),echo "  CXX   $@ (blas/cuda.cu on the CPU)")
 	$(Q)sh tests/mk-cuda-emu.sh blas/cuda.cu $(BUILD)/obj/tests/cuda_emu.cc

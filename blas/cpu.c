@@ -7,6 +7,7 @@
  * Device memory is host memory here, so transfers are memcpy.
  */
 #include "blas.h"
+#include "rows.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -127,29 +128,17 @@ CPU_CLONES static void s_colsum_span(float *acc, const float *x, const int32_t *
         acc[j] += sum[j];
 }
 
-// The rows of each token in row order (a counting sort): rows[offsets[v] ..
+// The rows of each token in row order (blas/rows.h): rows[offsets[v] ..
 // offsets[v + 1]) hold token v. Returns V = largest token + 1, or 0 where
 // the lists could not be allocated (*lists is then NULL).
 static int s_token_rows(const int32_t *tokens, int N, int32_t **lists)
 {
-    int V = 0;
-    for (int n = 0; n < N; n++)
-        V = tokens[n] >= V ? tokens[n] + 1 : V; // tokens were checked against the vocabulary
+    int V = blas_token_span(tokens, N);
     int32_t *rows = malloc(((size_t) N + V + 1) * sizeof(int32_t));
     *lists = rows;
     if (!rows)
         return 0;
-    int32_t *offsets = rows + N;
-    memset(offsets, 0, ((size_t) V + 1) * sizeof(int32_t));
-    for (int n = 0; n < N; n++)
-        offsets[tokens[n] + 1]++;
-    for (int v = 0; v < V; v++)
-        offsets[v + 1] += offsets[v];
-    for (int n = 0; n < N; n++) // offsets[v] walks to offsets[v + 1] ...
-        rows[offsets[tokens[n]]++] = n;
-    for (int v = V; v > 0; v--) // ... and is put back
-        offsets[v] = offsets[v - 1];
-    offsets[0] = 0;
+    blas_token_rows(tokens, N, V, rows, rows + N);
     return V;
 }
 

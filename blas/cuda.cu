@@ -11,6 +11,7 @@
  * (docs/cuda.md), not here. The optimizer is not here.
  */
 #include "blas.h"
+#include "rows.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -242,7 +243,7 @@ __global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int
         dwte[(size_t) v * C + c] += acc;
 }
 
-// Host: the rows of each token in order (a counting sort of the N tokens).
+// Host: the rows of each token in order (blas/rows.h).
 // Returns V = largest token + 1, or 0 when the lists cannot be made.
 static int s_token_rows(const int32_t *tokens_dev, int N)
 {
@@ -257,9 +258,7 @@ static int s_token_rows(const int32_t *tokens_dev, int N)
     if (s_copy(tok, tokens_dev, (size_t) N * sizeof(int32_t), cudaMemcpyDeviceToHost,
                "encoder_backward") != 0)
         return 0;
-    int V = 0;
-    for (int n = 0; n < N; n++)
-        V = tok[n] >= V ? tok[n] + 1 : V; // tokens were checked against the vocabulary
+    int V = blas_token_span(tok, N);
     if ((size_t) V + 1 > s.offsets_n) {
         free(s.offsets);
         s.offsets = (int32_t *) malloc(((size_t) V + 1) * sizeof(int32_t));
@@ -267,19 +266,7 @@ static int s_token_rows(const int32_t *tokens_dev, int N)
     }
     if (!s.offsets)
         return 0;
-    memset(s.offsets, 0, ((size_t) V + 1) * sizeof(int32_t));
-    for (int n = 0; n < N; n++)
-        if (tok[n] >= 0)
-            s.offsets[tok[n] + 1]++;
-    for (int v = 0; v < V; v++)
-        s.offsets[v + 1] += s.offsets[v];
-    // place rows in order; offsets[v] walks to offsets[v+1] and is restored after
-    for (int n = 0; n < N; n++)
-        if (tok[n] >= 0)
-            s.rows[s.offsets[tok[n]]++] = n;
-    for (int v = V; v > 0; v--)
-        s.offsets[v] = s.offsets[v - 1];
-    s.offsets[0] = 0;
+    blas_token_rows(tok, N, V, s.rows, s.offsets);
     return V;
 }
 

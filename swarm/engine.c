@@ -132,6 +132,7 @@ void swarm_engine_message(swarm_engine_t *r, int64_t now_ms, const net_peer_t *w
     r->now_ms = now_ms;
     uint64_t bytes = engine_payload(m);
     r->bytes_in += bytes;
+    engine_link_second(r);
     r->link_recv += bytes + LINK_HEAD;
     engine_wire_count(m, r->wire_in);
     engine_on_message(r, who, m);

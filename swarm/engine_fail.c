@@ -530,10 +530,9 @@ void engine_reap(swarm_engine_t *r)
         // traces' speed, an honest replica banned)
         if (!engine_req_computes(q->kind) && r->peers[q->peer].drained_at > from)
             from = r->peers[q->peer].drained_at;
-        int64_t wait = q->wire_ms + engine_link_wait_ms(r, q, most); // (on the links)
-        if (state ? now - from > s_state_deadline_ms(r, q->stage)
-                                     + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds) + wait
-                  : now - from > s_deadline_ms(r, q) + wait) {
+        int64_t due = q->wire_ms + (state ? s_state_deadline_ms(r, q->stage) // (its own link)
+                       + s_work_ms(r, &r->peers[q->peer], q->ahead_thirds) : s_deadline_ms(r, q));
+        if (now - from > due + engine_link_wait_ms(r, q, most, from + due)) { // (the router's)
             r->peers[q->peer].state_missed += q->kind == R_STATE_GET;
             engine_peer_fail(r, q->peer, "missed the deadline of a %s request",
                              q->kind == R_FWD || q->kind == R_VERIFY ? "FWD" : q->kind == R_BWD ? "BWD"

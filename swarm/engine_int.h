@@ -21,6 +21,7 @@
 
 #define PEERS_KEEP_DEAD 64  // dead entries kept for their bans before the oldest is reused
 #define REQ_BLOCK 1024       // requests a block of the table holds (blocks never move)
+#define ASKED_SECS 256       // seconds of the router's link counts kept (engine_link_wait_ms)
 #define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
@@ -237,6 +238,7 @@ typedef struct {
     uint64_t link_at;        // the router's link_sent once it was sent
     uint64_t recv_at;        // the router's link_recv then
     uint64_t reply_bytes;    // what its reply carries, about (in the router's reply_due)
+    uint64_t due_at, asked_at; // the router's reply_due and reply_asked once it was sent
     int64_t wire_ms;         // its bytes and its reply's over its peer's link, at the least
                              // rate deadlines allow a link (LINK_FLOOR; a state's deadline
                              // counts them itself: 0)
@@ -468,6 +470,9 @@ struct swarm_engine_s {
     uint64_t link_sent;      // bytes the router has sent in all (tensors and a header each)
     uint64_t link_recv;      // bytes it has received in all (the same)
     uint64_t reply_due;      // bytes the replies to the requests in flight carry, about
+    uint64_t reply_asked;    // bytes the replies to every request sent carry, about
+    uint64_t link_hist[ASKED_SECS][2]; // reply_asked, link_recv at the end of each second
+    int64_t link_sec;        // (the second now: link_hist holds those before it)
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
     engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of stages' outputs [0], input gradients [1]
     double tensor_bound;     // --tensor-bound: RMS above this times the median, or below
@@ -589,10 +594,11 @@ void engine_link_heard(swarm_engine_t *r, const req_t *q);
 // gradient sum and a stage's state (a link faster than link_rate, that
 // carries more, holds deadlines off no longer than these take).
 double engine_link_most(const swarm_engine_t *r);
-// Ms q's reply may have waited in the router's link behind others: what
-// came in since q was sent, up to `most` (engine_link_most), and what is
-// still due, at link_rate.
-int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most);
+// Ms q's reply may have waited in the router's link behind others: what came in
+// since q was sent, up to `most` (engine_link_most), and what is still due, at
+// link_rate; more on a link busy at that rate since `by` (q's reply in its queue).
+int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most, int64_t by);
+void engine_link_second(swarm_engine_t *r); // link_hist up to now, before its counts change
 int engine_meta(net_msg_t *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void engine_member_line(swarm_engine_t *r, int p, int to_stderr, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

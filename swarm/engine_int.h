@@ -21,7 +21,7 @@
 
 #define PEERS_KEEP_DEAD 64  // dead entries kept for their bans before the oldest is reused
 #define REQ_BLOCK 1024       // requests a block of the table holds (blocks never move)
-#define ASKED_SECS 256       // seconds of the router's link counts kept (engine_link_wait_ms)
+#define LINK_SECS 256        // seconds of the router's link counts kept (engine_link_wait_ms)
 #define REQ_SLOT_BITS 24     // a request's id: a sequence number, then its slot
 
 enum { P_JOINING = 1, P_READY, P_DEAD };
@@ -471,7 +471,7 @@ struct swarm_engine_s {
     uint64_t link_recv;      // bytes it has received in all (the same)
     uint64_t reply_due;      // bytes the replies to the requests in flight carry, about
     uint64_t reply_asked;    // bytes the replies to every request sent carry, about
-    uint64_t link_hist[ASKED_SECS][2]; // reply_asked, link_recv at the end of each second
+    uint64_t link_hist[LINK_SECS][2]; // reply_asked, link_recv at the end of each second
     int64_t link_sec;        // (the second now: link_hist holds those before it)
     float *scratch;          // (micro, T, C): a reply's tensor, decoded for checks
     engine_bound_t rms[2][SWARM_MAX_STAGES]; // RMS of stages' outputs [0], input gradients [1]

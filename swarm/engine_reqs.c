@@ -293,9 +293,9 @@ static uint64_t s_reply_bytes(const swarm_engine_t *r, const req_t *q)
 void engine_link_second(swarm_engine_t *r)
 {
     int64_t sec = r->now_ms / 1000;
-    for (int64_t k = sec - r->link_sec > ASKED_SECS ? sec - ASKED_SECS : r->link_sec; k < sec; k++) {
-        r->link_hist[k % ASKED_SECS][0] = r->reply_asked;
-        r->link_hist[k % ASKED_SECS][1] = r->link_recv;
+    for (int64_t k = sec - r->link_sec > LINK_SECS ? sec - LINK_SECS : r->link_sec; k < sec; k++) {
+        r->link_hist[k % LINK_SECS][0] = r->reply_asked;
+        r->link_hist[k % LINK_SECS][1] = r->link_recv;
     }
     r->link_sec = sec > r->link_sec ? sec : r->link_sec;
 }
@@ -305,9 +305,9 @@ void engine_link_second(swarm_engine_t *r)
 static uint64_t s_link_at(const swarm_engine_t *r, int64_t ms, int what)
 {
     int64_t sec = ms / 1000;
-    if (ms < 0 || sec >= r->link_sec || r->link_sec - sec > ASKED_SECS)
+    if (ms < 0 || sec >= r->link_sec || r->link_sec - sec > LINK_SECS)
         return what ? r->link_recv : r->reply_asked;
-    return r->link_hist[sec % ASKED_SECS][what];
+    return r->link_hist[sec % LINK_SECS][what];
 }
 
 static void s_link_send(swarm_engine_t *r, req_t *q, uint64_t bytes)

@@ -347,9 +347,8 @@ int64_t engine_link_wait_ms(const swarm_engine_t *r, const req_t *q, double most
 {
     double came = (double) (r->link_recv - q->recv_at), due = (double) r->reply_due;
     double wait = (came < most ? came : most) + due;
-    double since = (double) (r->link_recv - s_link_at(r, by, 1));
-    if (came > most && r->now_ms > by && since >= 0.5 * (double) (r->now_ms - by) * r->link_rate
-        && came <= 1.5 * (double) (r->now_ms - q->sent) * r->link_rate) {
+    if (came > most && r->now_ms > by && came <= 1.5 * (double) (r->now_ms - q->sent) * r->link_rate
+        && (double) (r->link_recv - s_link_at(r, by, 1)) >= 0.5 * (double) (r->now_ms - by) * r->link_rate) {
         double ahead = (double) (q->due_at + s_link_at(r, by, 0) - q->asked_at);
         double fifo = came + due < ahead ? came + due : ahead;
         wait = fifo > wait ? fifo : wait;
